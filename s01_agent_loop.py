@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""s01_agent_loop.py - the smallest honest agent: a model, one bash tool, a loop.
+
+New since nothing: agent_loop, call_model, run_bash, check_dangerous, run_tool,
+TOOLS, TOOL_HANDLERS, ToolError, make_client, main.
+
+The whole idea (ReAct: think, act, observe) fits in one while-loop:
+
+    user prompt
+        |
+        v
+    +-> call_model(messages, TOOLS) --- streams text to the terminal
+    |       |
+    |   any tool_use? -- no --> stop ("end_turn")
+    |       | yes
+    |   run each tool (blocklist first) -> tool_result blocks
+    |       |
+    +-- append results as the next user message
+        (also stops on: 50 turns, 3 unknown tools in a row, Ctrl+C)
+
+Run:
+    pip install -r requirements.txt
+    export ANTHROPIC_API_KEY=...          # or put it in .env
+    python s01_agent_loop.py              # REPL, prompt "s01 >> "
+    python s01_agent_loop.py "task"       # one task, then exit
+    python tests/demo.py s01              # offline, no key: scripted model
+
+Try:
+    make hello.txt containing hi, then show me its size
+    what python version is installed here, and where?
+    delete everything under /        (the blocklist refuses it)
+
+Key insight: the model never runs anything. It asks; the loop runs the tool
+and feeds the observation back, until the model stops asking.
+"""
+
+# --- imports ---
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import anthropic
+from dotenv import load_dotenv
+
+# --- config ---
+DEFAULT_MODEL = "claude-sonnet-4-5"  # override with MODEL_ID
+MAX_TOKENS = 8_000          # output tokens per model call
+MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
+BASH_TIMEOUT = 120          # seconds, default for one bash command
+MAX_OUTPUT = 30_000         # characters of tool output kept for the model
+API_RETRIES = 2             # SDK-level retries (with its own backoff)
+WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
+CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
+NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
+               "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
+          "describe: use the tools to inspect and change files, then verify. "
+          "Keep answers short.")
+
+# --- model client ---
+def make_client():
+    """Build the SDK client from the environment; None when no key is set.
+
+    .env never overrides the shell. ANTHROPIC_BASE_URL lets any
+    Anthropic-compatible endpoint (or the offline scripted model) stand in.
+    """
+    load_dotenv(override=False)
+    key, token = os.getenv("ANTHROPIC_API_KEY"), os.getenv("ANTHROPIC_AUTH_TOKEN")
+    if not (key or token):
+        return None
+    return anthropic.Anthropic(api_key=key, auth_token=None if key else token,
+                               base_url=os.getenv("ANTHROPIC_BASE_URL") or None,
+                               max_retries=API_RETRIES)
+
+
+def model_id():
+    return os.getenv("MODEL_ID") or DEFAULT_MODEL
+
+
+def system_prompt():
+    """Stable for the whole session: no clock, no counters (they break caching)."""
+    return f"{SYSTEM}\nWorking directory: {WORKDIR}"
+
+# --- tools ---
+class ToolError(Exception):
+    """Raised by a handler: becomes an is_error tool_result, never a crash."""
+
+
+# The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
+# a determined model can write the same thing another way (s07 adds the OS
+# sandbox). Each entry: (regex, why it is refused).
+DANGEROUS = [
+    (r"\brm\s+(-[a-zA-Z]*\s+)*-[a-zA-Z]*([rR][a-zA-Z]*f|f[a-zA-Z]*[rR])[a-zA-Z]*\s+(-\S+\s+)*(/|/\*|~|~/|\$HOME)\s*($|[;&|])",
+     "recursive forced delete of / or home"),
+    (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
+    (r"(^|[;&|(]\s*|\s)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
+    (r"\bdd\s+.*\bof=/dev/", "dd writing straight to a device"),
+    (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
+    (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
+    (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
+    (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+]
+
+
+def check_dangerous(command):
+    """Return why a command is refused, or None when it may run."""
+    for pattern, why in DANGEROUS:
+        if re.search(pattern, command):
+            return why
+    return None
+
+
+def clip(text, limit=MAX_OUTPUT):
+    """Keep the head of long output with a visible marker saying what was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+def run_bash(command, timeout=None):
+    """Run one shell command in the workspace; stdout+stderr merged, clipped.
+
+    Exit status 1 is ordinary (grep found nothing, diff found a difference),
+    so only status >= 2 or a timeout counts as a tool error (seed rule).
+    """
+    if why := check_dangerous(command):
+        raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
+                        f"find a safe way or ask the user to run it.")
+    timeout = timeout or BASH_TIMEOUT
+    try:
+        p = subprocess.run(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace")
+        raise ToolError(clip(out) + f"\n[timed out after {timeout}s: run it in smaller "
+                        f"steps or pass a larger timeout]")
+    out = clip(p.stdout.decode("utf-8", "replace")) or "(no output)"
+    if p.returncode >= 2 or p.returncode < 0:
+        raise ToolError(f"{out}\n[exit status {p.returncode}]")
+    return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
+
+
+TOOLS = [{
+    "name": "bash",
+    "description": (
+        "Run a shell command in the project directory and return its combined "
+        "stdout and stderr. Use it to list, inspect, build, test and change files. "
+        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "(head, grep). Commands that wait for input or run forever time out; "
+        "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command to run."},
+            "timeout": {"type": "integer", "description": "Seconds before it is killed (default 120)."},
+        },
+        "required": ["command"],
+    },
+}]
+
+TOOL_HANDLERS = {
+    "bash": lambda command, timeout=None: run_bash(command, timeout),
+}
+
+def run_tool(block):
+    """Execute one tool_use block and always return a tool_result block."""
+    try:
+        if block.name not in TOOL_HANDLERS:
+            raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
+        content, is_error = TOOL_HANDLERS[block.name](**block.input), False
+    except ToolError as e:
+        content, is_error = str(e), True
+    except Exception as e:  # a handler bug must not kill the loop
+        content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    return result | ({"is_error": True} if is_error else {})
+
+# --- agent loop ---
+def say(text):
+    """Progress for the human goes to stderr so stdout carries only the answer."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_tools(calls):
+    """Run one reply's tool calls; exactly one result per call, in call order."""
+    results = []
+    for block in calls:
+        say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
+        results.append(run_tool(block))
+    return results
+
+
+def call_model(client, messages):
+    """One streamed model call; text is printed the moment it arrives."""
+    with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
+                                tools=TOOLS, messages=messages) as stream:
+        for text in stream.text_stream:
+            print(text, end="", flush=True)
+        message = stream.get_final_message()
+    if any(b.type == "text" for b in message.content):
+        print(flush=True)
+    return message
+
+
+def assistant_message(message):
+    """The reply as plain dicts, minus empty text blocks the API would reject."""
+    blocks = [b.model_dump(exclude_none=True, include={"type", "text", "id", "name", "input"})
+              for b in message.content]
+    return {"role": "assistant",
+            "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
+
+
+def close_open_calls(messages, note="cancelled by the user"):
+    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    last = messages[-1] if messages else None
+    if last and last["role"] == "assistant":
+        calls = [b for b in last["content"] if b["type"] == "tool_use"]
+        if calls:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
+                 "is_error": True} for b in calls]})
+        elif not last["content"]:
+            messages.pop()
+
+
+def agent_loop(client, messages):
+    """Run model and tools until the model stops asking; return the stop reason.
+
+    Invariant: on return, `messages` is a valid history (every tool_use has
+    its tool_result), so the next user prompt can simply be appended.
+    """
+    unknown = 0
+    try:
+        for _ in range(MAX_TURNS):
+            message = call_model(client, messages)
+            messages.append(assistant_message(message))
+            calls = [b for b in message.content if b.type == "tool_use"]
+            if not calls:
+                if not messages[-1]["content"]:
+                    messages.pop()  # an empty reply adds nothing the API would accept
+                return "end_turn"
+            messages.append({"role": "user", "content": run_tools(calls)})
+            for block in calls:
+                unknown = unknown + 1 if block.name not in TOOL_HANDLERS else 0
+            if unknown >= MAX_UNKNOWN_TOOLS:
+                say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
+                return "unknown_tools"
+        say(f"[stopped: {MAX_TURNS} turns without finishing]")
+        return "max_turns"
+    except KeyboardInterrupt:
+        close_open_calls(messages)
+        say("\n[interrupted: turn cancelled, you can keep typing]")
+        return "interrupted"
+    except anthropic.APIError as e:
+        close_open_calls(messages, "the turn failed before this ran")
+        say(f"[API error: {e}]")
+        return "api_error"
+
+# --- REPL / main ---
+def add_user_text(messages, text):
+    """Append a user prompt; after a failed turn, merge into the trailing user message."""
+    if messages and messages[-1]["role"] == "user":
+        content = messages[-1]["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        messages[-1]["content"] = content + [{"type": "text", "text": text}]
+    else:
+        messages.append({"role": "user", "content": text})
+
+
+def repl(client, prompt):
+    history = []
+    while True:
+        try:
+            line = input(prompt)
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line.strip() in ("q", "exit"):
+            return 0
+        if line.strip():
+            add_user_text(history, line)
+            agent_loop(client, history)
+
+
+def main(argv=None):
+    global WORKDIR
+    argv = sys.argv[1:] if argv is None else argv
+    WORKDIR = Path.cwd()
+    client = make_client()
+    if client is None:
+        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        return 2
+    if argv:
+        history = [{"role": "user", "content": " ".join(argv)}]
+        return 0 if agent_loop(client, history) == "end_turn" else 1
+    return repl(client, f"{CHAPTER} >> ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

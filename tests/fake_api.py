@@ -1,0 +1,709 @@
+"""A scripted, local stand-in for the Anthropic Messages API.
+
+Tests talk to it through the *real* ``anthropic`` SDK, so every byte the agent
+sends is parsed, validated and answered the way the real service would:
+
+    api = ScriptedAPI().start()
+    api.script([reply(tool("bash", {"command": "ls"})), reply("done")])
+    client = anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+    ...                              # run the agent loop against `client`
+    assert api.remaining() == 0 and not api.invalid()
+
+Why a real HTTP server instead of mocking the client object?  A mock accepts
+whatever the code under test hands it.  The real API is strict: a tool_use
+without its tool_result, two user turns in a row, an empty text block -- each
+is a 400 that only shows up in production.  Validating here, with messages
+modelled on the real ones, turns those bugs into failing tests.  Going through
+HTTP also exercises the SDK's own streaming parser, error mapping and
+connection handling.
+
+Each request consumes one *step* from a queue:
+  reply(...)   a normal answer (streamed as SSE when the request asks for it)
+  error(...)   an HTTP error status with the API's error JSON
+  hangup()     drop the connection without answering
+  fn(body)     a callable, evaluated at request time, that returns a step
+Invalid requests are answered with 400 and do NOT consume a step, so a script
+stays aligned with the conversation even when a test provokes a bad request.
+
+Standard library only, so it runs anywhere the tests do.
+"""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import re
+import socket
+import threading
+import time
+
+__all__ = ["ScriptedAPI", "text", "tool", "reply", "error", "hangup"]
+
+
+# --------------------------------------------------------------------------
+# Step helpers: small constructors so scripts read like a transcript.
+# --------------------------------------------------------------------------
+
+# itertools.count is safe to share between threads under the GIL, and one
+# process-wide counter keeps ids unique even across several servers.
+_ids = itertools.count(1)
+
+
+def _new_id(prefix: str) -> str:
+    # Real ids look like "toolu_01A09q...", "msg_01XF..."; a hex counter keeps
+    # the shape while staying readable in assertion failures.
+    return f"{prefix}_01{next(_ids):06x}"
+
+
+def text(s: str) -> dict:
+    """A text content block."""
+    return {"type": "text", "text": s}
+
+
+def tool(name: str, input: dict, id: str | None = None) -> dict:
+    """A tool_use content block; the id is generated unless a test pins it."""
+    return {"type": "tool_use", "id": id or _new_id("toolu"), "name": name, "input": input}
+
+
+def reply(*blocks, stop_reason=None, usage=None, delay=0.0, cut_after=None) -> dict:
+    """A successful assistant turn.
+
+    Plain strings become text blocks.  stop_reason follows the real API's
+    rule: "tool_use" whenever the model asked for a tool, else "end_turn".
+    `usage` overrides the estimated token counts.  `delay` sleeps before every
+    streamed event after the first (tests can see text arrive early);
+    `cut_after=n` sends n stream events, then drops the connection.
+    """
+    content = [text(b) if isinstance(b, str) else b for b in blocks]
+    if stop_reason is None:
+        uses_tool = any(b.get("type") == "tool_use" for b in content)
+        stop_reason = "tool_use" if uses_tool else "end_turn"
+    return {"kind": "reply", "content": content, "stop_reason": stop_reason,
+            "usage": dict(usage or {}), "delay": delay, "cut_after": cut_after}
+
+
+# The error "type" the real API puts in the body for each status.
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error",
+    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+    429: "rate_limit_error", 500: "api_error", 529: "overloaded_error",
+}
+
+
+def _error_body(status: int, message: str, error_type: str | None = None) -> dict:
+    kind = error_type or _ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error(status: int, message: str = "scripted error", error_type=None, headers=None) -> dict:
+    """An HTTP error answer, e.g. error(429, headers={"retry-after": "2"})."""
+    return {"kind": "error", "status": status,
+            "body": _error_body(status, message, error_type),
+            "headers": dict(headers or {})}
+
+
+def hangup() -> dict:
+    """Close the socket without sending a single byte back."""
+    return {"kind": "hangup"}
+
+
+# --------------------------------------------------------------------------
+# Request validation: mirrors the real API closely enough to catch the
+# mistakes an agent loop actually makes.  Messages follow the real ones'
+# "path: problem" style so a failing test points at the offending field.
+# --------------------------------------------------------------------------
+
+class _Invalid(Exception):
+    """Raised with the message a 400 invalid_request_error would carry."""
+
+
+_TOP_KEYS = {
+    "model", "messages", "max_tokens", "system", "tools", "tool_choice",
+    "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
+    "thinking", "service_tier", "cache_control", "output_config", "container",
+    "mcp_servers",
+}
+# Per block type: every key the API accepts, and the ones it insists on.
+_BLOCK_KEYS = {
+    "text": {"type", "text", "cache_control", "citations"},
+    "image": {"type", "source", "cache_control"},
+    "document": {"type", "source", "title", "context", "citations", "cache_control"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "thinking": {"type", "thinking", "signature"},
+    "redacted_thinking": {"type", "data"},
+}
+_BLOCK_REQUIRED = {
+    "text": ("text",), "image": ("source",), "document": ("source",),
+    "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
+    "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),
+}
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")      # tool definitions
+_USED_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")     # names inside tool_use
+_MAX_BREAKPOINTS = 4
+
+
+def _extra_keys(path: str, obj: dict, allowed) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise _Invalid(f"{path}{key}: Extra inputs are not permitted")
+
+
+def _need_dict(path: str, obj) -> None:
+    if not isinstance(obj, dict):
+        raise _Invalid(f"{path}: Input should be a valid dictionary")
+
+
+def _check_text(path: str, value) -> None:
+    # The API rejects empty and whitespace-only text everywhere: such blocks
+    # usually come from a bug that joined nothing, so fail loudly here too.
+    if not isinstance(value, str):
+        raise _Invalid(f"{path}: Input should be a valid string")
+    if not value:
+        raise _Invalid(f"{path}: text content blocks must be non-empty")
+    if not value.strip():
+        raise _Invalid(f"{path}: text content blocks must contain non-whitespace text")
+
+
+class _RequestCheck:
+    """One validation pass over a request body; raises _Invalid on failure.
+
+    A class because two facts span the whole request: how many cache_control
+    breakpoints were used, and which tool_use ids were already seen.
+    """
+
+    def __init__(self, body, count_only: bool = False):
+        self.body = body
+        self.count_only = count_only    # count_tokens needs no max_tokens
+        self.breakpoints = 0
+        self.seen_ids: set[str] = set()
+
+    def run(self) -> None:
+        _need_dict("body", self.body)
+        _extra_keys("", self.body, _TOP_KEYS)
+        self.check_scalars()
+        self.check_tools(self.body.get("tools"))
+        self.check_system(self.body.get("system"))
+        self.check_messages(self.body.get("messages"))
+        self.check_tool_choice(self.body.get("tool_choice"))
+        if "cache_control" in self.body:       # top-level automatic caching
+            self.check_cache_control("cache_control", self.body["cache_control"], count=False)
+        if self.breakpoints > _MAX_BREAKPOINTS:
+            raise _Invalid(f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control "
+                           f"may be provided. Found {self.breakpoints}.")
+
+    # -- top level ---------------------------------------------------------
+
+    def check_scalars(self) -> None:
+        body = self.body
+        model = body.get("model")
+        if model is None:
+            raise _Invalid("model: Field required")
+        if not isinstance(model, str) or not model:
+            raise _Invalid("model: String should have at least 1 character")
+        if not self.count_only or "max_tokens" in body:
+            self.check_max_tokens(body.get("max_tokens"))
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise _Invalid("stream: Input should be a valid boolean")
+
+    def check_max_tokens(self, value) -> None:
+        if value is None:
+            raise _Invalid("max_tokens: Field required")
+        # bool is an int subclass in Python, but not in JSON: reject True.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _Invalid("max_tokens: Input should be a valid integer")
+        if value < 1:
+            raise _Invalid("max_tokens: Input should be greater than or equal to 1")
+
+    def check_cache_control(self, path: str, cc, count: bool = True) -> None:
+        # Only "ephemeral" exists; each one is a breakpoint and the API caps
+        # them, a limit that is easy to blow through when caching every turn.
+        _need_dict(path, cc)
+        _extra_keys(path + ".", cc, {"type", "ttl"})
+        if cc.get("type") != "ephemeral":
+            raise _Invalid(f"{path}.type: Input should be 'ephemeral'")
+        if "ttl" in cc and cc["ttl"] not in ("5m", "1h"):
+            raise _Invalid(f"{path}.ttl: Input should be '5m' or '1h'")
+        self.breakpoints += count
+
+    def check_tool_choice(self, choice) -> None:
+        if choice is None:
+            return
+        _need_dict("tool_choice", choice)
+        _extra_keys("tool_choice.", choice, {"type", "name", "disable_parallel_tool_use"})
+        if choice.get("type") not in ("auto", "any", "tool", "none"):
+            raise _Invalid("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
+        if choice["type"] == "tool" and not isinstance(choice.get("name"), str):
+            raise _Invalid("tool_choice.name: Field required")
+
+    # -- tools and system ----------------------------------------------------
+
+    def check_tools(self, tools) -> None:
+        if tools is None:
+            return
+        if not isinstance(tools, list):
+            raise _Invalid("tools: Input should be a valid list")
+        names = []
+        for i, spec in enumerate(tools):
+            self.check_tool(f"tools.{i}", spec)
+            names.append(spec["name"])
+        if len(names) != len(set(names)):
+            raise _Invalid("tools: Tool names must be unique.")
+
+    def check_tool(self, path: str, spec) -> None:
+        _need_dict(path, spec)
+        name = spec.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise _Invalid(f"{path}.name: String should match pattern '{_TOOL_NAME.pattern}'")
+        if "cache_control" in spec:
+            self.check_cache_control(f"{path}.cache_control", spec["cache_control"])
+        # Server tools ({"type": "web_search_..."}) carry their own options
+        # and no schema; only client ("custom") tools get the strict checks.
+        if spec.get("type", "custom") != "custom":
+            return
+        _extra_keys(path + ".", spec, {"name", "description", "input_schema", "cache_control", "type"})
+        if "description" in spec and not isinstance(spec["description"], str):
+            raise _Invalid(f"{path}.description: Input should be a valid string")
+        schema = spec.get("input_schema")
+        if schema is None:
+            raise _Invalid(f"{path}.input_schema: Field required")
+        _need_dict(f"{path}.input_schema", schema)
+        if schema.get("type") != "object":
+            raise _Invalid(f"{path}.input_schema.type: Input should be 'object'")
+
+    def check_system(self, system) -> None:
+        if system is None or isinstance(system, str):
+            return
+        if not isinstance(system, list):
+            raise _Invalid("system: Input should be a valid string or a list of text blocks")
+        for i, block in enumerate(system):
+            path = f"system.{i}"
+            _need_dict(path, block)
+            if block.get("type") != "text":
+                raise _Invalid(f"{path}.type: Input should be 'text'")
+            self.check_block(path, block, role="system")
+
+    # -- messages ------------------------------------------------------------
+
+    def check_messages(self, messages) -> None:
+        if messages is None:
+            raise _Invalid("messages: Field required")
+        if not isinstance(messages, list):
+            raise _Invalid("messages: Input should be a valid list")
+        if not messages:
+            raise _Invalid("messages: List should have at least 1 item after validation, not 0")
+        for i, msg in enumerate(messages):
+            self.check_message(i, msg)
+        self.check_turn_order(messages)
+        for i in range(len(messages)):
+            self.check_tool_pairing(messages, i)
+
+    def check_message(self, i: int, msg) -> None:
+        path = f"messages.{i}"
+        _need_dict(path, msg)
+        _extra_keys(path + ".", msg, {"role", "content"})
+        if msg.get("role") not in ("user", "assistant"):
+            raise _Invalid(f"{path}.role: Input should be 'user' or 'assistant'")
+        if "content" not in msg:
+            raise _Invalid(f"{path}.content: Field required")
+        content = msg["content"]
+        if isinstance(content, str):
+            return _check_text(f"{path}.content", content)
+        if not isinstance(content, list):
+            raise _Invalid(f"{path}.content: Input should be a valid string or list")
+        if not content:
+            raise _Invalid(f"{path}: all messages must have non-empty content")
+        self.check_blocks(path, content, msg["role"])
+
+    def check_blocks(self, path: str, content: list, role: str) -> None:
+        seen_other = False
+        for j, block in enumerate(content):
+            bpath = f"{path}.content.{j}"
+            self.check_block(bpath, block, role)
+            # The API reads tool results positionally: they lead the turn,
+            # any extra text (e.g. a reminder) follows them.
+            if block["type"] != "tool_result":
+                seen_other = True
+            elif seen_other:
+                raise _Invalid(f"{bpath}: tool_result blocks must come first in the "
+                               "content of a user message, before any other block")
+
+    def check_block(self, path: str, block, role: str) -> None:
+        _need_dict(path, block)
+        kind = block.get("type")
+        if kind is None:
+            raise _Invalid(f"{path}.type: Field required")
+        if kind not in _BLOCK_KEYS:
+            tags = ", ".join(f"'{t}'" for t in _BLOCK_KEYS)
+            raise _Invalid(f"{path}: Input tag '{kind}' found using 'type' does not "
+                           f"match any of the expected tags: {tags}")
+        _extra_keys(path + ".", block, _BLOCK_KEYS[kind])
+        for field in _BLOCK_REQUIRED[kind]:
+            if field not in block:
+                raise _Invalid(f"{path}.{field}: Field required")
+        if "cache_control" in block:
+            self.check_cache_control(f"{path}.cache_control", block["cache_control"])
+        if kind == "text":
+            _check_text(f"{path}.text", block["text"])
+        elif kind == "tool_use":
+            self.check_tool_use(path, block, role)
+        elif kind == "tool_result":
+            self.check_tool_result(path, block, role)
+
+    def check_tool_use(self, path: str, block: dict, role: str) -> None:
+        if role != "assistant":
+            raise _Invalid(f"{path}: tool_use blocks can only appear in assistant messages")
+        tid = block["id"]
+        if not isinstance(tid, str) or not tid:
+            raise _Invalid(f"{path}.id: Input should be a valid string")
+        if tid in self.seen_ids:
+            raise _Invalid(f"{path}: tool_use ids must be unique, found {tid} twice")
+        self.seen_ids.add(tid)
+        name = block["name"]
+        if not isinstance(name, str) or not _USED_NAME.match(name):
+            raise _Invalid(f"{path}.name: String should match pattern '{_USED_NAME.pattern}'")
+        _need_dict(f"{path}.input", block["input"])
+
+    def check_tool_result(self, path: str, block: dict, role: str) -> None:
+        if role != "user":
+            raise _Invalid(f"{path}: tool_result blocks can only appear in user messages")
+        if not isinstance(block["tool_use_id"], str):
+            raise _Invalid(f"{path}.tool_use_id: Input should be a valid string")
+        if "is_error" in block and not isinstance(block["is_error"], bool):
+            raise _Invalid(f"{path}.is_error: Input should be a valid boolean")
+        content = block.get("content")
+        if content is None or isinstance(content, str):
+            return
+        if not isinstance(content, list):
+            raise _Invalid(f"{path}.content: Input should be a valid string or list")
+        for k, inner in enumerate(content):
+            ipath = f"{path}.content.{k}"
+            _need_dict(ipath, inner)
+            if inner.get("type") not in ("text", "image"):
+                raise _Invalid(f"{ipath}.type: Input should be 'text' or 'image'")
+            self.check_block(ipath, inner, role)
+
+    def check_turn_order(self, messages: list) -> None:
+        if messages[0]["role"] != "user":
+            raise _Invalid('messages: first message must use the "user" role')
+        # The real API merges repeated roles; this project promises strict
+        # alternation, so a doubled role means the loop lost a turn.
+        for prev, msg in zip(messages, messages[1:]):
+            if prev["role"] == msg["role"]:
+                raise _Invalid('messages: roles must alternate between "user" and '
+                               f'"assistant", but found multiple "{msg["role"]}" roles in a row')
+
+    def check_tool_pairing(self, messages: list, i: int) -> None:
+        # Every tool call must be answered in the very next user turn, and
+        # every answer must point at a call from the turn right before it.
+        msg = messages[i]
+        if msg["role"] == "assistant":
+            uses = _block_ids(msg, "tool_use", "id")
+            after = messages[i + 1] if i + 1 < len(messages) else {"content": []}
+            answered = set(_block_ids(after, "tool_result", "tool_use_id"))
+            missing = [u for u in uses if u not in answered]
+            if missing:
+                raise _Invalid(f"messages.{i}: tool_use ids were found without tool_result "
+                               f"blocks immediately after: {', '.join(missing)}. Each tool_use "
+                               "block must have a corresponding tool_result block in the next message.")
+            return
+        before = messages[i - 1] if i > 0 else {"content": []}
+        asked = set(_block_ids(before, "tool_use", "id"))
+        for j, rid in enumerate(_block_ids(msg, "tool_result", "tool_use_id")):
+            if rid not in asked:
+                raise _Invalid(f"messages.{i}.content.{j}: unexpected tool_use_id found in "
+                               f"tool_result blocks: {rid}. Each tool_result block must have "
+                               "a corresponding tool_use block in the previous message.")
+
+
+def _block_ids(msg: dict, kind: str, key: str) -> list:
+    content = msg["content"]
+    if isinstance(content, str):
+        return []
+    return [b[key] for b in content if b.get("type") == kind]
+
+
+# --------------------------------------------------------------------------
+# Building answers: the Message JSON and its streamed (SSE) form.
+# --------------------------------------------------------------------------
+
+def _estimate(obj) -> int:
+    # ~4 characters per token is the usual rule of thumb; good enough for a
+    # loop that only needs counts that grow with the conversation.
+    return max(1, len(json.dumps(obj)) // 4)
+
+
+def _message(step: dict, body: dict, raw_len: int) -> dict:
+    """The complete Message object a non-streaming request would get."""
+    usage = {"input_tokens": max(1, raw_len // 4),
+             "output_tokens": _estimate(step["content"]),
+             "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    usage.update(step["usage"])
+    return {"id": _new_id("msg"), "type": "message", "role": "assistant",
+            "model": body.get("model"), "content": step["content"],
+            "stop_reason": step["stop_reason"], "stop_sequence": None, "usage": usage}
+
+
+def _pieces(s: str, size: int) -> list[str]:
+    return [s[k:k + size] for k in range(0, len(s), size)]
+
+
+def _block_events(index: int, block: dict) -> list:
+    """content_block_start / *_delta / content_block_stop for one block.
+
+    Like the real stream, a block starts empty and its payload arrives as
+    deltas; the SDK glues them back together.
+    """
+    kind = block["type"]
+    if kind == "text":
+        start = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"], 12)]
+    elif kind == "tool_use":
+        start = {**block, "input": {}}
+        raw = json.dumps(block["input"])            # arrives as partial JSON
+        deltas = [{"type": "input_json_delta", "partial_json": p}
+                  for p in _pieces(raw, max(1, -(-len(raw) // 3)))]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"], 12)]
+        deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+    else:                                           # anything else: sent whole
+        start, deltas = block, []
+    events = [("content_block_start", {"type": "content_block_start", "index": index,
+                                       "content_block": start})]
+    events += [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                        "delta": d}) for d in deltas]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def _stream_events(message: dict) -> list:
+    """The exact event sequence of a real streamed response, as (name, data)."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None,
+             "usage": {**usage, "output_tokens": 1}}   # real streams start at 1
+    events = [("message_start", {"type": "message_start", "message": start}),
+              ("ping", {"type": "ping"})]
+    for index, block in enumerate(message["content"]):
+        events += _block_events(index, block)
+    events.append(("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "usage": {"output_tokens": usage["output_tokens"]}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+# --------------------------------------------------------------------------
+# HTTP plumbing.
+# --------------------------------------------------------------------------
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    # HTTP/1.1 gives keep-alive (the SDK pools connections) and chunked
+    # streaming, which is what makes a cut stream detectable: without the
+    # final zero-length chunk the client knows the body is incomplete.
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:       # keep test output clean
+        pass
+
+    def do_POST(self) -> None:
+        self.server.api._serve(self)
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
+
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def send_json(self, status: int, payload: dict, headers=None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("request-id", _new_id("req"))
+        for name, value in (headers or {}).items():
+            self.send_header(name, str(value))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_stream(self, events: list, delay: float, cut_after) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("request-id", _new_id("req"))
+        self.end_headers()
+        for n, (name, data) in enumerate(events):
+            if cut_after is not None and n >= cut_after:
+                return self.drop()
+            if n and delay:
+                time.sleep(delay)
+            frame = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            # One chunk per event, flushed at once: the client sees each event
+            # as soon as it is "generated", exactly like a live stream.
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            self.wfile.flush()
+        if cut_after is not None:                   # cut after the last event
+            return self.drop()
+        self.wfile.write(b"0\r\n\r\n")              # the proper end of the body
+
+    def drop(self) -> None:
+        """Abruptly end the connection: no response, or no end of one."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True        # a stuck client never blocks interpreter exit
+
+    def handle_error(self, request, client_address) -> None:
+        # Clients vanishing mid-response (tests that stop reading a stream)
+        # are expected here; don't spray tracebacks over the test output.
+        pass
+
+
+class ScriptedAPI:
+    """A local Messages API that answers from a script of steps."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._steps: list = []
+        self._log: list = []
+        self.exhausted = 0
+        self._server = None
+        self._thread = None
+        self.url = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> "ScriptedAPI":
+        # Port 0: the OS picks a free port, so parallel test runs never clash.
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.api = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="fake-anthropic-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "ScriptedAPI":
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- script and log ------------------------------------------------------
+
+    def script(self, steps) -> None:
+        with self._lock:
+            self._steps = list(steps)
+
+    def add(self, *steps) -> None:
+        with self._lock:
+            self._steps.extend(steps)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._steps, self._log, self.exhausted = [], [], 0
+
+    @property
+    def requests(self) -> list:
+        with self._lock:
+            return list(self._log)      # a snapshot: safe to iterate
+
+    def invalid(self) -> list:
+        return [r for r in self.requests if not r["valid"]]
+
+    def remaining(self) -> int:
+        with self._lock:
+            return len(self._steps)
+
+    # -- serving one request -------------------------------------------------
+
+    def _serve(self, handler: _Handler) -> None:
+        raw = handler.read_body()
+        entry = self._record(handler, raw)
+        problem = self._reject(handler, entry, raw)
+        if problem:
+            status, message = problem
+            entry.update(valid=False, error=message)
+            return handler.send_json(status, _error_body(status, message))
+        body = entry["body"]
+        if handler.path.split("?")[0].endswith("/count_tokens"):
+            return handler.send_json(200, {"input_tokens": max(1, len(raw) // 4)})
+        step = self._next_step(body)
+        entry["step"] = step
+        self._answer(handler, step, body, len(raw))
+
+    def _record(self, handler: _Handler, raw: bytes) -> dict:
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        entry = {"path": handler.path, "headers": {k.lower(): v for k, v in handler.headers.items()},
+                 "body": body, "valid": True, "error": None, "step": None}
+        with self._lock:
+            self._log.append(entry)
+        return entry
+
+    def _reject(self, handler: _Handler, entry: dict, raw: bytes):
+        """(status, message) if the request must be refused, else None."""
+        headers = entry["headers"]
+        if "x-api-key" not in headers and "authorization" not in headers:
+            return 401, "x-api-key header is required"
+        path = handler.path.split("?")[0]
+        if handler.command != "POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
+            return 404, f"Not found: {handler.command} {path}"
+        if entry["body"] is None:
+            return 400, "There was an error parsing the body" if raw else "Body required"
+        try:
+            _RequestCheck(entry["body"], count_only=path.endswith("/count_tokens")).run()
+        except _Invalid as exc:
+            return 400, str(exc)
+        return None
+
+    def _next_step(self, body: dict) -> dict:
+        with self._lock:
+            if not self._steps:
+                self.exhausted += 1
+                # Finish the client's loop quietly; the test asserts on
+                # .exhausted rather than on a confusing error deep inside.
+                return reply("(script exhausted)")
+            step = self._steps.pop(0)
+        # Callables run outside the lock so they may inspect or extend the API.
+        step = step(body) if callable(step) else step
+        return reply(step) if isinstance(step, str) else step
+
+    def _answer(self, handler: _Handler, step: dict, body: dict, raw_len: int) -> None:
+        kind = step["kind"]
+        if kind == "hangup":
+            return handler.drop()
+        if kind == "error":
+            return handler.send_json(step["status"], step["body"], step["headers"])
+        message = _message(step, body, raw_len)
+        if body.get("stream"):
+            return handler.send_stream(_stream_events(message), step["delay"], step["cut_after"])
+        if step["delay"]:
+            time.sleep(step["delay"])           # lets tests provoke timeouts
+        handler.send_json(200, message)
+
+
+if __name__ == "__main__":
+    # Serve an empty script by hand, e.g. to poke at it with curl.
+    with ScriptedAPI() as api:
+        print(f"fake Messages API on {api.url} (Ctrl-C to stop)")
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
