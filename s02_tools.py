@@ -43,7 +43,7 @@ import anthropic
 from dotenv import load_dotenv
 
 # --- config ---
-DEFAULT_MODEL = "claude-sonnet-4-5"  # override with MODEL_ID
+DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
 MAX_TOKENS = 8_000          # output tokens per model call
 MAX_TURNS = 50              # model calls per user turn before we give up
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
@@ -92,12 +92,11 @@ class ToolError(Exception):
 # a determined model can write the same thing another way (s07 adds the OS
 # sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
-    (r"\brm\s+(-[a-zA-Z]*\s+)*-[a-zA-Z]*([rR][a-zA-Z]*f|f[a-zA-Z]*[rR])[a-zA-Z]*\s+(-\S+\s+)*(/|/\*|~|~/|\$HOME)\s*($|[;&|])",
-     "recursive forced delete of / or home"),
+    (r"\brm\s+(-\S+\s+)*(/|/\*|~/?|\$HOME/?)(\s|[;&|]|$)", "deleting / or the home directory"),
     (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
-    (r"(^|[;&|(]\s*|\s)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"(^|[;&|(`]\s*)sudo\b", "sudo: the agent never escalates privileges"),
     (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
-    (r"\bdd\s+.*\bof=/dev/", "dd writing straight to a device"),
+    (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
     (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
     (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
     (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
@@ -664,9 +663,9 @@ def agent_loop(client, messages):
         close_open_calls(messages)
         say("\n[interrupted: turn cancelled, you can keep typing]")
         return "interrupted"
-    except anthropic.APIError as e:
+    except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
         close_open_calls(messages, "the turn failed before this ran")
-        say(f"[API error: {e}]")
+        say(f"[API error: {type(e).__name__}: {e}]")
         return "api_error"
 
 # --- REPL / main ---

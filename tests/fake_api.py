@@ -645,6 +645,9 @@ class ScriptedAPI:
         step = self._next_step(body)
         entry["step"] = step
         self._answer(handler, step, body, len(raw))
+        # When the last byte left: a client that shows text before this moment
+        # is streaming for real, whatever the machine's speed.
+        entry["done_at"] = time.monotonic()
 
     def _record(self, handler: _Handler, raw: bytes) -> dict:
         try:

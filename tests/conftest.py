@@ -1,0 +1,103 @@
+"""Shared fixtures: the scripted API server, chapter modules, isolated workspaces.
+
+Chapters are imported once per test session (importing the SDK is slow) and
+driven in-process with a client aimed at the scripted server. Before each test
+every module-level container of the chapter (FILE_STATE, TOOLS, ...) is put
+back to its state right after import, so tests cannot leak into each other.
+"""
+import copy
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anthropic
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(TESTS)]
+
+from fake_api import ScriptedAPI  # noqa: E402
+
+CHAPTERS = sorted(p.stem for p in ROOT.glob("s[0-9][0-9]_*.py"))
+if (ROOT / "agent_full.py").exists():
+    CHAPTERS.append("agent_full")
+
+
+def chapters_from(first):
+    """The chapter that introduces a mechanism and every file after it."""
+    return [c for c in CHAPTERS if c[:3] >= first or c == "agent_full"]
+
+
+_SNAPSHOTS = {}
+
+
+def load(name):
+    """Import a chapter once; remember its pristine module-level containers."""
+    mod = importlib.import_module(name)
+    if name not in _SNAPSHOTS:
+        _SNAPSHOTS[name] = {k: copy.copy(v) for k, v in vars(mod).items()
+                            if type(v) in (dict, list, set) and not k.startswith("__")}
+    return mod
+
+
+def restore(mod):
+    for k, v in _SNAPSHOTS[mod.__name__].items():
+        setattr(mod, k, copy.copy(v))
+
+
+@pytest.fixture(scope="session")
+def api_server():
+    server = ScriptedAPI().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def api(api_server):
+    """The scripted server, empty; fails the test if any request was invalid."""
+    api_server.reset()
+    yield api_server
+    bad = api_server.invalid()
+    assert not bad, f"invalid request sent to the API: {bad[0]['error']}"
+
+
+@pytest.fixture
+def client(api):
+    return anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A fresh project directory as cwd, and a fresh HOME for user-level state."""
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    ws.mkdir()
+    home.mkdir()
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
+                "MODEL_ID", "AGENT_PERMISSION_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    return ws
+
+
+@pytest.fixture
+def mod(request, workspace, monkeypatch):
+    """The chapter named by the parametrisation, reset and pointed at the workspace."""
+    m = load(request.param)
+    restore(m)
+    monkeypatch.setattr(m, "WORKDIR", workspace)
+    return m
+
+
+def run_chapter(name, *args, api=None, input=None, cwd=None, env=None, timeout=60):
+    """Run a chapter file as a learner would: python sNN_x.py [args] < input."""
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("ANTHROPIC") and k not in ("MODEL_ID", "AGENT_PERMISSION_MODE")}
+    if api is not None:
+        full_env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url}
+    full_env |= env or {}
+    return subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *args], input=input,
+                          cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,437 @@
+"""Tests for the scripted fake Messages API, driven through the real SDK.
+
+If the fake drifts from the real service, every agent test built on it lies,
+so these tests pin down both halves of its contract: what it sends (the SDK
+must parse it) and what it refuses (the real API would refuse it too).
+"""
+
+import copy
+import http.client
+import json
+import threading
+import time
+
+import anthropic
+import pytest
+
+from fake_api import ScriptedAPI, error, hangup, reply, text, tool
+
+try:        # the HTTP library underneath the SDK; its name varies by version
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+MODEL = "claude-test"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    # One server for the whole file keeps it fast; `api` resets it per test.
+    with ScriptedAPI() as api:
+        yield api
+
+
+@pytest.fixture
+def api(server):
+    # Overrides the suite-wide `api` fixture on purpose: that one fails any
+    # test that sent an invalid request, and here that is often the point.
+    server.reset()
+    return server
+
+
+@pytest.fixture
+def client(api):
+    return anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+
+
+def raw_post(api, path, body, headers=None):
+    """Talk HTTP directly, for what the SDK would never send."""
+    host, port = api.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, body=data,
+                 headers={"content-type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    result = resp.status, resp.read().decode()
+    conn.close()
+    return result
+
+
+# --------------------------------------------------------------------------
+# Answers: streaming, non-streaming, tools.
+# --------------------------------------------------------------------------
+
+def test_stream_text_arrives_in_pieces(api, client):
+    words = "The quick brown fox jumps over the lazy dog, twice over."
+    api.script([reply(words)])
+    with client.messages.stream(model=MODEL, max_tokens=100, messages=HI) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(pieces) > 2 and "".join(pieces) == words
+    assert [b.text for b in final.content] == [words]
+    assert final.stop_reason == "end_turn" and final.model == MODEL
+    (entry,) = api.requests
+    assert entry["valid"] and entry["body"]["stream"] is True
+    assert api.remaining() == 0 and api.exhausted == 0
+
+
+def test_stream_tool_use_round_trip(api, client):
+    args = {"command": "grep -rn 'TODO' src/", "timeout": 30, "opts": {"a": [1, 2]}}
+    call = tool("bash", args)
+    api.script([reply("Let me search.", call), reply("Found nothing.")])
+    with client.messages.stream(model=MODEL, max_tokens=100, messages=HI) as stream:
+        first = stream.get_final_message()
+    assert first.stop_reason == "tool_use"
+    used = first.content[1]
+    assert (used.id, used.name, used.input) == (call["id"], "bash", args)
+
+    # Send the answer back exactly as an agent loop would: the SDK's own
+    # block objects go straight back into the history.
+    history = HI + [
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": used.id, "content": "(empty)"}]},
+    ]
+    with client.messages.stream(model=MODEL, max_tokens=100, messages=history) as stream:
+        second = stream.get_final_message()
+    assert second.content[0].text == "Found nothing."
+    assert not api.invalid() and api.remaining() == 0
+
+
+def test_raw_stream_has_real_event_sequence(api, client):
+    api.script([reply("hi", tool("read", {"path": "a"}))])
+    events = [e.type for e in client.messages.create(
+        model=MODEL, max_tokens=10, messages=HI, stream=True)]
+    block = ["content_block_start", "content_block_delta", "content_block_stop"]
+    assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
+    assert events[1:4] == block and events[4] == "content_block_start"
+    assert set(events[5:-3]) == {"content_block_delta"}
+
+
+def test_sse_wire_format_includes_ping(api):
+    # The SDK hides ping events, so read the wire directly.
+    api.script([reply("hello")])
+    body = {"model": MODEL, "max_tokens": 5, "messages": HI, "stream": True}
+    status, raw = raw_post(api, "/v1/messages", body, {"x-api-key": "k"})
+    frames = [f for f in raw.split("\n\n") if f]
+    names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    assert status == 200 and names[:3] == ["message_start", "ping", "content_block_start"]
+    start = json.loads(frames[0].split("data: ", 1)[1])["message"]
+    assert start["stop_reason"] is None and start["content"] == []
+    assert start["usage"]["output_tokens"] == 1
+
+
+def test_non_stream_create(api, client):
+    api.script([reply("plain answer", usage={"cache_read_input_tokens": 50})])
+    msg = client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    assert msg.content[0].text == "plain answer" and msg.stop_reason == "end_turn"
+    assert msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+    assert msg.usage.cache_read_input_tokens == 50      # override merged in
+    assert msg.id.startswith("msg_") and msg._request_id.startswith("req_")
+
+
+def test_helpers():
+    a, b = tool("x", {}), tool("x", {})
+    assert a["id"] != b["id"] and a["id"].startswith("toolu_01")
+    assert tool("x", {}, id="toolu_fixed")["id"] == "toolu_fixed"
+    assert reply("t")["stop_reason"] == "end_turn"
+    assert reply(text("t"), a)["stop_reason"] == "tool_use"
+    assert reply(a, stop_reason="max_tokens")["stop_reason"] == "max_tokens"
+    assert error(404)["body"]["error"]["type"] == "not_found_error"
+    assert error(413)["body"]["error"]["type"] == "request_too_large"
+
+
+# --------------------------------------------------------------------------
+# Validation: one rejection per rule, and a realistic history that passes.
+# --------------------------------------------------------------------------
+
+def call(id="toolu_a", name="bash"):
+    return {"type": "tool_use", "id": id, "name": name, "input": {}}
+
+
+def result(id="toolu_a", **extra):
+    return {"type": "tool_result", "tool_use_id": id, "content": "ok", **extra}
+
+
+def turns(*contents):
+    """Alternating user/assistant messages, starting with user."""
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": c}
+            for i, c in enumerate(contents)]
+
+
+TOOL = {"name": "bash", "input_schema": {"type": "object", "properties": {}}}
+EPH = {"type": "ephemeral"}
+
+# (request overrides, substring of the expected error message)
+REJECTIONS = {
+    "extra top-level key": ({"extra_body": {"foo": 1}}, "foo: Extra inputs are not permitted"),
+    "empty model": ({"model": ""}, "model:"),
+    "max_tokens zero": ({"max_tokens": 0}, "max_tokens: Input should be greater"),
+    "max_tokens not int": ({"max_tokens": 1.5}, "max_tokens: Input should be a valid integer"),
+    "no messages": ({"messages": []}, "messages: List should have at least 1 item"),
+    "bad role": ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    "extra message key": ({"messages": [{"role": "user", "content": "x", "name": "b"}]},
+                          "messages.0.name: Extra inputs are not permitted"),
+    "empty string content": ({"messages": turns("")}, "must be non-empty"),
+    "whitespace string content": ({"messages": turns("  \n")}, "non-whitespace text"),
+    "empty list content": ({"messages": turns([])}, "must have non-empty content"),
+    "first message assistant": ({"messages": [{"role": "assistant", "content": "x"}]},
+                                'first message must use the "user" role'),
+    "roles do not alternate": ({"messages": HI + HI}, "roles must alternate"),
+    "unknown block type": ({"messages": turns([{"type": "video", "url": "x"}])}, "Input tag 'video'"),
+    "block without type": ({"messages": turns([{"text": "x"}])}, "content.0.type: Field required"),
+    "extra text key": ({"messages": turns([{"type": "text", "text": "x", "x": 1}])},
+                       "content.0.x: Extra inputs are not permitted"),
+    "whitespace text block": ({"messages": turns([text(" ")])}, "non-whitespace text"),
+    "empty text block": ({"messages": turns([text("")])}, "must be non-empty"),
+    "tool_use in user turn": ({"messages": turns([call()])}, "can only appear in assistant"),
+    "duplicate tool_use ids": ({"messages": turns("x", [call(), call()], [result()])}, "must be unique"),
+    "tool_use input not dict": ({"messages": turns("x", [{**call(), "input": "ls"}], [result()])},
+                                "input: Input should be a valid dictionary"),
+    "tool_use bad name": ({"messages": turns("x", [call(name="no spaces")], [result()])},
+                          "name: String should match pattern"),
+    "tool_use extra key": ({"messages": turns("x", [{**call(), "caller": 1}], [result()])},
+                           "caller: Extra inputs are not permitted"),
+    "tool_result in assistant turn": ({"messages": turns("x", [result()])}, "can only appear in user"),
+    "tool_use without tool_result": ({"messages": turns("x", [call()], "done?")},
+                                     "tool_use ids were found without tool_result blocks immediately after: toolu_a"),
+    "tool_use as last message": ({"messages": turns("x", [call()])}, "without tool_result blocks"),
+    "tool_result without tool_use": ({"messages": turns("x", "ok", [result()])},
+                                     "unexpected tool_use_id found in tool_result blocks"),
+    "tool_result for wrong id": ({"messages": turns("x", [call()], [result(), result("toolu_b")])},
+                                 "unexpected tool_use_id"),
+    "tool_result after text": ({"messages": turns("x", [call()], [text("note"), result()])},
+                               "tool_result blocks must come first"),
+    "tool_result bad content": ({"messages": turns("x", [call()], [result(content=[call("t2")])])},
+                                "Input should be 'text' or 'image'"),
+    "tool_result content not str/list": ({"messages": turns("x", [call()], [result(content=5)])},
+                                         "content: Input should be a valid string or list"),
+    "is_error not bool": ({"messages": turns("x", [call()], [result(is_error="yes")])},
+                          "is_error: Input should be a valid boolean"),
+    "tools not a list": ({"tools": {"name": "bash"}}, "tools: Input should be a valid list"),
+    "tool bad name": ({"tools": [{**TOOL, "name": "a.b"}]}, "tools.0.name: String should match"),
+    "tool name too long": ({"tools": [{**TOOL, "name": "a" * 65}]}, "tools.0.name"),
+    "duplicate tools": ({"tools": [TOOL, TOOL]}, "Tool names must be unique"),
+    "tool without schema": ({"tools": [{"name": "bash"}]}, "input_schema: Field required"),
+    "tool schema not object": ({"tools": [{**TOOL, "input_schema": {"type": "string"}}]},
+                               "input_schema.type: Input should be 'object'"),
+    "tool description not str": ({"tools": [{**TOOL, "description": 3}]}, "description: Input should be"),
+    "tool extra key": ({"tools": [{**TOOL, "parameters": {}}]}, "parameters: Extra inputs"),
+    "system not text": ({"system": [{"type": "image", "source": {}}]}, "system.0.type"),
+    "system whitespace": ({"system": [text("\t")]}, "non-whitespace text"),
+    "system wrong type": ({"system": 5}, "system: Input should be"),
+    "cache_control type": ({"system": [{**text("s"), "cache_control": {"type": "forever"}}]},
+                           "cache_control.type: Input should be 'ephemeral'"),
+    "cache_control ttl": ({"system": [{**text("s"), "cache_control": {**EPH, "ttl": "2h"}}]},
+                          "ttl: Input should be '5m' or '1h'"),
+    "too many breakpoints": ({"system": [{**text(f"s{i}"), "cache_control": EPH} for i in range(5)]},
+                             "A maximum of 4 blocks with cache_control may be provided. Found 5."),
+    "tool_choice type": ({"tool_choice": {"type": "required"}}, "tool_choice.type"),
+    "tool_choice tool without name": ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    "stream not bool": ({"extra_body": {"stream": "yes"}}, "stream: Input should be a valid boolean"),
+}
+
+
+@pytest.mark.parametrize("overrides, expected", REJECTIONS.values(), ids=REJECTIONS.keys())
+def test_invalid_request_rejected(api, client, overrides, expected):
+    api.script([reply("unused")])
+    request = {"model": MODEL, "max_tokens": 10, "messages": HI, **copy.deepcopy(overrides)}
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(**request)
+    assert exc.value.body["error"]["type"] == "invalid_request_error"
+    (entry,) = api.invalid()
+    assert expected in entry["error"] and expected in exc.value.message
+    assert entry["step"] is None and api.remaining() == 1   # no step consumed
+
+
+def test_valid_complex_history_accepted(api, client):
+    # A realistic agent transcript: cached system + tools, parallel tool calls,
+    # results (string, list and error forms) followed by a reminder text.
+    api.script([reply("All done.")])
+    tools = [
+        {"name": "bash", "description": "Run a command",
+         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}},
+        {**TOOL, "name": "read_file", "cache_control": EPH},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+    ]
+    system = [text("You are a coding agent."), {**text("Project rules..."), "cache_control": {**EPH, "ttl": "1h"}}]
+    calls = [call("toolu_1", "bash"), call("toolu_2", "read_file")]
+    messages = turns(
+        [{**text("Fix the bug."), "cache_control": EPH}],
+        [text("Looking."), *calls],
+        [result("toolu_1", is_error=True),
+         {"type": "tool_result", "tool_use_id": "toolu_2", "content": [text("line 1")]},
+         {**text("<reminder>update todos</reminder>"), "cache_control": EPH}],
+        [{"type": "thinking", "thinking": "hmm", "signature": "sig"}, call("toolu_3")],
+        [result("toolu_3", content=[])],
+    )
+    msg = client.messages.create(model=MODEL, max_tokens=100, system=system, tools=tools,
+                                 tool_choice={"type": "auto"}, messages=messages)
+    assert msg.content[0].text == "All done."
+    assert not api.invalid() and api.requests[0]["body"]["messages"] == messages
+
+
+def test_invalid_json_rejected(api):
+    status, raw = raw_post(api, "/v1/messages", b"{not json", {"x-api-key": "k"})
+    assert status == 400 and "error parsing the body" in raw
+    assert api.invalid()[0]["body"] is None
+
+
+# --------------------------------------------------------------------------
+# Failure modes the agent must survive.
+# --------------------------------------------------------------------------
+
+def test_rate_limit_error_with_retry_after(api, client):
+    api.script([error(429, "slow down", headers={"retry-after": "7"})])
+    with pytest.raises(anthropic.RateLimitError) as exc:
+        client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    assert exc.value.status_code == 429
+    assert exc.value.response.headers["retry-after"] == "7"
+    assert exc.value.body["error"] == {"type": "rate_limit_error", "message": "slow down"}
+    assert api.requests[0]["valid"]         # a scripted error is still a valid request
+
+
+def test_overloaded_error(api, client):
+    # The SDK maps 529 to OverloadedError, a subclass of InternalServerError
+    # (older SDKs raise InternalServerError itself), so catching the latter
+    # covers both.
+    overloaded = getattr(anthropic, "OverloadedError", anthropic.InternalServerError)
+    api.script([error(529, "Overloaded")])
+    with pytest.raises(overloaded) as exc:
+        with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
+            stream.get_final_message()
+    assert isinstance(exc.value, anthropic.InternalServerError)
+    assert exc.value.status_code == 529
+    assert exc.value.body["error"]["type"] == "overloaded_error"
+
+
+def test_other_error_statuses(api, client):
+    api.script([error(500), error(400, "bad", error_type="custom_error")])
+    with pytest.raises(anthropic.InternalServerError):
+        client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    assert exc.value.body["error"]["type"] == "custom_error"
+
+
+def test_hangup_raises_connection_error_and_server_recovers(api, client):
+    api.script([hangup(), hangup(), reply("back")])
+    with pytest.raises(anthropic.APIConnectionError):
+        client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    with pytest.raises(anthropic.APIConnectionError):
+        with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
+            stream.get_final_message()
+    assert client.messages.create(model=MODEL, max_tokens=10, messages=HI).content[0].text == "back"
+
+
+def test_cut_stream_raises_during_iteration(api, client):
+    # A stream dropped mid-body is NOT wrapped by the SDK: the HTTP library's
+    # own RemoteProtocolError ("incomplete chunked read") escapes from the
+    # iteration, after the events that did arrive were already delivered.
+    # Agent code that retries cut streams must catch it explicitly.
+    api.script([reply("a" * 60, cut_after=5)])
+    seen = []
+    with pytest.raises(httpx.RemoteProtocolError) as exc:
+        with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
+            for chunk in stream.text_stream:
+                seen.append(chunk)
+    assert not isinstance(exc.value, anthropic.APIError)
+    # 5 events = message_start, ping, block start, 2 text deltas.
+    assert "".join(seen) == "a" * 24
+
+
+def test_delay_makes_text_arrive_early(api, client):
+    # 60 chars -> 5 text deltas -> 11 events, 10 delays of 0.1 s = ~1 s total;
+    # the first text delta is the 4th event, at ~0.3 s.
+    api.script([reply("x" * 60, delay=0.1)])
+    begin, arrivals = time.monotonic(), []
+    with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
+        for _ in stream.text_stream:
+            arrivals.append(time.monotonic() - begin)
+    total = time.monotonic() - begin
+    assert len(arrivals) == 5 and total >= 0.9
+    assert arrivals[0] < total / 2
+
+
+# --------------------------------------------------------------------------
+# Scripting features.
+# --------------------------------------------------------------------------
+
+def test_callable_steps_see_the_request(api, client):
+    def echo(body):
+        return reply("you said: " + body["messages"][-1]["content"])
+
+    api.script([echo, lambda body: error(429) if body.get("stream") else "plain str"])
+    msg = client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "ping"}])
+    assert msg.content[0].text == "you said: ping"
+    assert api.requests[0]["step"]["content"] == [text("you said: ping")]   # the resolved step
+    with pytest.raises(anthropic.RateLimitError):
+        with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
+            stream.get_final_message()
+
+
+def test_exhausted_script_ends_quietly(api, client):
+    msg = client.messages.create(model=MODEL, max_tokens=10, messages=HI)
+    assert msg.content[0].text == "(script exhausted)" and msg.stop_reason == "end_turn"
+    with pytest.raises(anthropic.BadRequestError):        # invalid: not counted
+        client.messages.create(model=MODEL, max_tokens=0, messages=HI)
+    assert api.exhausted == 1
+
+
+def test_script_add_reset(api, client):
+    api.script([reply("a")])
+    api.script([reply("b")])                      # replaces
+    api.add(reply("c"), reply("d"))               # appends
+    assert api.remaining() == 3
+    got = [client.messages.create(model=MODEL, max_tokens=5, messages=HI).content[0].text
+           for _ in range(2)]
+    assert got == ["b", "c"] and api.remaining() == 1 and len(api.requests) == 2
+    api.reset()
+    assert (api.remaining(), api.requests, api.exhausted) == (0, [], 0)
+
+
+def test_concurrent_requests_each_take_one_step(api):
+    api.script([reply(str(i)) for i in range(8)])
+    answers = []
+
+    def ask():
+        c = anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+        answers.append(c.messages.create(model=MODEL, max_tokens=5, messages=HI).content[0].text)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers, key=int) == [str(i) for i in range(8)]
+    assert api.remaining() == 0 and api.exhausted == 0
+
+
+# --------------------------------------------------------------------------
+# Other endpoints and HTTP-level checks.
+# --------------------------------------------------------------------------
+
+def test_missing_api_key_is_401(api):
+    # The SDK always sends credentials, so send the request by hand.
+    api.script([reply("unused")])
+    status, raw = raw_post(api, "/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": HI})
+    assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error"
+    assert api.invalid()[0]["error"] and api.remaining() == 1
+
+
+def test_unknown_path_is_404(api, client):
+    status, raw = raw_post(api, "/v1/nothing", {}, {"x-api-key": "k"})
+    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.list()
+
+
+def test_count_tokens(api, client):
+    api.script([reply("unused")])
+    short = client.messages.count_tokens(model=MODEL, messages=HI)
+    long = client.messages.count_tokens(model=MODEL, messages=turns("word " * 200))
+    assert 0 < short.input_tokens < long.input_tokens
+    assert api.remaining() == 1                   # counting consumes no step
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.count_tokens(model=MODEL, messages=HI + HI)
+    assert "roles must alternate" in api.invalid()[0]["error"]

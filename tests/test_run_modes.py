@@ -1,0 +1,103 @@
+"""Run modes from SPEC section 4, exercised as a learner runs them: subprocesses.
+
+These are the slow tests (each starts Python and imports the SDK), so the
+behaviour-heavy ones run on the first and the newest chapter only; the cheap
+no-key check runs on every file.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import CHAPTERS, ROOT, run_chapter
+from fake_api import error, reply, text, tool
+
+ENDS = sorted({CHAPTERS[0], CHAPTERS[-1]})
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_key_exits_2_with_one_clear_message(name, tmp_path):
+    # A copy in an empty folder, so no developer's .env next to the repo leaks in.
+    shutil.copy(ROOT / f"{name}.py", tmp_path)
+    r = subprocess.run([sys.executable, str(tmp_path / f"{name}.py")], input="hi\n", cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")})
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "ANTHROPIC_API_KEY" in r.stderr
+    assert "demo.py" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("name", ENDS)
+def test_piped_prompt_makes_file_and_exits_0(name, api, tmp_path):
+    api.script([reply(tool("bash", {"command": "printf hi > hello.txt"})),
+                reply("Created hello.txt.")])
+    r = run_chapter(name, api=api, cwd=tmp_path, input="make hello.txt containing hi\n",
+                    env={"HOME": str(tmp_path), "AGENT_PERMISSION_MODE": "acceptEdits"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "hello.txt").read_text() == "hi"
+    assert "Created hello.txt." in r.stdout
+    assert api.remaining() == 0 and api.exhausted == 0
+
+
+@pytest.mark.parametrize("name", ENDS)
+def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
+    words = [f"word{i} " for i in range(30)]
+    api.script([reply("".join(words), delay=0.03)])   # ~40 events, spread out
+    env = os.environ | {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url,
+                        "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), "say words"], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    first = None
+    out = b""
+    while chunk := os.read(p.stdout.fileno(), 4096):
+        if first is None and b"word0" in out + chunk:
+            first = time.monotonic()
+        out += chunk
+    assert p.wait(timeout=30) == 0
+    done = api.requests[0]["done_at"]
+    # Causal, not timed: the first word was on stdout before the server had
+    # even sent the end of the reply.
+    assert first is not None and first < done
+    assert b"word29" in out
+
+
+@pytest.mark.parametrize("name", ENDS)
+def test_one_shot_failure_exits_nonzero(name, api, tmp_path):
+    api.script([error(401, "invalid x-api-key")])
+    r = run_chapter(name, "do something", api=api, cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert r.returncode != 0
+    assert "invalid x-api-key" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ENDS)
+def test_repl_quits_on_q_and_eof(name, api, tmp_path):
+    for stdin in ("q\n", "exit\n", ""):
+        r = run_chapter(name, api=api, cwd=tmp_path, input=stdin, env={"HOME": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+    assert api.requests == []
+
+
+@pytest.mark.parametrize("name", ENDS)
+def test_ctrl_c_cancels_the_turn_not_the_program(name, api, tmp_path):
+    api.script([reply("".join(f"slow{i} " for i in range(200)), delay=0.05),
+                reply("Second answer.")])
+    env = os.environ | {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url,
+                        "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py")], cwd=tmp_path, env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+    p.stdin.write(b"first question\n")
+    p.stdin.flush()
+    while b"slow3" not in out:
+        out += os.read(p.stdout.fileno(), 4096)
+    p.send_signal(signal.SIGINT)          # mid-stream
+    time.sleep(0.3)
+    stdout, stderr = p.communicate(b"second question\n", timeout=30)
+    assert p.returncode == 0, stderr
+    assert b"Second answer." in stdout and b"interrupted" in stderr
+    assert len(api.requests) == 2         # and the api fixture checks both were valid
