@@ -423,20 +423,31 @@ GREP_MODES = ("files_with_matches", "content", "count")
 def grep_rg(pattern, root, glob, ignore_case, mode):
     cmd = ["rg", "--null", "--line-number", "--no-heading", "--color=never", "--hidden",
            "--no-require-git", "--no-messages", "-g", "!.git"]
-    cmd += ["-i"] * ignore_case + (["-g", glob] if glob else [])
+    cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
     p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
     if p.returncode >= 2:
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
     if mode == "files_with_matches":  # -l --null: names end with NUL, no newline
-        return [(rel(Path(name)),) for name in out.split("\0") if name]
-    records = []
-    for row in out.split("\n"):
-        name, _, rest = row.partition("\0")
-        if name:
-            records.append((rel(Path(name)), *rest.split(":", 1)))
+        rows = [(name, "") for name in out.split("\0") if name]
+    else:
+        rows = [row.partition("\0")[::2] for row in out.split("\n") if row]
+    keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
+    for name, rest in rows:
+        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
+            path = Path(name).relative_to(top).as_posix()
+            records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
     return records
+
+
+def glob_filter(glob, root):
+    """grep's glob: a bare name pattern matches the file name, else the path under root."""
+    rx = glob_regex(glob) if glob else None
+    def keep(f):
+        name = f.name if "/" not in glob else f.relative_to(root).as_posix()
+        return rx.fullmatch(name) is not None
+    return keep if glob else (lambda f: True)
 
 
 def grep_python(pattern, root, glob, ignore_case, mode):
@@ -444,11 +455,10 @@ def grep_python(pattern, root, glob, ignore_case, mode):
         rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
     except re.error as e:
         raise ToolError(f"Invalid regex {pattern!r}: {e}.")
-    match_glob = glob_regex(glob) if glob else None
+    keep = glob_filter(glob, root)
     records = []
     for f in [root] if root.is_file() else walk_files(root):
-        name = f.name if "/" not in (glob or "") else f.relative_to(root).as_posix()
-        if match_glob and not match_glob.fullmatch(name):
+        if not keep(f):
             continue
         data = f.read_bytes()
         if b"\0" in data[:8192]:
