@@ -38,6 +38,7 @@ and feeds the observation back, until the model stops asking.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -132,14 +133,20 @@ def run_bash(command, timeout=None):
         raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
                         f"find a safe way or ask the user to run it.")
     timeout = timeout or BASH_TIMEOUT
+    # Own process group, so a timeout or Ctrl+C kills the whole pipeline, not
+    # just the shell (orphans would hold the output pipe open forever).
+    p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        p = subprocess.run(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode("utf-8", "replace")
-        raise ToolError(clip(out) + f"\n[timed out after {timeout}s: run it in smaller "
-                        f"steps or pass a larger timeout]")
-    out = clip(p.stdout.decode("utf-8", "replace")) or "(no output)"
+        raw = p.communicate(timeout=timeout)[0]
+    except BaseException as e:
+        os.killpg(p.pid, signal.SIGKILL)
+        raw = p.communicate()[0]
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        raise ToolError(clip(raw.decode("utf-8", "replace")) + f"\n[timed out after {timeout}s: "
+                        f"run it in smaller steps or pass a larger timeout]")
+    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"

@@ -88,6 +88,13 @@ def test_bash_output_rules(mod, workspace):
     assert mod.run_bash("pwd").strip() == str(workspace)                 # workspace cwd
 
 
+def test_timeout_kills_the_whole_pipeline(mod, workspace):
+    marker = f"sleep 3{os.getpid() % 10}.{len(mod.__name__)}"
+    with pytest.raises(mod.ToolError, match="timed out"):
+        mod.run_bash(f"{marker} | cat", timeout=1)
+    assert subprocess.run(["pgrep", "-f", marker]).returncode == 1   # nothing left behind
+
+
 def test_turn_limit(mod, api, client, monkeypatch):
     monkeypatch.setattr(mod, "MAX_TURNS", 3)
     api.script([reply(tool("bash", {"command": f"echo {i}"})) for i in range(3)] + [reply("ok")])
