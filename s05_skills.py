@@ -1,0 +1,1023 @@
+#!/usr/bin/env python3
+"""s05_skills.py - skills loaded on demand, and slash commands typed by the user.
+
+New since s04: discover_skills, parse_skill, skills_prompt, load_skill,
+substitute, run_dynamic, render_skill, skill_file, command, COMMANDS,
+handle_slash, run_slash_once, /help, /skills.
+
+    skills/<name>/SKILL.md  <  ~/.agent/skills/  <  <workdir>/.agent/skills/
+        |  frontmatter: name, description, argument-hint, flags...
+        v
+    system prompt: "- name: description" per skill (the bodies stay on disk)
+        |
+        +-- model:  load_skill {name, arguments?} ------------------+
+        +-- human:  /name args  (REPL, or one-shot "/name args") ---+
+                                                                    v
+        render_skill: $ARGUMENTS / $0 $1 ... -> !`cmd` -> its output
+                      -> <skill name=".." path="folder">body</skill>
+    other "/..." input: the command registry (/help, /skills, ...), run
+    locally; it never reaches the model
+
+Run:
+    python s05_skills.py                  # REPL, prompt "s05 >> "; try /help
+    python s05_skills.py "task"           # one task, then exit
+    python s05_skills.py "/review-code src"   # one slash command, then exit
+    python tests/demo.py s05              # offline, no key: scripted model
+
+Try:
+    /skills                 (where each skill comes from)
+    /commit-message         (drafts a message from the staged diff)
+    we need a CSV export for the report page; spec it out first
+
+Key insight: a skill costs one line of context until it is needed; the model
+(or the human, with /name) decides when to pay for the rest.
+"""
+
+# --- imports ---
+import difflib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import yaml
+from dotenv import load_dotenv
+
+# --- config ---
+DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
+MAX_TOKENS = 8_000          # output tokens per model call
+MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
+BASH_TIMEOUT = 120          # seconds, default for one bash command
+MAX_OUTPUT = 30_000         # characters of tool output kept for the model
+API_RETRIES = 2             # SDK-level retries (with its own backoff)
+WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
+CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
+NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
+               "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
+          "describe: use the tools to inspect and change files, then verify. "
+          "Keep answers short.")
+
+# --- model client ---
+def make_client():
+    """Build the SDK client from the environment; None when no key is set.
+
+    .env never overrides the shell. ANTHROPIC_BASE_URL lets any
+    Anthropic-compatible endpoint (or the offline scripted model) stand in.
+    """
+    load_dotenv(override=False)
+    key, token = os.getenv("ANTHROPIC_API_KEY"), os.getenv("ANTHROPIC_AUTH_TOKEN")
+    if not (key or token):
+        return None
+    return anthropic.Anthropic(api_key=key, auth_token=None if key else token,
+                               base_url=os.getenv("ANTHROPIC_BASE_URL") or None,
+                               max_retries=API_RETRIES)
+
+
+def model_id():
+    return os.getenv("MODEL_ID") or DEFAULT_MODEL
+
+
+def system_prompt():
+    """Stable for the whole session: no clock, no counters (they break caching)."""
+    return f"{SYSTEM}\nWorking directory: {WORKDIR}" + skills_prompt()  # s05: skill list
+
+# --- tools ---
+class ToolError(Exception):
+    """Raised by a handler: becomes an is_error tool_result, never a crash."""
+
+
+# The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
+# a determined model can write the same thing another way (s07 adds the OS
+# sandbox). Each entry: (regex, why it is refused).
+DANGEROUS = [
+    (r"\brm\s+(-\S+\s+)*(/|/\*|~/?|\$HOME/?)(\s|[;&|]|$)", "deleting / or the home directory"),
+    (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
+    (r"(^|[;&|(`]\s*)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
+    (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
+    (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
+    (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
+    (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
+    (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+]
+
+
+def check_dangerous(command):
+    """Return why a command is refused, or None when it may run."""
+    for pattern, why in DANGEROUS:
+        if re.search(pattern, command):
+            return why
+    return None
+
+
+def clip(text, limit=MAX_OUTPUT):
+    """Keep the head of long output with a visible marker saying what was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+def run_bash(command, timeout=None):
+    """Run one shell command in the workspace; stdout+stderr merged, clipped.
+
+    Exit status 1 is ordinary (grep found nothing, diff found a difference),
+    so only status >= 2 or a timeout counts as a tool error (seed rule).
+    """
+    if why := check_dangerous(command):
+        raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
+                        f"find a safe way or ask the user to run it.")
+    timeout = timeout or BASH_TIMEOUT
+    # Own process group, so a timeout or Ctrl+C kills the whole pipeline, not
+    # just the shell (orphans would hold the output pipe open forever).
+    p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        raw = p.communicate(timeout=timeout)[0]
+    except BaseException as e:
+        os.killpg(p.pid, signal.SIGKILL)
+        raw = p.communicate()[0]
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        raise ToolError(clip(raw.decode("utf-8", "replace")) + f"\n[timed out after {timeout}s: "
+                        f"run it in smaller steps or pass a larger timeout]")
+    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+    if p.returncode >= 2 or p.returncode < 0:
+        raise ToolError(f"{out}\n[exit status {p.returncode}]")
+    return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
+
+
+TOOLS = [{
+    "name": "bash",
+    "description": (
+        "Run a shell command in the project directory and return its combined "
+        "stdout and stderr. Use it to list, inspect, build, test and change files. "
+        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "(head, grep). Commands that wait for input or run forever time out; "
+        "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command to run."},
+            "timeout": {"type": "integer", "description": "Seconds before it is killed (default 120)."},
+        },
+        "required": ["command"],
+    },
+}]
+
+TOOL_HANDLERS = {
+    "bash": lambda command, timeout=None: run_bash(command, timeout),
+}
+
+def run_tool(block):
+    """Execute one tool_use block and always return a tool_result block."""
+    try:
+        if block.name not in TOOL_HANDLERS:
+            raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
+        if problem := check_input(block.name, block.input):  # s02: schema check first
+            raise ToolError(f"Invalid input for {block.name}: {problem}. Fix the call and retry.")
+        content, is_error = TOOL_HANDLERS[block.name](**block.input), False
+    except ToolError as e:
+        content, is_error = str(e), True
+    except Exception as e:  # a handler bug must not kill the loop
+        content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    return result | ({"is_error": True} if is_error else {})
+
+# --- s02: tool system ---
+# The registry is three tables keyed by tool name: TOOLS (what the model sees),
+# TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
+# register() call; the loop never changes.
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+GREP_LIMIT = 250            # result lines returned by grep
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
+FILE_STATE = {}             # resolved path -> (mtime_ns, size) when last read or written
+
+
+def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    TOOLS.append({"name": name, "description": description, "input_schema": schema})
+    TOOL_HANDLERS[name] = handler
+    TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
+
+
+def params(required, **fields):
+    """JSON schema for an object: fields are name=(type, description)."""
+    props = {k: {"type": t, "description": d} for k, (t, d) in fields.items()}
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+JSON_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list,
+              "object": dict, "number": (int, float)}
+
+
+def check_input(name, args):
+    """Required keys present, no unknown keys, simple types right; else say which."""
+    schema = next(t["input_schema"] for t in TOOLS if t["name"] == name)
+    props = schema.get("properties", {})
+    if not isinstance(args, dict):
+        return "input must be a JSON object"
+    for key in schema.get("required", []):
+        if key not in args:
+            return f"missing required field '{key}'"
+    for key, value in args.items():
+        if key not in props:
+            return f"unknown field '{key}' (allowed: {', '.join(props)})"
+        want = JSON_TYPES.get(props[key].get("type"))
+        if want and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            return f"field '{key}' must be of type {props[key]['type']}"
+    return None
+
+# Path sandbox (seed: second line of defence). resolve() follows every symlink on
+# the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
+# resolve outside and are refused; a path that does not exist yet is judged by
+# its resolved parent.
+def safe_path(p):
+    root = WORKDIR.resolve()
+    try:
+        path = (root / os.path.expanduser(p)).resolve()
+    except (OSError, RuntimeError) as e:  # symlink loops
+        raise ToolError(f"Cannot resolve {p}: {e}.")
+    if not path.is_relative_to(root):
+        raise ToolError(f"{p} is outside the workspace ({root}). Only paths inside it "
+                        f"can be used; pass a relative path.")
+    return path
+
+
+def rel(path):
+    return path.relative_to(WORKDIR.resolve()).as_posix() or "."
+
+
+def stamp(path):
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_size)
+
+
+def check_fresh(path, shown):
+    """Edits need a read first, and the file must not have changed since."""
+    seen = FILE_STATE.get(str(path))
+    if seen is None:
+        raise ToolError(f"Read {shown} with read_file before changing it.")
+    if seen != stamp(path):
+        raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
+
+
+def read_file(path, offset=1, limit=None):
+    f = skill_file(path) or safe_path(path)  # s05: skill folders are readable too
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use glob to find the right path.")
+    with open(f, "rb") as fh:
+        if b"\0" in fh.read(BINARY_SNIFF):
+            raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
+    lines = f.read_bytes().decode("utf-8", "replace").splitlines()
+    FILE_STATE[str(f)] = stamp(f)
+    if not lines:
+        return f"({path} is empty)"
+    start = max(offset, 1) - 1
+    if start >= len(lines):
+        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
+    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
+    for n in range(start, end):
+        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
+        if size + len(row) > MAX_OUTPUT and out:
+            end = n
+            break
+        out.append(row)
+        size += len(row) + 1
+    if end < len(lines):  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+                   f"offset={end + 1}, or grep for what you need]")
+    return "\n".join(out)
+
+
+def write_file(path, content):
+    f = safe_path(path)
+    if f.is_dir():
+        raise ToolError(f"{path} is a directory; give a file path.")
+    if f.exists():
+        check_fresh(f, path)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode("utf-8")
+    f.write_bytes(data)
+    FILE_STATE[str(f)] = stamp(f)
+    return f"Wrote {len(data)} bytes to {rel(f)}"
+
+
+def edit_file(path, old_string, new_string, replace_all=False):
+    if old_string == new_string:
+        raise ToolError("old_string and new_string are identical; there is nothing to change.")
+    if not old_string:
+        raise ToolError("old_string is empty. To create a file use write_file.")
+    f = safe_path(path)
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use write_file to create it.")
+    check_fresh(f, path)
+    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    count = text.count(old_string)
+    if count == 0:
+        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
+                        f"read_file output (without line numbers), whitespace included.")
+    if count > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
+                        f"lines to make it unique, or set replace_all to change every one.")
+    text = text.replace(old_string, new_string, -1 if replace_all else 1)
+    f.write_bytes(text.encode("utf-8", "surrogateescape"))
+    FILE_STATE[str(f)] = stamp(f)
+    return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
+
+# Glob patterns and .gitignore rules share one translation: * and ? stay inside
+# a path segment, ** spans any number of segments, {a,b} is alternation.
+def glob_regex(pattern):
+    out, i, depth = "", 0, 0
+    while i < len(pattern):
+        c, step = pattern[i], 1
+        if pattern.startswith("**/", i):
+            piece, step = "(?:.*/)?", 3
+        elif pattern.startswith("**", i):
+            piece, step = ".*", 2
+        elif c == "[" and "]" in pattern[i + 2:]:
+            body = pattern[i + 1:pattern.index("]", i + 2)]
+            piece, step = "[" + re.sub(r"^!", "^", body).replace("\\", "\\\\") + "]", len(body) + 2
+        elif c == "{":
+            piece, depth = "(?:", depth + 1
+        elif c == "}" and depth:
+            piece, depth = ")", depth - 1
+        elif c == "," and depth:
+            piece = "|"
+        else:
+            piece = {"*": "[^/]*", "?": "[^/]"}.get(c) or re.escape(c)
+        out, i = out + piece, i + step
+    return re.compile(out + ")" * depth)
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    try:
+        text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rules = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        negated, line = line.startswith("!"), line.lstrip("!")
+        dir_only, line = line.endswith("/"), line.rstrip("/")
+        anchored = "/" in line  # a slash before the end anchors to this directory
+        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
+                      negated, dir_only))
+    return rules
+
+
+def is_ignored(path, is_dir, rules):
+    ignored = False  # the last matching rule wins, as in git
+    for base, rx, negated, dir_only in rules:
+        if (is_dir or not dir_only) and path.is_relative_to(base):
+            if rx.fullmatch(path.relative_to(base).as_posix()):
+                ignored = not negated
+    return ignored
+
+
+def walk_files(root):
+    """Files under root, minus .git, .gitignored paths and symlinks (never followed)."""
+    top = WORKDIR.resolve()
+    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
+                    for r in read_gitignore(d)]}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        active = rules.pop(here) + read_gitignore(here)
+        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
+                and not is_ignored(here / d, True, active)]
+        dirnames[:] = keep
+        rules.update({here / d: active for d in keep})
+        for name in sorted(filenames):
+            f = here / name
+            if not f.is_symlink() and not is_ignored(f, False, active):
+                yield f
+
+
+def check_pattern(pattern):
+    if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+        raise ToolError("The pattern must be relative, without '..'; pass the directory "
+                        "to search as path instead (it must be inside the workspace).")
+
+
+def glob_files(pattern, path="."):
+    root = safe_path(path)
+    if not root.is_dir():
+        raise ToolError(f"{path} is not a directory.")
+    check_pattern(pattern)
+    rx = glob_regex(pattern)
+    hits = [f for f in walk_files(root) if rx.fullmatch(f.relative_to(root).as_posix())]
+    if not hits:
+        return f"No files match {pattern} under {rel(root)}."
+    hits.sort(key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    shown = [rel(f) for f in hits[:GLOB_LIMIT]]
+    if len(hits) > GLOB_LIMIT:
+        shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
+    return "\n".join(shown)
+
+# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
+# in Python. Both produce records that one formatter turns into identical text.
+GREP_MODES = ("files_with_matches", "content", "count")
+
+
+def grep_rg(pattern, root, glob, ignore_case, mode):
+    cmd = ["rg", "--null", "--line-number", "--no-heading", "--color=never", "--hidden",
+           "--no-require-git", "--no-messages", "-g", "!.git"]
+    cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
+    cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
+    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
+    if p.returncode >= 2:
+        raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
+    out = p.stdout.decode("utf-8", "replace")
+    if mode == "files_with_matches":  # -l --null: names end with NUL, no newline
+        rows = [(name, "") for name in out.split("\0") if name]
+    else:
+        rows = [row.partition("\0")[::2] for row in out.split("\n") if row]
+    keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
+    for name, rest in rows:
+        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
+            path = Path(name).relative_to(top).as_posix()
+            records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
+    return records
+
+
+def glob_filter(glob, root):
+    """grep's glob: a bare name pattern matches the file name, else the path under root."""
+    rx = glob_regex(glob) if glob else None
+    def keep(f):
+        name = f.name if "/" not in glob else f.relative_to(root).as_posix()
+        return rx.fullmatch(name) is not None
+    return keep if glob else (lambda f: True)
+
+
+def grep_python(pattern, root, glob, ignore_case, mode):
+    try:
+        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise ToolError(f"Invalid regex {pattern!r}: {e}.")
+    keep = glob_filter(glob, root)
+    records = []
+    for f in [root] if root.is_file() else walk_files(root):
+        if not keep(f):
+            continue
+        data = f.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # binary, as ripgrep skips it
+        lines = data.decode("utf-8", "replace").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the text after a final newline is not a line
+        hits = [(str(n), line) for n, line in enumerate(lines, 1) if rx.search(line)]
+        if hits and mode == "content":
+            records += [(rel(f), *h) for h in hits]
+        elif hits:
+            records.append((rel(f), str(len(hits))) if mode == "count" else (rel(f),))
+    return records
+
+
+def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_with_matches"):
+    if output_mode not in GREP_MODES:
+        raise ToolError(f"output_mode must be one of {', '.join(GREP_MODES)}.")
+    root = safe_path(path)
+    if not root.exists():
+        raise ToolError(f"{path} does not exist.")
+    if glob:
+        check_pattern(glob.lstrip("!"))
+    search = grep_rg if shutil.which("rg") else grep_python
+    records = sorted(search(pattern, root, glob, ignore_case, output_mode),
+                     key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
+    if not records:
+        return f"No matches for {pattern!r}."
+    lines = [":".join(r) for r in records]
+    if len(lines) > GREP_LIMIT:
+        lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
+                                      f"the pattern, path or glob]"]
+    return clip("\n".join(lines))
+
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
+    "use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+register("grep", (
+    "Search file contents with a regular expression (ripgrep syntax) and list matching "
+    "files, matching lines with line numbers (output_mode 'content'), or match counts "
+    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
+    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    params(["pattern"], pattern=("string", "Regular expression to search for."),
+           path=("string", "File or directory to search (default: the workspace root)."),
+           glob=("string", "Only search files matching this glob, e.g. '*.py'."),
+           ignore_case=("boolean", "Case-insensitive search (default false)."),
+           output_mode=("string", "files_with_matches (default), content or count.")),
+    grep, read_only=True, concurrency_safe=True)
+
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+def run_parallel(batch):
+    if len(batch) <= 1:
+        return [run_tool(b) for b in batch]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        return list(pool.map(run_tool, batch))
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+# --- s05: skills and slash commands ---
+# A skill is a folder holding SKILL.md (YAML frontmatter + Markdown body) and any
+# files the body links to: the open Agent Skills format, so a public skill folder
+# copied into .agent/skills/ works unchanged. Progressive disclosure: only
+# "- name: description" lines sit in the system prompt; a body enters the context
+# when the model calls load_skill or the human types /name. The folders are
+# scanned on every model call (a few small reads), so a skill written mid-session
+# is usable at once, and the list is sorted so the prompt stays byte-identical
+# while nothing changes on disk (prompt caching needs a stable prefix).
+MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
+DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
+HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
+SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)
+PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
+COMMANDS = {}               # name -> command dict, filled by command()
+WARNED = set()              # skill warnings already printed: each shows once
+
+
+def skill_dirs():
+    """Where skills live, lowest precedence first: a later source wins a name."""
+    return [("built-in", Path(__file__).parent / "skills"),
+            ("user", Path.home() / ".agent" / "skills"),
+            ("project", WORKDIR / ".agent" / "skills")]
+
+
+def warn_once(message):
+    if message not in WARNED:
+        WARNED.add(message)
+        say(f"[skills] {message}")
+
+
+def split_frontmatter(text):
+    """(meta dict, body) of a SKILL.md; ValueError says what is wrong."""
+    match = FRONTMATTER.fullmatch(text.lstrip("\ufeff").replace("\r\n", "\n"))
+    if not match:
+        raise ValueError("no YAML frontmatter (the file must start with a --- block)")
+    try:
+        meta = yaml.safe_load(match[1] or "") or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML frontmatter: {' '.join(str(e).split())[:200]}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of key: value lines")
+    return meta, (match[2] or "").strip()
+
+
+def flag(meta, key, default):
+    """A yes/no frontmatter field; YAML gives a bool, hand-written ones may be strings."""
+    value = meta.get(key)
+    if value is None:
+        return default
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "1")
+
+
+def parse_skill(folder, source):
+    """One skill as a plain dict; unknown frontmatter keys are kept, never refused."""
+    meta, body = split_frontmatter((folder / "SKILL.md").read_text("utf-8", "replace"))
+    name, description = str(meta.get("name") or folder.name), meta.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("no description (it tells the model what the skill does and when)")
+    if not SKILL_NAME.fullmatch(name):
+        raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
+    return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
+            "body": body, "path": folder.resolve(), "source": source, "meta": meta,
+            "arg_hint": str(meta.get("argument-hint") or ""),
+            "model": not flag(meta, "disable-model-invocation", False),
+            "user": flag(meta, "user-invocable", True)}
+
+
+def discover_skills():
+    """name -> skill from every source. A broken SKILL.md is skipped with a warning."""
+    skills = {}
+    for source, root in skill_dirs():
+        try:
+            folders = sorted(root.iterdir()) if root.is_dir() else []
+        except OSError as e:  # an unreadable folder must not stop the session
+            warn_once(f"cannot read {root}: {e}")
+            folders = []
+        for folder in folders:
+            if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
+                continue
+            try:
+                skill = parse_skill(folder, source)
+            except (OSError, ValueError) as e:
+                warn_once(f"skipped {folder / 'SKILL.md'}: {e}")
+                continue
+            skills[skill["name"]] = skill
+    return skills
+
+
+def skills_prompt():
+    """The system prompt's skill list: names and descriptions only, sorted by name."""
+    lines = [f"- {name}: {s['description']}" for name, s in sorted(discover_skills().items())
+             if s["model"]]
+    if not lines:
+        return ""
+    return ("\n\nSkills (call load_skill with the name before a task that matches one, "
+            "then follow what it says):\n" + "\n".join(lines))
+
+
+def substitute(body, args):
+    """$ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) = shell-like words.
+
+    A body without any placeholder gets the arguments appended, so they are never lost.
+    """
+    try:
+        words = shlex.split(args)
+    except ValueError:  # an unbalanced quote: plain words are good enough
+        words = args.split()
+
+    def one(m):
+        index = m[1] or m[2]
+        if index is None:
+            return args
+        return words[int(index)] if int(index) < len(words) else ""
+    if PLACEHOLDER.search(body):
+        return PLACEHOLDER.sub(one, body)  # one pass: inserted text is never re-expanded
+    return f"{body}\n\nARGUMENTS: {args}" if args.strip() else body
+
+
+def run_dynamic(text):
+    """Replace each !`cmd` with its output, via run_bash: blocklist and timeout apply."""
+    def one(m):
+        say(f"> !{m[1]}")
+        try:
+            return run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n")
+        except ToolError as e:
+            return f"[command `{m[1]}` failed: {e}]"
+    return DYNAMIC.sub(one, text)
+
+
+def render_skill(skill, args=None):
+    """The body as the model sees it; path lets it read the files the body links to."""
+    body = skill["body"] if args is None else substitute(skill["body"], args)
+    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{run_dynamic(body)}\n</skill>'
+
+
+def load_skill(name, arguments=None):
+    skills = discover_skills()
+    visible = sorted(n for n, s in skills.items() if s["model"])
+    if name not in skills:
+        raise ToolError(f"Unknown skill '{name}'. Available skills: "
+                        f"{', '.join(visible) or '(none)'}. Use one of these names exactly.")
+    if not skills[name]["model"]:
+        raise ToolError(f"Skill '{name}' can only be started by the user (as /{name}); "
+                        f"carry on without it.")
+    return render_skill(skills[name], arguments)
+
+
+def skill_file(path):
+    """An absolute path inside a skill folder (built-in, user, project), else None.
+
+    read_file uses it so a loaded skill's linked files can be read although the
+    built-in and user folders lie outside the workspace. Only reads: writes
+    still go through safe_path alone. Symlinks are resolved before the check.
+    """
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute():
+        return None
+    try:
+        p = p.resolve()
+    except (OSError, RuntimeError):
+        return None
+    roots = [root.resolve() for _, root in skill_dirs() if root.is_dir()]
+    return p if any(p.is_relative_to(root) for root in roots) else None
+
+
+register("load_skill", (
+    "Load a skill: the full instructions of one of the skills listed under 'Skills' in "
+    "the system prompt. Call it first when a task matches a skill's description, then "
+    "follow the instructions it returns. Files the skill mentions are relative to the "
+    "path attribute of the returned <skill> tag; read them with read_file when the "
+    "instructions say so. Pass arguments (a path, a git range, a topic) when the skill "
+    "works on something specific. Do not call it for names that are not listed."),
+    params(["name"], name=("string", "The skill's name exactly as listed."),
+           arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
+    load_skill, read_only=True)
+
+# Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
+# by the command registry before anything reaches the model. kind "local": the
+# handler does the work and the model never sees it; kind "prompt": the handler
+# returns the text that is sent to the model as the user's message. ctx carries
+# what handlers may need (client, history) and gets "error" when a command fails.
+def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
+    """Register /name; a later chapter adds its command with one call."""
+    COMMANDS[name] = {"name": name, "description": description, "handler": handler,
+                      "aliases": tuple(aliases), "arg_hint": arg_hint, "kind": kind}
+
+
+def skill_command(skill):
+    return {"name": skill["name"], "description": skill["description"], "aliases": (),
+            "arg_hint": skill["arg_hint"], "kind": "prompt",
+            "handler": lambda args, ctx: render_skill(skill, args)}
+
+
+def all_commands():
+    """Registered commands, then every user-invocable skill whose name is still free."""
+    cmds = dict(COMMANDS)
+    taken = set(cmds) | {a for c in COMMANDS.values() for a in c["aliases"]}
+    for name, skill in sorted(discover_skills().items()):
+        if skill["user"] and name not in taken:
+            cmds[name] = skill_command(skill)
+    return cmds
+
+
+def parse_slash(line):
+    """'/name  some args' -> ('name', 'some args')."""
+    name, args = (line.strip()[1:].split(None, 1) + ["", ""])[:2]
+    return name, args.strip()
+
+
+def handle_slash(line, ctx):
+    """Run a /command. Returns the text to send to the model, or None when done here."""
+    name, args = parse_slash(line)
+    cmds = all_commands()
+    cmd = next((c for c in cmds.values() if name in (c["name"], *c["aliases"])), None)
+    if cmd is None and name:
+        names = list(cmds) + [a for c in cmds.values() for a in c["aliases"]]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean /{close[0]}?" if close else ""
+        ctx["error"] = f"Unknown command /{name}.{hint}"
+        say(ctx["error"] + " Type /help for the list.")
+        return None
+    try:
+        out = (cmd or COMMANDS["help"])["handler"](args, ctx)
+    except KeyboardInterrupt:  # Ctrl+C during a slow !`cmd`: cancel the command only
+        ctx["error"] = f"/{name} cancelled"
+        say(f"\n[{ctx['error']}]")
+        return None
+    except Exception as e:  # a broken command must not end the session
+        ctx["error"] = f"/{name} failed: {type(e).__name__}: {e}"
+        say(ctx["error"])
+        return None
+    return (out or None) if cmd and cmd["kind"] == "prompt" else None
+
+
+def clip_row(text, width=HELP_DESCRIPTION):
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def show_help(args, ctx):
+    """Every command, aligned, with its argument hint and aliases."""
+    rows = []
+    for c in all_commands().values():
+        aliases = f" (/{', /'.join(c['aliases'])})" if c["aliases"] else ""
+        usage = f"/{c['name']} {c['arg_hint']}".rstrip()
+        rows.append((usage, clip_row(c["description"]) + aliases))
+    width = max(len(usage) for usage, _ in rows)
+    print("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows))
+    print("  Anything else is sent to the model; q or exit quits.")
+
+
+def show_skills(args, ctx):
+    """Every skill with its source and who may start it."""
+    skills = discover_skills()
+    if not skills:
+        print("No skills. Add one as .agent/skills/<name>/SKILL.md in the project.")
+        return
+    width = max(len(name) for name in skills)
+    for name, s in sorted(skills.items()):
+        who = "+".join(w for w, on in (("model", s["model"]), ("user", s["user"])) if on)
+        print(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
+              f"{clip_row(s['description'])}")
+
+
+def run_slash_once(client, line):
+    """One-shot mode with a slash command: run it, and the agent loop if it made a prompt."""
+    history = []
+    ctx = {"client": client, "history": history}
+    text = handle_slash(line, ctx)
+    if text is None:
+        return 1 if ctx.get("error") else 0
+    add_user_text(history, text)
+    return 0 if agent_loop(client, history) == "end_turn" else 1
+
+
+command("help", "List commands and skills (skills send their instructions to the model)",
+        show_help, aliases=("h", "?"))
+command("skills", "List skills: where each comes from and who may start it", show_skills)
+
+# --- agent loop ---
+def say(text):
+    """Progress for the human goes to stderr so stdout carries only the answer."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_tools(calls):
+    """Run one reply's tool calls; exactly one result per call, in call order."""
+    results, batch = [], []
+    for block in calls:
+        say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
+        if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
+            batch.append(block)
+            continue
+        results += run_parallel(batch) + [run_tool(block)]
+        batch = []
+    return results + run_parallel(batch)
+
+
+def call_model(client, messages):
+    """One streamed model call; text is printed the moment it arrives."""
+    with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
+                                tools=TOOLS, messages=normalize_messages(messages)) as stream:
+        for text in stream.text_stream:
+            print(text, end="", flush=True)
+        message = stream.get_final_message()
+    if any(b.type == "text" for b in message.content):
+        print(flush=True)
+    return message
+
+
+def assistant_message(message):
+    """The reply as plain dicts, minus empty text blocks the API would reject."""
+    blocks = [b.model_dump(exclude_none=True, include={"type", "text", "id", "name", "input"})
+              for b in message.content]
+    return {"role": "assistant",
+            "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
+
+
+def close_open_calls(messages, note="cancelled by the user"):
+    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    last = messages[-1] if messages else None
+    if last and last["role"] == "assistant":
+        calls = [b for b in last["content"] if b["type"] == "tool_use"]
+        if calls:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
+                 "is_error": True} for b in calls]})
+        elif not last["content"]:
+            messages.pop()
+
+
+def agent_loop(client, messages):
+    """Run model and tools until the model stops asking; return the stop reason.
+
+    Invariant: on return, `messages` is a valid history (every tool_use has
+    its tool_result), so the next user prompt can simply be appended.
+    """
+    unknown = 0
+    try:
+        for _ in range(MAX_TURNS):
+            message = call_model(client, messages)
+            messages.append(assistant_message(message))
+            calls = [b for b in message.content if b.type == "tool_use"]
+            if not calls:
+                if not messages[-1]["content"]:
+                    messages.pop()  # an empty reply adds nothing the API would accept
+                return "end_turn"
+            messages.append({"role": "user", "content": run_tools(calls)})
+            for block in calls:
+                unknown = unknown + 1 if block.name not in TOOL_HANDLERS else 0
+            if unknown >= MAX_UNKNOWN_TOOLS:
+                say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
+                return "unknown_tools"
+        say(f"[stopped: {MAX_TURNS} turns without finishing]")
+        return "max_turns"
+    except KeyboardInterrupt:
+        close_open_calls(messages)
+        say("\n[interrupted: turn cancelled, you can keep typing]")
+        return "interrupted"
+    except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
+        close_open_calls(messages, "the turn failed before this ran")
+        say(f"[API error: {type(e).__name__}: {e}]")
+        return "api_error"
+
+# --- REPL / main ---
+def add_user_text(messages, text):
+    """Append a user prompt; after a failed turn, merge into the trailing user message."""
+    if messages and messages[-1]["role"] == "user":
+        content = messages[-1]["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        messages[-1]["content"] = content + [{"type": "text", "text": text}]
+    else:
+        messages.append({"role": "user", "content": text})
+
+
+def repl(client, prompt):
+    history = []
+    while True:
+        try:
+            line = input(prompt)
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line.strip() in ("q", "exit"):
+            return 0
+        if line.startswith("/"):  # s05: slash commands run here or become the prompt
+            line = handle_slash(line, {"client": client, "history": history}) or ""
+        if line.strip():
+            add_user_text(history, line)
+            agent_loop(client, history)
+
+
+def main(argv=None):
+    global WORKDIR
+    argv = sys.argv[1:] if argv is None else argv
+    WORKDIR = Path.cwd()
+    client = make_client()
+    if client is None:
+        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        return 2
+    if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
+        return run_slash_once(client, " ".join(argv))
+    if argv:
+        history = [{"role": "user", "content": " ".join(argv)}]
+        return 0 if agent_loop(client, history) == "end_turn" else 1
+    return repl(client, f"{CHAPTER} >> ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
