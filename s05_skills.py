@@ -43,12 +43,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
 import yaml
 from dotenv import load_dotenv
+from rich.console import Console
+from rich.text import Text
 
 # --- config ---
 DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
@@ -607,6 +610,450 @@ def run_parallel(batch):
 def is_concurrency_safe(block):
     return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
 
+# --- s03: todo plan ---
+# The plan is session state kept beside `messages`, not inside it: the model
+# rewrites it whole with todo_write, the human sees it as a checklist, and the
+# loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
+# items, at most one in_progress. Not persisted: a new session starts without one.
+MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+TODO_STATUSES = ("pending", "in_progress", "completed")
+TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
+TODO_FIELDS = ("content", "status", "active_form")
+TODO = {"items": [], "rounds_since_update": 0}  # items is replaced, never mutated
+
+
+def check_plan(items):
+    """Return the plan as clean dicts, or raise ToolError naming the broken rule."""
+    if not isinstance(items, list):
+        raise ToolError("items must be a list of {content, status, active_form?} objects.")
+    if len(items) > MAX_TODOS:
+        raise ToolError(f"A plan holds at most {MAX_TODOS} items; you sent {len(items)}. "
+                        f"Merge small steps into bigger ones and send the whole plan again.")
+    plan = [check_item(n, item) for n, item in enumerate(items, 1)]
+    busy = [str(n) for n, item in enumerate(plan, 1) if item["status"] == "in_progress"]
+    if len(busy) > 1:
+        raise ToolError(f"Only one item may be in_progress at a time (items {', '.join(busy)} "
+                        f"are). Finish one first: mark it completed, or set the others to pending.")
+    return plan
+
+
+def check_item(n, item):
+    if not isinstance(item, dict):
+        raise ToolError(f"Item {n} must be an object {{content, status, active_form?}}.")
+    if extra := [k for k in item if k not in TODO_FIELDS]:
+        raise ToolError(f"Item {n} has unknown field '{extra[0]}' "
+                        f"(allowed: {', '.join(TODO_FIELDS)}).")
+    content, status = item.get("content"), item.get("status")
+    if not isinstance(content, str) or not content.strip():
+        raise ToolError(f"Item {n} needs a non-empty content string saying what the step is.")
+    if status not in TODO_STATUSES:
+        raise ToolError(f"Item {n} has unknown status {status!r}; use one of: "
+                        f"{', '.join(TODO_STATUSES)}.")
+    form = item.get("active_form", "")
+    if not isinstance(form, str):
+        raise ToolError(f"Item {n}: active_form must be a string, e.g. 'Running the tests'.")
+    return {"content": content.strip(), "status": status, "active_form": form.strip()}
+
+
+def plan_lines():
+    """One checklist line per item; the current one says what is happening now."""
+    lines = []
+    for item in TODO["items"]:
+        line = f"{TODO_MARKS[item['status']]} {item['content']}"
+        if item["status"] == "in_progress" and item["active_form"]:
+            line += f" ({item['active_form']})"
+        lines.append(line)
+    return lines
+
+
+def plan_summary():
+    done = sum(item["status"] == "completed" for item in TODO["items"])
+    return f"({done}/{len(TODO['items'])} completed)"
+
+
+def plan_text():
+    """What the model gets back: the checklist as plain text plus a count."""
+    if not TODO["items"]:
+        return "The plan is empty."
+    return "\n".join(plan_lines() + [plan_summary()])
+
+
+def show_plan():
+    """The same checklist for the human, on stderr (stdout carries only answers).
+
+    Text(), not markup strings: "[x]" or a "[bold]" inside an item would
+    otherwise be read as rich markup and vanish.
+    """
+    out = Text()
+    for item, line in zip(TODO["items"], plan_lines()):
+        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+    out.append(plan_summary() if TODO["items"] else "(plan cleared)", style="dim")
+    Console(stderr=True, highlight=False).print(out)
+
+
+def todo_write(items):
+    TODO["items"] = check_plan(items)  # a new list: the old one is never edited in place
+    TODO["rounds_since_update"] = 0
+    show_plan()
+    return plan_text()
+
+
+def has_open_items():
+    return any(item["status"] != "completed" for item in TODO["items"])
+
+
+def plan_reminder(calls, results):
+    """Count one tool round; return the reminder blocks to append after its results.
+
+    A round with a successful todo_write is an update (the handler already reset
+    the counter). Otherwise the count grows, and every PLAN_REMINDER_INTERVAL-th
+    round, while the plan has unfinished items, the model gets a nudge. Text
+    after the tool_result blocks keeps the request valid (results come first).
+    """
+    ok = {r["tool_use_id"] for r in results if not r.get("is_error")}
+    if any(b.name == "todo_write" and b.id in ok for b in calls):
+        return []
+    TODO["rounds_since_update"] += 1
+    if not has_open_items() or TODO["rounds_since_update"] % PLAN_REMINDER_INTERVAL:
+        return []
+    say(f"[plan reminder: {TODO['rounds_since_update']} tool rounds without todo_write]")
+    return [{"type": "text", "text": (
+        f"<system-reminder>\nThe plan has not been updated for "
+        f"{TODO['rounds_since_update']} tool rounds. Refresh it with todo_write before "
+        f"continuing: mark finished items completed, mark the item you are working on "
+        f"in_progress, and change the plan if the work has changed. Do not mention this "
+        f"reminder to the user.\nCurrent plan:\n{plan_text()}\n</system-reminder>")}]
+
+
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+# --- s04: subagents ---
+# A subagent is a tool whose handler runs the same agent_loop on a new message
+# list: its own history, a narrower tool list (never `agent`, so no recursion),
+# a turn cap and its own system prompt. The parent gets one tool_result: the
+# child's final text. Every step in between stays in the child and is dropped.
+SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*\r?$\n?(.*)\Z", re.S | re.M)
+RUNNING = threading.local()  # the agent loop running in this thread: .client and .messages
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+
+SUBAGENT_SYSTEM = (
+    "You are a subagent: another agent gave you one self-contained task. Work on your own "
+    "with the tools (nobody will answer questions), stay within the task, and finish with "
+    "a concise report of what you found or changed, naming files and lines: that report "
+    "is the only thing the other agent will see.")
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# s07's sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+# Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
+# history, system prompt and tools (minus agent). Every call still open in the
+# parent's last reply, this agent call included, gets a placeholder result so
+# the inherited history stays valid; the task comes last, wrapped in rules.
+# Unlike the seed's forks it runs in the foreground (background work is s10),
+# and it loses `agent` like any child; Claude Code keeps the identical tool
+# list instead, so the fork's prompt prefix can reuse the parent's cache.
+FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
+                    "the fork does not get its result)")
+FORK_BOILERPLATE = """<fork_boilerplate>
+You are a forked worker, not the main agent. The conversation above is the main
+agent's, shared with you as context.
+Rules (not negotiable):
+1. Do not fork or start other agents.
+2. Do not chat, ask questions or wait for confirmation.
+3. Use the tools directly: read files, search code, make changes.
+4. Stay strictly within the task below.
+5. Keep the final report under 500 words and begin it with "Scope:".
+</fork_boilerplate>
+
+Task: {task}"""
+
+AGENT_TOOL_HELP = (
+    "Delegate a self-contained task to a subagent: it works in a fresh context with its "
+    "own tool calls and you get back only its final report. Use it for investigations "
+    "or chores that need many searches and reads whose details you do not need to keep "
+    "(e.g. 'find where X is configured and how it is used'), so your own context stays "
+    "small. The subagent sees none of this conversation and cannot ask you questions, so "
+    "write prompt as a complete brief: the goal, where to look, what to report. Do not "
+    "use it for a single read or search (call that tool yourself), and do not start an "
+    "agent from inside a subagent (it has no agent tool). fork: true instead runs a copy "
+    "of you that inherits this conversation (not combinable with agent_type).\n"
+    "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
+
+
+def warn_once(text):
+    if text not in WARNED:
+        WARNED.add(text)
+        say(text)
+
+
+def name_list(meta, field):
+    """A tools field: a YAML list or a comma-separated string; None when absent."""
+    value = meta.get(field)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if value is not None and not (isinstance(value, list)
+                                  and all(isinstance(v, str) for v in value)):
+        raise ValueError(f"{field} must be a list of tool names")
+    return value
+
+
+def parse_agent_file(path):
+    """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
+    m = FRONTMATTER.match(path.read_text(encoding="utf-8"))
+    if not m:
+        raise ValueError("no YAML frontmatter between '---' lines at the top")
+    try:
+        meta = yaml.safe_load(m[1]) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML: {' '.join(str(e).split())}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of fields")
+    meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
+    # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
+    # tools it was meant to lose, so an unknown field rejects the whole file.
+    if unknown := sorted(set(map(str, meta)) - AGENT_FIELDS):
+        raise ValueError(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(AGENT_FIELDS))})")
+    name, description = meta.get("name", path.stem), meta.get("description")
+    if not isinstance(name, str) or not AGENT_NAME.match(name):
+        raise ValueError("name must be 1-64 letters, digits, '-' or '_'")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("description is required: it tells the model when to use this agent")
+    turns, model = meta.get("max_turns", SUBAGENT_MAX_TURNS), meta.get("model")
+    if type(turns) is not int or turns < 1:
+        raise ValueError("max_turns must be a positive integer")
+    if model is not None and not isinstance(model, str):
+        raise ValueError("model must be a model id, or 'inherit'")
+    return {"name": name, "description": " ".join(description.split()),
+            "tools": name_list(meta, "tools"),
+            "disallowed_tools": name_list(meta, "disallowed_tools") or [],
+            "max_turns": turns, "model": None if model == "inherit" else model,
+            "system": m[2].strip() or SUBAGENT_SYSTEM}
+
+
+def agent_dirs():
+    """User level first, project last: a later definition of the same name wins."""
+    return [Path.home() / ".agent" / "agents", WORKDIR / ".agent" / "agents"]
+
+
+def load_agents():
+    """Every agent type by name: built-in < user < project. Bad files are skipped."""
+    agents = dict(BUILTIN_AGENTS)
+    for folder in agent_dirs():
+        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+            try:
+                spec = parse_agent_file(path)
+            except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+                warn_once(f"[skipped agent definition {path}: {e}]")
+                continue
+            agents[spec["name"]] = spec
+    return agents
+
+
+def describe_agents(agents):
+    """The agent tool's description: fixed help, then one line per type, sorted."""
+    return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
+
+
+def prepare_agent_tool(client, messages):
+    """At every agent_loop start: remember this loop, refresh the list of agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from RUNNING. The description is
+    rebuilt here, sorted, not per call: it is part of the prompt prefix and
+    changes only when a definition file does.
+    """
+    RUNNING.client, RUNNING.messages = client, messages
+    desc = describe_agents(load_agents())
+    TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run; results stay in call order.
+    """
+    if tools is None:
+        return run_tools(calls)
+    names = allowed_names(tools)
+    done = iter(run_tools([b for b in calls if b.name in names]))
+    return [next(done) if b.name in names else refused(b, tools) for b in calls]
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task."""
+    last = history[-1] if history else {"role": "user", "content": ""}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+               for b in calls if b["type"] == "tool_use"]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return normalize_messages(history + [{"role": "user", "content": results + [brief]}])
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting).
+    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
+                       + (u.cache_creation_input_tokens or 0))
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {WORKDIR}"
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def run_child(client, history, fork, settings):
+    """agent_loop for a child; the parent's loop record and file cache come back after.
+
+    FILE_STATE is runtime state, not infrastructure (seed): a fresh child must
+    read a file before editing it, and when the child changes a file the parent
+    read, the parent's old stamp no longer matches, so it must re-read too.
+    The plan (TODO) is the parent's: a child keeps its own and it is dropped.
+    """
+    outer, files, plan = (RUNNING.client, RUNNING.messages), dict(FILE_STATE), dict(TODO)
+    if not fork:
+        FILE_STATE.clear()
+    TODO.update(items=[], rounds_since_update=0)
+    try:
+        return agent_loop(client, history, **settings)
+    finally:
+        RUNNING.client, RUNNING.messages = outer
+        FILE_STATE.clear()
+        FILE_STATE.update(files)
+        TODO.update(plan)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def pick_agent(agent_type, fork):
+    """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
+    if fork and agent_type:
+        raise ToolError("fork and agent_type cannot be combined: a fork is a copy of you. "
+                        "Drop one of them.")
+    agents = load_agents()
+    if agent_type and agent_type not in agents:
+        raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
+                        f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
+    return agents.get(agent_type, {})
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = getattr(RUNNING, "client", None)
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = description or " ".join(prompt.split())[:40]  # one line on the terminal
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(RUNNING.messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, fork, settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+register("agent", describe_agents(BUILTIN_AGENTS), params(
+    ["prompt"], prompt=("string", "The complete task: goal, where to look, what to report back."),
+    description=("string", "A 3-5 word label for the task, shown to the user."),
+    agent_type=("string", "One of the agent types listed above; omit for a general-purpose agent."),
+    fork=("boolean", "Run a copy of you that inherits this conversation (default false).")),
+    run_subagent)
+
 # --- s05: skills and slash commands ---
 # A skill is a folder holding SKILL.md (YAML frontmatter + Markdown body) and any
 # files the body links to: the open Agent Skills format, so a public skill folder
@@ -907,15 +1354,18 @@ def run_tools(calls):
     return results + run_parallel(batch)
 
 
-def call_model(client, messages):
+def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
     """One streamed model call; text is printed the moment it arrives."""
-    with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
-                                tools=TOOLS, messages=normalize_messages(messages)) as stream:
+    tools = TOOLS if tools is None else tools  # s04: None = the main agent's
+    model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
+    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=system,  # s04
+                                tools=tools, messages=normalize_messages(messages)) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True)
+            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True)
+        print(flush=True, file=out)  # s04
+    add_usage(usage, message)  # s04: a child's token bill
     return message
 
 
@@ -940,29 +1390,31 @@ def close_open_calls(messages, note="cancelled by the user"):
             messages.pop()
 
 
-def agent_loop(client, messages):
+def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04: for a child
     """Run model and tools until the model stops asking; return the stop reason.
 
     Invariant: on return, `messages` is a valid history (every tool_use has
     its tool_result), so the next user prompt can simply be appended.
     """
+    prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client and history
     unknown = 0
     try:
-        for _ in range(MAX_TURNS):
-            message = call_model(client, messages)
+        for _ in range(max_turns or MAX_TURNS):  # s04: a child has its own cap
+            message = call_model(client, messages, tools=tools, **settings)  # s04
             messages.append(assistant_message(message))
             calls = [b for b in message.content if b.type == "tool_use"]
             if not calls:
                 if not messages[-1]["content"]:
                     messages.pop()  # an empty reply adds nothing the API would accept
                 return "end_turn"
-            messages.append({"role": "user", "content": run_tools(calls)})
+            messages.append({"role": "user", "content": run_allowed(calls, tools)})  # s04
+            messages[-1]["content"] += plan_reminder(calls, messages[-1]["content"])  # s03: plan nudge
             for block in calls:
-                unknown = unknown + 1 if block.name not in TOOL_HANDLERS else 0
+                unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
             if unknown >= MAX_UNKNOWN_TOOLS:
                 say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
                 return "unknown_tools"
-        say(f"[stopped: {MAX_TURNS} turns without finishing]")
+        say(f"[stopped: {max_turns or MAX_TURNS} turns without finishing]")  # s04
         return "max_turns"
     except KeyboardInterrupt:
         close_open_calls(messages)

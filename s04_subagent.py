@@ -1,0 +1,1189 @@
+#!/usr/bin/env python3
+"""s04_subagent.py - subagents: hand a task to a fresh context, get only the report back.
+
+New since s03: the agent tool (run_subagent, pick_agent, run_child, child_settings),
+SUBAGENT_MAX_TURNS, agent definitions (load_agents, parse_agent_file,
+BUILTIN_AGENTS with explore, prepare_agent_tool), child_tools, run_allowed,
+fork_messages, FORK_BOILERPLATE, RUNNING, add_usage; agent_loop and call_model
+take a child's tools, turn cap, system prompt, model, output stream, usage bill.
+
+    parent loop                              child loop (the same agent_loop)
+    model: agent{prompt, agent_type?} -----> history = [user: prompt]
+        |                                      or fork: parent history + placeholder
+        |  waits                               results + <fork_boilerplate> task
+        |                                    tools  = parent's now, minus agent,
+        |                                             then the definition's lists
+        |                                    system = definition body (.agent/agents)
+        |                                    ... up to SUBAGENT_MAX_TURNS calls ...
+    tool_result <--------------------------- final text + one token-usage line
+    (the child's tool calls and results never reach the parent; its text goes
+     to stderr, so stdout still carries only the parent's answer)
+
+Run:
+    python s04_subagent.py                # REPL, prompt "s04 >> "
+    python s04_subagent.py "task"         # one task, then exit
+    python tests/demo.py s04              # offline, no key: scripted model
+
+Try:
+    use an explore agent to find where errors are handled, then summarise
+    write .agent/agents/reviewer.md (tools: read_file, grep) and ask it to review a file
+    we just read parser.py: fork yourself to write a test for parse_date
+
+Key insight: a subagent is just a tool whose handler runs the same loop on a new
+message list. Its value is what it leaves out: your history, some tools, and
+every intermediate step it took.
+"""
+
+# --- imports ---
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import yaml
+from dotenv import load_dotenv
+from rich.console import Console
+from rich.text import Text
+
+# --- config ---
+DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
+MAX_TOKENS = 8_000          # output tokens per model call
+MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
+BASH_TIMEOUT = 120          # seconds, default for one bash command
+MAX_OUTPUT = 30_000         # characters of tool output kept for the model
+API_RETRIES = 2             # SDK-level retries (with its own backoff)
+WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
+CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
+NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
+               "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
+          "describe: use the tools to inspect and change files, then verify. "
+          "Keep answers short.")
+
+# --- model client ---
+def make_client():
+    """Build the SDK client from the environment; None when no key is set.
+
+    .env never overrides the shell. ANTHROPIC_BASE_URL lets any
+    Anthropic-compatible endpoint (or the offline scripted model) stand in.
+    """
+    load_dotenv(override=False)
+    key, token = os.getenv("ANTHROPIC_API_KEY"), os.getenv("ANTHROPIC_AUTH_TOKEN")
+    if not (key or token):
+        return None
+    return anthropic.Anthropic(api_key=key, auth_token=None if key else token,
+                               base_url=os.getenv("ANTHROPIC_BASE_URL") or None,
+                               max_retries=API_RETRIES)
+
+
+def model_id():
+    return os.getenv("MODEL_ID") or DEFAULT_MODEL
+
+
+def system_prompt():
+    """Stable for the whole session: no clock, no counters (they break caching)."""
+    return f"{SYSTEM}\nWorking directory: {WORKDIR}"
+
+# --- tools ---
+class ToolError(Exception):
+    """Raised by a handler: becomes an is_error tool_result, never a crash."""
+
+
+# The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
+# a determined model can write the same thing another way (s07 adds the OS
+# sandbox). Each entry: (regex, why it is refused).
+DANGEROUS = [
+    (r"\brm\s+(-\S+\s+)*(/|/\*|~/?|\$HOME/?)(\s|[;&|]|$)", "deleting / or the home directory"),
+    (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
+    (r"(^|[;&|(`]\s*)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
+    (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
+    (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
+    (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
+    (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
+    (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+]
+
+
+def check_dangerous(command):
+    """Return why a command is refused, or None when it may run."""
+    for pattern, why in DANGEROUS:
+        if re.search(pattern, command):
+            return why
+    return None
+
+
+def clip(text, limit=MAX_OUTPUT):
+    """Keep the head of long output with a visible marker saying what was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+def run_bash(command, timeout=None):
+    """Run one shell command in the workspace; stdout+stderr merged, clipped.
+
+    Exit status 1 is ordinary (grep found nothing, diff found a difference),
+    so only status >= 2 or a timeout counts as a tool error (seed rule).
+    """
+    if why := check_dangerous(command):
+        raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
+                        f"find a safe way or ask the user to run it.")
+    timeout = timeout or BASH_TIMEOUT
+    # Own process group, so a timeout or Ctrl+C kills the whole pipeline, not
+    # just the shell (orphans would hold the output pipe open forever).
+    p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        raw = p.communicate(timeout=timeout)[0]
+    except BaseException as e:
+        os.killpg(p.pid, signal.SIGKILL)
+        raw = p.communicate()[0]
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        raise ToolError(clip(raw.decode("utf-8", "replace")) + f"\n[timed out after {timeout}s: "
+                        f"run it in smaller steps or pass a larger timeout]")
+    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+    if p.returncode >= 2 or p.returncode < 0:
+        raise ToolError(f"{out}\n[exit status {p.returncode}]")
+    return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
+
+
+TOOLS = [{
+    "name": "bash",
+    "description": (
+        "Run a shell command in the project directory and return its combined "
+        "stdout and stderr. Use it to list, inspect, build, test and change files. "
+        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "(head, grep). Commands that wait for input or run forever time out; "
+        "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command to run."},
+            "timeout": {"type": "integer", "description": "Seconds before it is killed (default 120)."},
+        },
+        "required": ["command"],
+    },
+}]
+
+TOOL_HANDLERS = {
+    "bash": lambda command, timeout=None: run_bash(command, timeout),
+}
+
+def run_tool(block):
+    """Execute one tool_use block and always return a tool_result block."""
+    try:
+        if block.name not in TOOL_HANDLERS:
+            raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
+        if problem := check_input(block.name, block.input):  # s02: schema check first
+            raise ToolError(f"Invalid input for {block.name}: {problem}. Fix the call and retry.")
+        content, is_error = TOOL_HANDLERS[block.name](**block.input), False
+    except ToolError as e:
+        content, is_error = str(e), True
+    except Exception as e:  # a handler bug must not kill the loop
+        content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    return result | ({"is_error": True} if is_error else {})
+
+# --- s02: tool system ---
+# The registry is three tables keyed by tool name: TOOLS (what the model sees),
+# TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
+# register() call; the loop never changes.
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+GREP_LIMIT = 250            # result lines returned by grep
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
+FILE_STATE = {}             # resolved path -> (mtime_ns, size) when last read or written
+
+
+def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    TOOLS.append({"name": name, "description": description, "input_schema": schema})
+    TOOL_HANDLERS[name] = handler
+    TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
+
+
+def params(required, **fields):
+    """JSON schema for an object: fields are name=(type, description)."""
+    props = {k: {"type": t, "description": d} for k, (t, d) in fields.items()}
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+JSON_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list,
+              "object": dict, "number": (int, float)}
+
+
+def check_input(name, args):
+    """Required keys present, no unknown keys, simple types right; else say which."""
+    schema = next(t["input_schema"] for t in TOOLS if t["name"] == name)
+    props = schema.get("properties", {})
+    if not isinstance(args, dict):
+        return "input must be a JSON object"
+    for key in schema.get("required", []):
+        if key not in args:
+            return f"missing required field '{key}'"
+    for key, value in args.items():
+        if key not in props:
+            return f"unknown field '{key}' (allowed: {', '.join(props)})"
+        want = JSON_TYPES.get(props[key].get("type"))
+        if want and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            return f"field '{key}' must be of type {props[key]['type']}"
+    return None
+
+# Path sandbox (seed: second line of defence). resolve() follows every symlink on
+# the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
+# resolve outside and are refused; a path that does not exist yet is judged by
+# its resolved parent.
+def safe_path(p):
+    root = WORKDIR.resolve()
+    try:
+        path = (root / os.path.expanduser(p)).resolve()
+    except (OSError, RuntimeError) as e:  # symlink loops
+        raise ToolError(f"Cannot resolve {p}: {e}.")
+    if not path.is_relative_to(root):
+        raise ToolError(f"{p} is outside the workspace ({root}). Only paths inside it "
+                        f"can be used; pass a relative path.")
+    return path
+
+
+def rel(path):
+    return path.relative_to(WORKDIR.resolve()).as_posix() or "."
+
+
+def stamp(path):
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_size)
+
+
+def check_fresh(path, shown):
+    """Edits need a read first, and the file must not have changed since."""
+    seen = FILE_STATE.get(str(path))
+    if seen is None:
+        raise ToolError(f"Read {shown} with read_file before changing it.")
+    if seen != stamp(path):
+        raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
+
+
+def read_file(path, offset=1, limit=None):
+    f = safe_path(path)
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use glob to find the right path.")
+    with open(f, "rb") as fh:
+        if b"\0" in fh.read(BINARY_SNIFF):
+            raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
+    lines = f.read_bytes().decode("utf-8", "replace").splitlines()
+    FILE_STATE[str(f)] = stamp(f)
+    if not lines:
+        return f"({path} is empty)"
+    start = max(offset, 1) - 1
+    if start >= len(lines):
+        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
+    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
+    for n in range(start, end):
+        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
+        if size + len(row) > MAX_OUTPUT and out:
+            end = n
+            break
+        out.append(row)
+        size += len(row) + 1
+    if end < len(lines):  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+                   f"offset={end + 1}, or grep for what you need]")
+    return "\n".join(out)
+
+
+def write_file(path, content):
+    f = safe_path(path)
+    if f.is_dir():
+        raise ToolError(f"{path} is a directory; give a file path.")
+    if f.exists():
+        check_fresh(f, path)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode("utf-8")
+    f.write_bytes(data)
+    FILE_STATE[str(f)] = stamp(f)
+    return f"Wrote {len(data)} bytes to {rel(f)}"
+
+
+def edit_file(path, old_string, new_string, replace_all=False):
+    if old_string == new_string:
+        raise ToolError("old_string and new_string are identical; there is nothing to change.")
+    if not old_string:
+        raise ToolError("old_string is empty. To create a file use write_file.")
+    f = safe_path(path)
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use write_file to create it.")
+    check_fresh(f, path)
+    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    count = text.count(old_string)
+    if count == 0:
+        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
+                        f"read_file output (without line numbers), whitespace included.")
+    if count > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
+                        f"lines to make it unique, or set replace_all to change every one.")
+    text = text.replace(old_string, new_string, -1 if replace_all else 1)
+    f.write_bytes(text.encode("utf-8", "surrogateescape"))
+    FILE_STATE[str(f)] = stamp(f)
+    return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
+
+# Glob patterns and .gitignore rules share one translation: * and ? stay inside
+# a path segment, ** spans any number of segments, {a,b} is alternation.
+def glob_regex(pattern):
+    out, i, depth = "", 0, 0
+    while i < len(pattern):
+        c, step = pattern[i], 1
+        if pattern.startswith("**/", i):
+            piece, step = "(?:.*/)?", 3
+        elif pattern.startswith("**", i):
+            piece, step = ".*", 2
+        elif c == "[" and "]" in pattern[i + 2:]:
+            body = pattern[i + 1:pattern.index("]", i + 2)]
+            piece, step = "[" + re.sub(r"^!", "^", body).replace("\\", "\\\\") + "]", len(body) + 2
+        elif c == "{":
+            piece, depth = "(?:", depth + 1
+        elif c == "}" and depth:
+            piece, depth = ")", depth - 1
+        elif c == "," and depth:
+            piece = "|"
+        else:
+            piece = {"*": "[^/]*", "?": "[^/]"}.get(c) or re.escape(c)
+        out, i = out + piece, i + step
+    return re.compile(out + ")" * depth)
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    try:
+        text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rules = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        negated, line = line.startswith("!"), line.lstrip("!")
+        dir_only, line = line.endswith("/"), line.rstrip("/")
+        anchored = "/" in line  # a slash before the end anchors to this directory
+        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
+                      negated, dir_only))
+    return rules
+
+
+def is_ignored(path, is_dir, rules):
+    ignored = False  # the last matching rule wins, as in git
+    for base, rx, negated, dir_only in rules:
+        if (is_dir or not dir_only) and path.is_relative_to(base):
+            if rx.fullmatch(path.relative_to(base).as_posix()):
+                ignored = not negated
+    return ignored
+
+
+def walk_files(root):
+    """Files under root, minus .git, .gitignored paths and symlinks (never followed)."""
+    top = WORKDIR.resolve()
+    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
+                    for r in read_gitignore(d)]}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        active = rules.pop(here) + read_gitignore(here)
+        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
+                and not is_ignored(here / d, True, active)]
+        dirnames[:] = keep
+        rules.update({here / d: active for d in keep})
+        for name in sorted(filenames):
+            f = here / name
+            if not f.is_symlink() and not is_ignored(f, False, active):
+                yield f
+
+
+def check_pattern(pattern):
+    if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+        raise ToolError("The pattern must be relative, without '..'; pass the directory "
+                        "to search as path instead (it must be inside the workspace).")
+
+
+def glob_files(pattern, path="."):
+    root = safe_path(path)
+    if not root.is_dir():
+        raise ToolError(f"{path} is not a directory.")
+    check_pattern(pattern)
+    rx = glob_regex(pattern)
+    hits = [f for f in walk_files(root) if rx.fullmatch(f.relative_to(root).as_posix())]
+    if not hits:
+        return f"No files match {pattern} under {rel(root)}."
+    hits.sort(key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    shown = [rel(f) for f in hits[:GLOB_LIMIT]]
+    if len(hits) > GLOB_LIMIT:
+        shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
+    return "\n".join(shown)
+
+# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
+# in Python. Both produce records that one formatter turns into identical text.
+GREP_MODES = ("files_with_matches", "content", "count")
+
+
+def grep_rg(pattern, root, glob, ignore_case, mode):
+    cmd = ["rg", "--null", "--line-number", "--no-heading", "--color=never", "--hidden",
+           "--no-require-git", "--no-messages", "-g", "!.git"]
+    cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
+    cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
+    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
+    if p.returncode >= 2:
+        raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
+    out = p.stdout.decode("utf-8", "replace")
+    if mode == "files_with_matches":  # -l --null: names end with NUL, no newline
+        rows = [(name, "") for name in out.split("\0") if name]
+    else:
+        rows = [row.partition("\0")[::2] for row in out.split("\n") if row]
+    keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
+    for name, rest in rows:
+        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
+            path = Path(name).relative_to(top).as_posix()
+            records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
+    return records
+
+
+def glob_filter(glob, root):
+    """grep's glob: a bare name pattern matches the file name, else the path under root."""
+    rx = glob_regex(glob) if glob else None
+    def keep(f):
+        name = f.name if "/" not in glob else f.relative_to(root).as_posix()
+        return rx.fullmatch(name) is not None
+    return keep if glob else (lambda f: True)
+
+
+def grep_python(pattern, root, glob, ignore_case, mode):
+    try:
+        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise ToolError(f"Invalid regex {pattern!r}: {e}.")
+    keep = glob_filter(glob, root)
+    records = []
+    for f in [root] if root.is_file() else walk_files(root):
+        if not keep(f):
+            continue
+        data = f.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # binary, as ripgrep skips it
+        lines = data.decode("utf-8", "replace").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the text after a final newline is not a line
+        hits = [(str(n), line) for n, line in enumerate(lines, 1) if rx.search(line)]
+        if hits and mode == "content":
+            records += [(rel(f), *h) for h in hits]
+        elif hits:
+            records.append((rel(f), str(len(hits))) if mode == "count" else (rel(f),))
+    return records
+
+
+def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_with_matches"):
+    if output_mode not in GREP_MODES:
+        raise ToolError(f"output_mode must be one of {', '.join(GREP_MODES)}.")
+    root = safe_path(path)
+    if not root.exists():
+        raise ToolError(f"{path} does not exist.")
+    if glob:
+        check_pattern(glob.lstrip("!"))
+    search = grep_rg if shutil.which("rg") else grep_python
+    records = sorted(search(pattern, root, glob, ignore_case, output_mode),
+                     key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
+    if not records:
+        return f"No matches for {pattern!r}."
+    lines = [":".join(r) for r in records]
+    if len(lines) > GREP_LIMIT:
+        lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
+                                      f"the pattern, path or glob]"]
+    return clip("\n".join(lines))
+
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
+    "use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+register("grep", (
+    "Search file contents with a regular expression (ripgrep syntax) and list matching "
+    "files, matching lines with line numbers (output_mode 'content'), or match counts "
+    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
+    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    params(["pattern"], pattern=("string", "Regular expression to search for."),
+           path=("string", "File or directory to search (default: the workspace root)."),
+           glob=("string", "Only search files matching this glob, e.g. '*.py'."),
+           ignore_case=("boolean", "Case-insensitive search (default false)."),
+           output_mode=("string", "files_with_matches (default), content or count.")),
+    grep, read_only=True, concurrency_safe=True)
+
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+def run_parallel(batch):
+    if len(batch) <= 1:
+        return [run_tool(b) for b in batch]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        return list(pool.map(run_tool, batch))
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+# --- s03: todo plan ---
+# The plan is session state kept beside `messages`, not inside it: the model
+# rewrites it whole with todo_write, the human sees it as a checklist, and the
+# loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
+# items, at most one in_progress. Not persisted: a new session starts without one.
+MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+TODO_STATUSES = ("pending", "in_progress", "completed")
+TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
+TODO_FIELDS = ("content", "status", "active_form")
+TODO = {"items": [], "rounds_since_update": 0}  # items is replaced, never mutated
+
+
+def check_plan(items):
+    """Return the plan as clean dicts, or raise ToolError naming the broken rule."""
+    if not isinstance(items, list):
+        raise ToolError("items must be a list of {content, status, active_form?} objects.")
+    if len(items) > MAX_TODOS:
+        raise ToolError(f"A plan holds at most {MAX_TODOS} items; you sent {len(items)}. "
+                        f"Merge small steps into bigger ones and send the whole plan again.")
+    plan = [check_item(n, item) for n, item in enumerate(items, 1)]
+    busy = [str(n) for n, item in enumerate(plan, 1) if item["status"] == "in_progress"]
+    if len(busy) > 1:
+        raise ToolError(f"Only one item may be in_progress at a time (items {', '.join(busy)} "
+                        f"are). Finish one first: mark it completed, or set the others to pending.")
+    return plan
+
+
+def check_item(n, item):
+    if not isinstance(item, dict):
+        raise ToolError(f"Item {n} must be an object {{content, status, active_form?}}.")
+    if extra := [k for k in item if k not in TODO_FIELDS]:
+        raise ToolError(f"Item {n} has unknown field '{extra[0]}' "
+                        f"(allowed: {', '.join(TODO_FIELDS)}).")
+    content, status = item.get("content"), item.get("status")
+    if not isinstance(content, str) or not content.strip():
+        raise ToolError(f"Item {n} needs a non-empty content string saying what the step is.")
+    if status not in TODO_STATUSES:
+        raise ToolError(f"Item {n} has unknown status {status!r}; use one of: "
+                        f"{', '.join(TODO_STATUSES)}.")
+    form = item.get("active_form", "")
+    if not isinstance(form, str):
+        raise ToolError(f"Item {n}: active_form must be a string, e.g. 'Running the tests'.")
+    return {"content": content.strip(), "status": status, "active_form": form.strip()}
+
+
+def plan_lines():
+    """One checklist line per item; the current one says what is happening now."""
+    lines = []
+    for item in TODO["items"]:
+        line = f"{TODO_MARKS[item['status']]} {item['content']}"
+        if item["status"] == "in_progress" and item["active_form"]:
+            line += f" ({item['active_form']})"
+        lines.append(line)
+    return lines
+
+
+def plan_summary():
+    done = sum(item["status"] == "completed" for item in TODO["items"])
+    return f"({done}/{len(TODO['items'])} completed)"
+
+
+def plan_text():
+    """What the model gets back: the checklist as plain text plus a count."""
+    if not TODO["items"]:
+        return "The plan is empty."
+    return "\n".join(plan_lines() + [plan_summary()])
+
+
+def show_plan():
+    """The same checklist for the human, on stderr (stdout carries only answers).
+
+    Text(), not markup strings: "[x]" or a "[bold]" inside an item would
+    otherwise be read as rich markup and vanish.
+    """
+    out = Text()
+    for item, line in zip(TODO["items"], plan_lines()):
+        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+    out.append(plan_summary() if TODO["items"] else "(plan cleared)", style="dim")
+    Console(stderr=True, highlight=False).print(out)
+
+
+def todo_write(items):
+    TODO["items"] = check_plan(items)  # a new list: the old one is never edited in place
+    TODO["rounds_since_update"] = 0
+    show_plan()
+    return plan_text()
+
+
+def has_open_items():
+    return any(item["status"] != "completed" for item in TODO["items"])
+
+
+def plan_reminder(calls, results):
+    """Count one tool round; return the reminder blocks to append after its results.
+
+    A round with a successful todo_write is an update (the handler already reset
+    the counter). Otherwise the count grows, and every PLAN_REMINDER_INTERVAL-th
+    round, while the plan has unfinished items, the model gets a nudge. Text
+    after the tool_result blocks keeps the request valid (results come first).
+    """
+    ok = {r["tool_use_id"] for r in results if not r.get("is_error")}
+    if any(b.name == "todo_write" and b.id in ok for b in calls):
+        return []
+    TODO["rounds_since_update"] += 1
+    if not has_open_items() or TODO["rounds_since_update"] % PLAN_REMINDER_INTERVAL:
+        return []
+    say(f"[plan reminder: {TODO['rounds_since_update']} tool rounds without todo_write]")
+    return [{"type": "text", "text": (
+        f"<system-reminder>\nThe plan has not been updated for "
+        f"{TODO['rounds_since_update']} tool rounds. Refresh it with todo_write before "
+        f"continuing: mark finished items completed, mark the item you are working on "
+        f"in_progress, and change the plan if the work has changed. Do not mention this "
+        f"reminder to the user.\nCurrent plan:\n{plan_text()}\n</system-reminder>")}]
+
+
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+# --- s04: subagents ---
+# A subagent is a tool whose handler runs the same agent_loop on a new message
+# list: its own history, a narrower tool list (never `agent`, so no recursion),
+# a turn cap and its own system prompt. The parent gets one tool_result: the
+# child's final text. Every step in between stays in the child and is dropped.
+SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*\r?$\n?(.*)\Z", re.S | re.M)
+RUNNING = threading.local()  # the agent loop running in this thread: .client and .messages
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+
+SUBAGENT_SYSTEM = (
+    "You are a subagent: another agent gave you one self-contained task. Work on your own "
+    "with the tools (nobody will answer questions), stay within the task, and finish with "
+    "a concise report of what you found or changed, naming files and lines: that report "
+    "is the only thing the other agent will see.")
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# s07's sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+# Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
+# history, system prompt and tools (minus agent). Every call still open in the
+# parent's last reply, this agent call included, gets a placeholder result so
+# the inherited history stays valid; the task comes last, wrapped in rules.
+# Unlike the seed's forks it runs in the foreground (background work is s10),
+# and it loses `agent` like any child; Claude Code keeps the identical tool
+# list instead, so the fork's prompt prefix can reuse the parent's cache.
+FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
+                    "the fork does not get its result)")
+FORK_BOILERPLATE = """<fork_boilerplate>
+You are a forked worker, not the main agent. The conversation above is the main
+agent's, shared with you as context.
+Rules (not negotiable):
+1. Do not fork or start other agents.
+2. Do not chat, ask questions or wait for confirmation.
+3. Use the tools directly: read files, search code, make changes.
+4. Stay strictly within the task below.
+5. Keep the final report under 500 words and begin it with "Scope:".
+</fork_boilerplate>
+
+Task: {task}"""
+
+AGENT_TOOL_HELP = (
+    "Delegate a self-contained task to a subagent: it works in a fresh context with its "
+    "own tool calls and you get back only its final report. Use it for investigations "
+    "or chores that need many searches and reads whose details you do not need to keep "
+    "(e.g. 'find where X is configured and how it is used'), so your own context stays "
+    "small. The subagent sees none of this conversation and cannot ask you questions, so "
+    "write prompt as a complete brief: the goal, where to look, what to report. Do not "
+    "use it for a single read or search (call that tool yourself), and do not start an "
+    "agent from inside a subagent (it has no agent tool). fork: true instead runs a copy "
+    "of you that inherits this conversation (not combinable with agent_type).\n"
+    "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
+
+
+def warn_once(text):
+    if text not in WARNED:
+        WARNED.add(text)
+        say(text)
+
+
+def name_list(meta, field):
+    """A tools field: a YAML list or a comma-separated string; None when absent."""
+    value = meta.get(field)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if value is not None and not (isinstance(value, list)
+                                  and all(isinstance(v, str) for v in value)):
+        raise ValueError(f"{field} must be a list of tool names")
+    return value
+
+
+def parse_agent_file(path):
+    """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
+    m = FRONTMATTER.match(path.read_text(encoding="utf-8"))
+    if not m:
+        raise ValueError("no YAML frontmatter between '---' lines at the top")
+    try:
+        meta = yaml.safe_load(m[1]) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML: {' '.join(str(e).split())}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of fields")
+    meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
+    # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
+    # tools it was meant to lose, so an unknown field rejects the whole file.
+    if unknown := sorted(set(map(str, meta)) - AGENT_FIELDS):
+        raise ValueError(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(AGENT_FIELDS))})")
+    name, description = meta.get("name", path.stem), meta.get("description")
+    if not isinstance(name, str) or not AGENT_NAME.match(name):
+        raise ValueError("name must be 1-64 letters, digits, '-' or '_'")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("description is required: it tells the model when to use this agent")
+    turns, model = meta.get("max_turns", SUBAGENT_MAX_TURNS), meta.get("model")
+    if type(turns) is not int or turns < 1:
+        raise ValueError("max_turns must be a positive integer")
+    if model is not None and not isinstance(model, str):
+        raise ValueError("model must be a model id, or 'inherit'")
+    return {"name": name, "description": " ".join(description.split()),
+            "tools": name_list(meta, "tools"),
+            "disallowed_tools": name_list(meta, "disallowed_tools") or [],
+            "max_turns": turns, "model": None if model == "inherit" else model,
+            "system": m[2].strip() or SUBAGENT_SYSTEM}
+
+
+def agent_dirs():
+    """User level first, project last: a later definition of the same name wins."""
+    return [Path.home() / ".agent" / "agents", WORKDIR / ".agent" / "agents"]
+
+
+def load_agents():
+    """Every agent type by name: built-in < user < project. Bad files are skipped."""
+    agents = dict(BUILTIN_AGENTS)
+    for folder in agent_dirs():
+        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+            try:
+                spec = parse_agent_file(path)
+            except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+                warn_once(f"[skipped agent definition {path}: {e}]")
+                continue
+            agents[spec["name"]] = spec
+    return agents
+
+
+def describe_agents(agents):
+    """The agent tool's description: fixed help, then one line per type, sorted."""
+    return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
+
+
+def prepare_agent_tool(client, messages):
+    """At every agent_loop start: remember this loop, refresh the list of agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from RUNNING. The description is
+    rebuilt here, sorted, not per call: it is part of the prompt prefix and
+    changes only when a definition file does.
+    """
+    RUNNING.client, RUNNING.messages = client, messages
+    desc = describe_agents(load_agents())
+    TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run; results stay in call order.
+    """
+    if tools is None:
+        return run_tools(calls)
+    names = allowed_names(tools)
+    done = iter(run_tools([b for b in calls if b.name in names]))
+    return [next(done) if b.name in names else refused(b, tools) for b in calls]
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task."""
+    last = history[-1] if history else {"role": "user", "content": ""}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+               for b in calls if b["type"] == "tool_use"]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return normalize_messages(history + [{"role": "user", "content": results + [brief]}])
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting).
+    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
+                       + (u.cache_creation_input_tokens or 0))
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {WORKDIR}"
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def run_child(client, history, fork, settings):
+    """agent_loop for a child; the parent's loop record and file cache come back after.
+
+    FILE_STATE is runtime state, not infrastructure (seed): a fresh child must
+    read a file before editing it, and when the child changes a file the parent
+    read, the parent's old stamp no longer matches, so it must re-read too.
+    The plan (TODO) is the parent's: a child keeps its own and it is dropped.
+    """
+    outer, files, plan = (RUNNING.client, RUNNING.messages), dict(FILE_STATE), dict(TODO)
+    if not fork:
+        FILE_STATE.clear()
+    TODO.update(items=[], rounds_since_update=0)
+    try:
+        return agent_loop(client, history, **settings)
+    finally:
+        RUNNING.client, RUNNING.messages = outer
+        FILE_STATE.clear()
+        FILE_STATE.update(files)
+        TODO.update(plan)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def pick_agent(agent_type, fork):
+    """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
+    if fork and agent_type:
+        raise ToolError("fork and agent_type cannot be combined: a fork is a copy of you. "
+                        "Drop one of them.")
+    agents = load_agents()
+    if agent_type and agent_type not in agents:
+        raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
+                        f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
+    return agents.get(agent_type, {})
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = getattr(RUNNING, "client", None)
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = description or " ".join(prompt.split())[:40]  # one line on the terminal
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(RUNNING.messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, fork, settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+register("agent", describe_agents(BUILTIN_AGENTS), params(
+    ["prompt"], prompt=("string", "The complete task: goal, where to look, what to report back."),
+    description=("string", "A 3-5 word label for the task, shown to the user."),
+    agent_type=("string", "One of the agent types listed above; omit for a general-purpose agent."),
+    fork=("boolean", "Run a copy of you that inherits this conversation (default false).")),
+    run_subagent)
+
+# --- agent loop ---
+def say(text):
+    """Progress for the human goes to stderr so stdout carries only the answer."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_tools(calls):
+    """Run one reply's tool calls; exactly one result per call, in call order."""
+    results, batch = [], []
+    for block in calls:
+        say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
+        if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
+            batch.append(block)
+            continue
+        results += run_parallel(batch) + [run_tool(block)]
+        batch = []
+    return results + run_parallel(batch)
+
+
+def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
+    """One streamed model call; text is printed the moment it arrives."""
+    tools = TOOLS if tools is None else tools  # s04: None = the main agent's
+    model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
+    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=system,  # s04
+                                tools=tools, messages=normalize_messages(messages)) as stream:
+        for text in stream.text_stream:
+            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
+        message = stream.get_final_message()
+    if any(b.type == "text" for b in message.content):
+        print(flush=True, file=out)  # s04
+    add_usage(usage, message)  # s04: a child's token bill
+    return message
+
+
+def assistant_message(message):
+    """The reply as plain dicts, minus empty text blocks the API would reject."""
+    blocks = [b.model_dump(exclude_none=True, include={"type", "text", "id", "name", "input"})
+              for b in message.content]
+    return {"role": "assistant",
+            "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
+
+
+def close_open_calls(messages, note="cancelled by the user"):
+    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    last = messages[-1] if messages else None
+    if last and last["role"] == "assistant":
+        calls = [b for b in last["content"] if b["type"] == "tool_use"]
+        if calls:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
+                 "is_error": True} for b in calls]})
+        elif not last["content"]:
+            messages.pop()
+
+
+def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04: for a child
+    """Run model and tools until the model stops asking; return the stop reason.
+
+    Invariant: on return, `messages` is a valid history (every tool_use has
+    its tool_result), so the next user prompt can simply be appended.
+    """
+    prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client and history
+    unknown = 0
+    try:
+        for _ in range(max_turns or MAX_TURNS):  # s04: a child has its own cap
+            message = call_model(client, messages, tools=tools, **settings)  # s04
+            messages.append(assistant_message(message))
+            calls = [b for b in message.content if b.type == "tool_use"]
+            if not calls:
+                if not messages[-1]["content"]:
+                    messages.pop()  # an empty reply adds nothing the API would accept
+                return "end_turn"
+            messages.append({"role": "user", "content": run_allowed(calls, tools)})  # s04
+            messages[-1]["content"] += plan_reminder(calls, messages[-1]["content"])  # s03: plan nudge
+            for block in calls:
+                unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
+            if unknown >= MAX_UNKNOWN_TOOLS:
+                say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
+                return "unknown_tools"
+        say(f"[stopped: {max_turns or MAX_TURNS} turns without finishing]")  # s04
+        return "max_turns"
+    except KeyboardInterrupt:
+        close_open_calls(messages)
+        say("\n[interrupted: turn cancelled, you can keep typing]")
+        return "interrupted"
+    except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
+        close_open_calls(messages, "the turn failed before this ran")
+        say(f"[API error: {type(e).__name__}: {e}]")
+        return "api_error"
+
+# --- REPL / main ---
+def add_user_text(messages, text):
+    """Append a user prompt; after a failed turn, merge into the trailing user message."""
+    if messages and messages[-1]["role"] == "user":
+        content = messages[-1]["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        messages[-1]["content"] = content + [{"type": "text", "text": text}]
+    else:
+        messages.append({"role": "user", "content": text})
+
+
+def repl(client, prompt):
+    history = []
+    while True:
+        try:
+            line = input(prompt)
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line.strip() in ("q", "exit"):
+            return 0
+        if line.strip():
+            add_user_text(history, line)
+            agent_loop(client, history)
+
+
+def main(argv=None):
+    global WORKDIR
+    argv = sys.argv[1:] if argv is None else argv
+    WORKDIR = Path.cwd()
+    client = make_client()
+    if client is None:
+        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        return 2
+    if argv:
+        history = [{"role": "user", "content": " ".join(argv)}]
+        return 0 if agent_loop(client, history) == "end_turn" else 1
+    return repl(client, f"{CHAPTER} >> ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
