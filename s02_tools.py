@@ -184,7 +184,15 @@ def run_tool(block):
     except Exception as e:  # a handler bug must not kill the loop
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
+
+
+def preview(content, is_error=False):
+    """One line of what the tool returned, for the human watching."""
+    lines = str(content).strip().splitlines() or [""]
+    more = f"  (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+    return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
 
 # --- s02: tool system ---
 # The registry is three tables keyed by tool name: TOOLS (what the model sees),
