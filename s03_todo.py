@@ -440,8 +440,8 @@ GREP_MODES = ("files_with_matches", "content", "count")
 
 
 def grep_rg(pattern, root, glob, ignore_case, mode):
-    cmd = ["rg", "--null", "--line-number", "--no-heading", "--color=never", "--hidden",
-           "--no-require-git", "--no-messages", "-g", "!.git"]
+    cmd = ["rg", "--null", "--with-filename", "--line-number", "--no-heading", "--color=never",
+           "--hidden", "--no-require-git", "--no-messages", "-g", "!.git"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
     p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)

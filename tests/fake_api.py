@@ -187,11 +187,22 @@ class _RequestCheck:
         self.check_system(self.body.get("system"))
         self.check_messages(self.body.get("messages"))
         self.check_tool_choice(self.body.get("tool_choice"))
+        self.check_tools_defined(self.body["messages"])
         if "cache_control" in self.body:       # top-level automatic caching
             self.check_cache_control("cache_control", self.body["cache_control"], count=False)
         if self.breakpoints > _MAX_BREAKPOINTS:
             raise _Invalid(f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control "
                            f"may be provided. Found {self.breakpoints}.")
+
+    def check_tools_defined(self, messages) -> None:
+        # The real API refuses tool blocks in a history unless tools are
+        # declared (a summary call must still send them, e.g. with
+        # tool_choice none, or flatten the history to text).
+        uses = any(_block_ids(m, "tool_use", "id") or _block_ids(m, "tool_result", "tool_use_id")
+                   for m in messages)
+        if uses and not self.body.get("tools") and not self.count_only:
+            raise _Invalid("Requests which include `tool_use` or `tool_result` blocks "
+                           "must define tools.")
 
     # -- top level ---------------------------------------------------------
 

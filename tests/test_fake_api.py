@@ -92,7 +92,8 @@ def test_stream_tool_use_round_trip(api, client):
         {"role": "assistant", "content": first.content},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": used.id, "content": "(empty)"}]},
     ]
-    with client.messages.stream(model=MODEL, max_tokens=100, messages=history) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=100, messages=history,
+                                tools=[{"name": "read_file", "input_schema": {"type": "object"}}]) as stream:
         second = stream.get_final_message()
     assert second.content[0].text == "Found nothing."
     assert not api.invalid() and api.remaining() == 0
@@ -435,3 +436,13 @@ def test_count_tokens(api, client):
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model=MODEL, messages=HI + HI)
     assert "roles must alternate" in api.invalid()[0]["error"]
+
+
+def test_tool_blocks_need_tools_defined(api, client):
+    history = [{"role": "user", "content": "x"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash",
+                                                  "input": {}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                             "content": "ok"}]}]
+    with pytest.raises(anthropic.BadRequestError, match="must define tools"):
+        client.messages.create(model="m", max_tokens=5, messages=history)

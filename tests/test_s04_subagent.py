@@ -13,7 +13,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from conftest import TESTS, chapters_from, run_chapter
+from conftest import TESTS, chapters_from, run_chapter, strip_cache
 from fake_api import error, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s04"), indirect=True)
@@ -33,7 +33,11 @@ def run(mod, api, client, steps, prompt="do the work"):
 
 
 def body(api, n):
-    return api.requests[n]["body"]
+    """A request as sent, minus cache marks, with the system prompt as one string."""
+    b = strip_cache(api.requests[n]["body"])
+    if isinstance(b.get("system"), list):
+        b["system"] = "".join(block["text"] for block in b["system"])
+    return b
 
 
 def tool_names(request_body):
@@ -237,7 +241,8 @@ def test_fork_inherits_the_history_with_placeholders(mod, api, client, workspace
 @each
 def test_child_api_error_is_a_tool_error_and_parent_goes_on(mod, api, client):
     call = agent("Do it.")
-    run(mod, api, client, [reply(call), error(500, "upstream exploded")])
+    # 401: not transient, so no chapter retries it (s06 would retry a 500)
+    run(mod, api, client, [reply(call), error(401, "upstream exploded")])
     assert len(api.requests) == 3
     result = result_of(body(api, 2), call)
     assert result["is_error"] and "model API failed" in result["content"]

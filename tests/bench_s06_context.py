@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Benchmark: what three context policies cost over one long session.
+
+Replays a scripted session through the real chapter loop (agent_loop, with its
+real tools and history management) against the local scripted Messages API:
+the model reads a different 12 KB file on each of 100 turns. The same script
+runs under three policies, set through the chapter's own constants:
+
+  (a) no management        no clearing, no compaction, no cache
+  (b) clear every turn     keep the last 3 results, clear the rest on every
+                           turn (the naive "microcompact"), no cache
+  (c) this chapter         batch clearing past WORKING_BUDGET, KEEP_RESULTS
+                           kept, cache breakpoints as sent by the chapter
+
+Every figure comes from the request bodies the server logged, with one token
+estimator for all (characters / 4), so the numbers are comparable:
+  input tokens     sum over requests;   peak context: the largest request
+  prefix stability the share of each request's predecessor it repeats byte for
+                   byte (cache_control ignored): 1.0 = the history only grew
+  est. input cost  list price $3/M input tokens; cache reads 0.1x, writes 1.25x.
+                   Cache simulator: the prefix up to the last breakpoint that
+                   the previous request also had, and that still matches it
+                   byte for byte, is a read; the rest up to the newest
+                   breakpoint is a write; anything after it is plain input.
+                   (a) and (b) send no cache: everything is plain input.
+
+Run:  python tests/bench_s06_context.py [--turns 100] [--chapter s06_compact]
+Prints a table and the cost ratio (c)/(b); it never asserts anything.
+"""
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anthropic
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+from fake_api import ScriptedAPI, reply, tool  # noqa: E402
+
+FILE_BYTES = 12 * 1024
+PRICE_INPUT = 3.00              # USD per million input tokens
+READ, WRITE = 0.10, 1.25        # cache read / write multipliers
+CLEARED = "old tool result cleared"
+NO_COMPACTION = {"AUTO_COMPACT_AT": math.inf, "FORCE_COMPACT_AT": math.inf}
+POLICIES = [
+    ("(a) no management", False,
+     {"WORKING_BUDGET": math.inf, "CACHE_TTL": math.inf, **NO_COMPACTION}),
+    ("(b) clear every turn, keep 3, no cache", False,
+     {"WORKING_BUDGET": 0, "KEEP_RESULTS": 3, **NO_COMPACTION}),
+    ("(c) this chapter: batches + cache", True, {}),
+]
+
+
+def make_files(workspace, turns):
+    for i in range(turns):
+        lines, size, n = [f"BEGIN-{i:03d}"], 0, 0
+        while size < FILE_BYTES - 80:
+            n += 1
+            row = f"f{i:03d} row {n:03d}: " + "lorem ipsum dolor sit amet " * 2
+            lines.append(row)
+            size += len(row) + 1
+        lines.append(f"END-{i:03d}")
+        (workspace / f"f{i:03d}.txt").write_text("\n".join(lines) + "\n")
+
+
+def load(chapter, settings, workspace):
+    """A fresh copy of the chapter module (no state shared between policies)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{chapter}", ROOT / f"{chapter}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.WORKDIR = workspace
+    for name, value in settings.items():
+        if not hasattr(mod, name):
+            sys.exit(f"{chapter} has no constant {name}")
+        setattr(mod, name, value)
+    return mod
+
+
+def replay(chapter, settings, turns):
+    with tempfile.TemporaryDirectory() as tmp, ScriptedAPI() as api:
+        workspace = Path(tmp)
+        make_files(workspace, turns)
+        mod = load(chapter, settings, workspace)
+        mod.MAX_TURNS = turns + 10
+        api.script([reply(tool("read_file", {"path": f"f{i:03d}.txt"})) for i in range(turns)]
+                   + [reply("Read them all.")])
+        client = anthropic.Anthropic(api_key="bench", base_url=api.url, max_retries=0)
+        history = [{"role": "user", "content": f"Read f000.txt to f{turns - 1:03d}.txt, one a turn."}]
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            reason = mod.agent_loop(client, history)
+        if reason != "end_turn" or api.invalid() or api.exhausted:
+            sys.exit(f"replay failed: {reason} {api.invalid()[:1]}")
+        return [r["body"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
+
+
+# --- measuring the logged requests ----------------------------------------
+
+def plain(obj):
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items() if k != "cache_control"}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def segments(body):
+    """The request in cache order (tools, system, messages) as (text, breakpoint) pieces."""
+    system = body.get("system") or []
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}]
+    pieces = [("tool", t) for t in body.get("tools", [])] + [("system", b) for b in system]
+    for m in body["messages"]:
+        pieces += [(m["role"], b) for b in m["content"]]
+    return [(json.dumps([role, plain(b)], ensure_ascii=False), "cache_control" in b)
+            for role, b in pieces]
+
+
+def common_prefix(a, b):
+    """Characters two segment lists share from the start."""
+    n = 0
+    for (x, _), (y, _) in zip(a, b):
+        if x != y:
+            return n + next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        n += len(x)
+    return n
+
+
+def breakpoints(segs):
+    out, pos = [], 0
+    for s, bp in segs:
+        pos += len(s)
+        if bp:
+            out.append(pos)
+    return out
+
+
+def measure(bodies, caching, turns):
+    segs = [segments(b) for b in bodies]
+    sizes = [sum(len(s) for s, _ in sg) for sg in segs]
+    cost_chars, reads, stable_all, stable_between, clears = 0.0, 0, [], [], 0
+    for k, sg in enumerate(segs):
+        bps = breakpoints(sg) if caching else []
+        read = 0
+        if k:
+            shared = common_prefix(segs[k - 1], sg)
+            share = shared / sizes[k - 1]
+            stable_all.append(share)
+            grew = bodies[k - 1]["messages"].__str__().count(CLEARED) < str(bodies[k]["messages"]).count(CLEARED)
+            clears += grew
+            if not grew:
+                stable_between.append(share)
+            written = set(breakpoints(segs[k - 1])) if caching else set()
+            read = max([p for p in bps if p <= shared and p in written], default=0)
+        last = bps[-1] if bps else 0
+        reads += read
+        cost_chars += (sizes[k] - last) + READ * read + WRITE * max(0, last - read)
+    text = [json.dumps(b, ensure_ascii=False) for b in bodies]
+    seen = sum(any(f"BEGIN-{i:03d}" in t and f"END-{i:03d}" in t for t in text) for i in range(turns))
+    return {"requests": len(bodies), "tokens": sum(sizes) // 4, "peak": max(sizes) // 4,
+            "stable": sum(stable_all) / len(stable_all),
+            "between": (sum(stable_between) / len(stable_between), min(stable_between))
+            if stable_between else (0.0, 0.0),
+            "clears": clears, "cost": cost_chars / 4 * PRICE_INPUT / 1e6, "seen": seen,
+            "cached": reads / sum(sizes)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=100)
+    ap.add_argument("--chapter", default="s06_compact")
+    args = ap.parse_args()
+    rows = []
+    for name, caching, settings in POLICIES:
+        began = time.monotonic()
+        bodies = replay(args.chapter, settings, args.turns)
+        rows.append((name, measure(bodies, caching, args.turns), time.monotonic() - began))
+    print(f"{args.turns} turns, each reading a different {FILE_BYTES // 1024} KB file "
+          f"({args.chapter}); tokens = characters / 4\n")
+    head = (f"{'policy':40} {'requests':>8} {'input tok':>10} {'peak ctx':>9} {'stable':>7} "
+            f"{'between clears':>15} {'clears':>6} {'cached':>6} {'est. cost':>10} {'files seen':>10}")
+    print(head + "\n" + "-" * len(head))
+    for name, m, _ in rows:
+        mean, low = m["between"]
+        print(f"{name:40} {m['requests']:>8} {m['tokens']:>10,} {m['peak']:>9,} {m['stable']:>7.3f} "
+              f"{f'{mean:.3f} (min {low:.3f})':>15} {m['clears']:>6} {m['cached']:>6.0%} "
+              f"{'$' + format(m['cost'], '.3f'):>10} "
+              f"{m['seen']:>6}/{args.turns}")
+    a, b, c = (m for _, m, _ in rows)
+    print(f"\nratio (c)/(b) estimated input cost: {c['cost'] / b['cost']:.2f}   (target <= 0.60)")
+    print(f"ratio (c)/(a): {c['cost'] / a['cost']:.2f}; (a) peaks at {a['peak']:,} tokens "
+          f"{'(past the 200,000 window: the real API would refuse it)' if a['peak'] > 200_000 else ''}")
+    print("stable = share of the previous request repeated byte for byte (mean over all requests);"
+          "\nbetween clears = the same over requests where no batch clear happened (target >= 0.99);"
+          "\ncached = share of all input tokens that were cache reads")
+    print("replay time: " + ", ".join(f"{name[:3]} {t:.1f}s" for name, _, t in rows))
+
+
+if __name__ == "__main__":
+    main()
