@@ -31,6 +31,20 @@ def chapters_from(first):
     return [c for c in CHAPTERS if c[:3] >= first or c == "agent_full"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Subprocess runs cost ~2 s each (Python start + SDK import), so a test
+    marked e2e("sNN") runs on sNN and on the newest file, not on every file."""
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("e2e")
+        name = getattr(item, "callspec", None) and item.callspec.params.get("mod")
+        files = chapters_from(marker.args[0]) if marker else []
+        (drop if marker and name and name not in (files[0], files[-1]) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 _SNAPSHOTS = {}
 
 

@@ -217,6 +217,7 @@ def test_plan_and_counter_survive_into_the_next_user_turn(mod, api, client):
 
 
 @each
+@pytest.mark.e2e("s03")
 def test_end_to_end_run_shows_the_plan(mod, api, workspace):
     first, last = [dict(i, status="pending") for i in PLAN], DONE
     first[0]["status"] = "in_progress"

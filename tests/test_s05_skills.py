@@ -351,6 +351,7 @@ def git(workspace, *args):
                    cwd=workspace, check=True, capture_output=True)
 
 
+@pytest.mark.e2e("s05")
 def test_cli_one_shot_review_code_sends_the_diff(mod, api, workspace):
     (workspace / "src").mkdir()
     (workspace / "src" / "app.py").write_text("print('hi')\n")
@@ -367,6 +368,7 @@ def test_cli_one_shot_review_code_sends_the_diff(mod, api, workspace):
     assert "!`" not in sent and "1 file changed" in sent
 
 
+@pytest.mark.e2e("s05")
 def test_cli_repl_slash_commands_stay_local(mod, api, workspace):
     p = run_chapter(mod.__name__, api=api, cwd=workspace, input="/help\n/nope\n/skills\nq\n")
     assert p.returncode == 0, p.stderr

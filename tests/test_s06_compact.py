@@ -534,6 +534,7 @@ def test_other_errors_fail_the_turn_at_once_with_one_line(fast, api, client, cap
 # --- end to end ------------------------------------------------------------------
 
 @each
+@pytest.mark.e2e("s06")
 def test_repl_compact_line_runs_compaction_with_its_focus(mod, api, workspace):
     api.script([reply("hello back"), reply(SUMMARY), reply("still here")])
     p = run_chapter(mod.__name__, api=api, cwd=workspace,
@@ -547,6 +548,7 @@ def test_repl_compact_line_runs_compaction_with_its_focus(mod, api, workspace):
 
 
 @each
+@pytest.mark.e2e("s06")
 def test_demo_scenario_compacts_visibly(mod, api, workspace):
     spec = importlib.util.spec_from_file_location("scenario_s06", TESTS / "scenarios" / "s06.py")
     scenario = importlib.util.module_from_spec(spec)
