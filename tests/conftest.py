@@ -106,6 +106,16 @@ def mod(request, workspace, monkeypatch):
     return m
 
 
+def run_turn(mod, api, client, steps, prompt="do the work"):
+    """One user turn over a script that must be used up exactly; ends on 'Finished.'."""
+    from fake_api import reply
+    api.script(steps + [reply("Finished.")])
+    history = [{"role": "user", "content": prompt}]
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert api.remaining() == 0 and api.exhausted == 0
+    return history
+
+
 def strip_cache(obj):
     """A request body part without cache_control marks (s06 adds them to copies)."""
     if isinstance(obj, dict):

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from conftest import TESTS, chapters_from, run_chapter
+from conftest import TESTS, chapters_from, run_chapter, run_turn
 from fake_api import reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s03"), indirect=True)
@@ -51,12 +51,7 @@ def nudged(request):
     return bool(nudges(request["body"]["messages"][-1]))
 
 
-def run(mod, api, client, steps, prompt="do the work"):
-    api.script(steps + [reply("Finished.")])
-    history = [{"role": "user", "content": prompt}]
-    assert mod.agent_loop(client, history) == "end_turn"
-    assert api.remaining() == 0 and api.exhausted == 0
-    return history
+run = run_turn
 
 
 @each

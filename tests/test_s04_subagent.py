@@ -13,7 +13,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from conftest import TESTS, chapters_from, run_chapter, strip_cache
+from conftest import TESTS, chapters_from, run_chapter, run_turn, strip_cache
 from fake_api import error, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s04"), indirect=True)
@@ -23,13 +23,7 @@ def agent(prompt="look around", **extra):
     return tool("agent", {"prompt": prompt, **extra})
 
 
-def run(mod, api, client, steps, prompt="do the work"):
-    """Run one user turn over a script; the parent ends with 'Finished.'."""
-    api.script(steps + [reply("Finished.")])
-    history = [{"role": "user", "content": prompt}]
-    assert mod.agent_loop(client, history) == "end_turn"
-    assert api.remaining() == 0 and api.exhausted == 0
-    return history
+run = run_turn
 
 
 def body(api, n):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TESTS, chapters_from, run_chapter
+from conftest import TESTS, chapters_from, run_chapter, strip_cache
 from fake_api import error, hangup, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
@@ -37,13 +37,7 @@ def kinds(api):
     return ["summary" if is_summary(b) else "main" for b in bodies(api)]
 
 
-def strip_cc(obj):
-    """A request part without cache_control: what must stay byte-stable."""
-    if isinstance(obj, dict):
-        return {k: strip_cc(v) for k, v in obj.items() if k != "cache_control"}
-    if isinstance(obj, list):
-        return [strip_cc(v) for v in obj]
-    return obj
+strip_cc = strip_cache
 
 
 def dump(obj):
