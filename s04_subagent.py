@@ -763,7 +763,7 @@ SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs 
 AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
 AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
 FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
-FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*\r?$\n?(.*)\Z", re.S | re.M)
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
 RUNNING = threading.local()  # the agent loop running in this thread: .client and .messages
 WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
@@ -840,17 +840,23 @@ def name_list(meta, field):
     return value
 
 
+def split_frontmatter(text):
+    """(meta dict, body) of a markdown file with a YAML head; ValueError says what is wrong."""
+    match = FRONTMATTER.fullmatch(text.lstrip("\ufeff").replace("\r\n", "\n"))
+    if not match:
+        raise ValueError("no YAML frontmatter (the file must start with a --- block)")
+    try:
+        meta = yaml.safe_load(match[1] or "") or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML frontmatter: {' '.join(str(e).split())[:200]}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of key: value lines")
+    return meta, (match[2] or "").strip()
+
+
 def parse_agent_file(path):
     """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
-    m = FRONTMATTER.match(path.read_text(encoding="utf-8"))
-    if not m:
-        raise ValueError("no YAML frontmatter between '---' lines at the top")
-    try:
-        meta = yaml.safe_load(m[1]) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"bad YAML: {' '.join(str(e).split())}")
-    if not isinstance(meta, dict):
-        raise ValueError("the frontmatter must be a mapping of fields")
+    meta, body = split_frontmatter(path.read_text(encoding="utf-8"))
     meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
     # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
     # tools it was meant to lose, so an unknown field rejects the whole file.
@@ -870,7 +876,7 @@ def parse_agent_file(path):
             "tools": name_list(meta, "tools"),
             "disallowed_tools": name_list(meta, "disallowed_tools") or [],
             "max_turns": turns, "model": None if model == "inherit" else model,
-            "system": m[2].strip() or SUBAGENT_SYSTEM}
+            "system": body or SUBAGENT_SYSTEM}
 
 
 def agent_dirs():
@@ -885,7 +891,7 @@ def load_agents():
         for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
             try:
                 spec = parse_agent_file(path)
-            except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            except Exception as e:  # a bad file never stops the loop
                 warn_once(f"[skipped agent definition {path}: {e}]")
                 continue
             agents[spec["name"]] = spec
@@ -1122,9 +1128,9 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
     Invariant: on return, `messages` is a valid history (every tool_use has
     its tool_result), so the next user prompt can simply be appended.
     """
-    prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client and history
     unknown = 0
     try:
+        prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client, history
         for _ in range(max_turns or MAX_TURNS):  # s04: a child has its own cap
             message = call_model(client, messages, tools=tools, **settings)  # s04
             messages.append(assistant_message(message))

@@ -765,7 +765,7 @@ SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs 
 AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
 AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
 FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
-FRONTMATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*\r?$\n?(.*)\Z", re.S | re.M)
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
 RUNNING = threading.local()  # the agent loop running in this thread: .client and .messages
 WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
@@ -842,17 +842,23 @@ def name_list(meta, field):
     return value
 
 
+def split_frontmatter(text):
+    """(meta dict, body) of a markdown file with a YAML head; ValueError says what is wrong."""
+    match = FRONTMATTER.fullmatch(text.lstrip("\ufeff").replace("\r\n", "\n"))
+    if not match:
+        raise ValueError("no YAML frontmatter (the file must start with a --- block)")
+    try:
+        meta = yaml.safe_load(match[1] or "") or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML frontmatter: {' '.join(str(e).split())[:200]}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of key: value lines")
+    return meta, (match[2] or "").strip()
+
+
 def parse_agent_file(path):
     """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
-    m = FRONTMATTER.match(path.read_text(encoding="utf-8"))
-    if not m:
-        raise ValueError("no YAML frontmatter between '---' lines at the top")
-    try:
-        meta = yaml.safe_load(m[1]) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"bad YAML: {' '.join(str(e).split())}")
-    if not isinstance(meta, dict):
-        raise ValueError("the frontmatter must be a mapping of fields")
+    meta, body = split_frontmatter(path.read_text(encoding="utf-8"))
     meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
     # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
     # tools it was meant to lose, so an unknown field rejects the whole file.
@@ -872,7 +878,7 @@ def parse_agent_file(path):
             "tools": name_list(meta, "tools"),
             "disallowed_tools": name_list(meta, "disallowed_tools") or [],
             "max_turns": turns, "model": None if model == "inherit" else model,
-            "system": m[2].strip() or SUBAGENT_SYSTEM}
+            "system": body or SUBAGENT_SYSTEM}
 
 
 def agent_dirs():
@@ -887,7 +893,7 @@ def load_agents():
         for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
             try:
                 spec = parse_agent_file(path)
-            except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            except Exception as e:  # a bad file never stops the loop
                 warn_once(f"[skipped agent definition {path}: {e}]")
                 continue
             agents[spec["name"]] = spec
@@ -983,6 +989,7 @@ def last_text(messages):
 def child_settings(spec, fork, usage):
     """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
     system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {WORKDIR}"
+    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
     return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
             "system": None if fork else system, "model": spec.get("model"),
             "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
@@ -1076,11 +1083,9 @@ MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skil
 DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
 HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)
 PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
 DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
 COMMANDS = {}               # name -> command dict, filled by command()
-WARNED = set()              # skill warnings already printed: each shows once
 
 
 def skill_dirs():
@@ -1090,24 +1095,13 @@ def skill_dirs():
             ("project", WORKDIR / ".agent" / "skills")]
 
 
-def warn_once(message):
-    if message not in WARNED:
-        WARNED.add(message)
-        say(f"[skills] {message}")
+def has_tool(spec, name):
+    return any(t["name"] == name for t in child_tools(spec))
 
 
-def split_frontmatter(text):
-    """(meta dict, body) of a SKILL.md; ValueError says what is wrong."""
-    match = FRONTMATTER.fullmatch(text.lstrip("\ufeff").replace("\r\n", "\n"))
-    if not match:
-        raise ValueError("no YAML frontmatter (the file must start with a --- block)")
-    try:
-        meta = yaml.safe_load(match[1] or "") or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"bad YAML frontmatter: {' '.join(str(e).split())[:200]}")
-    if not isinstance(meta, dict):
-        raise ValueError("the frontmatter must be a mapping of key: value lines")
-    return meta, (match[2] or "").strip()
+def hint_text(hint):
+    """argument-hint: [issue-number] is YAML for a list; show it as the user wrote it."""
+    return f"[{', '.join(map(str, hint))}]" if isinstance(hint, list) else str(hint or "")
 
 
 def flag(meta, key, default):
@@ -1128,7 +1122,7 @@ def parse_skill(folder, source):
         raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
     return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
             "body": body, "path": folder.resolve(), "source": source, "meta": meta,
-            "arg_hint": str(meta.get("argument-hint") or ""),
+            "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
 
@@ -1140,7 +1134,7 @@ def discover_skills():
         try:
             folders = sorted(root.iterdir()) if root.is_dir() else []
         except OSError as e:  # an unreadable folder must not stop the session
-            warn_once(f"cannot read {root}: {e}")
+            warn_once(f"[skills: cannot read {root}: {e}]")
             folders = []
         for folder in folders:
             if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
@@ -1148,7 +1142,7 @@ def discover_skills():
             try:
                 skill = parse_skill(folder, source)
             except (OSError, ValueError) as e:
-                warn_once(f"skipped {folder / 'SKILL.md'}: {e}")
+                warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
             skills[skill["name"]] = skill
     return skills
@@ -1189,7 +1183,7 @@ def run_dynamic(text):
     def one(m):
         say(f"> !{m[1]}")
         try:
-            return run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n")
+            return clip(run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
         except ToolError as e:
             return f"[command `{m[1]}` failed: {e}]"
     return DYNAMIC.sub(one, text)
@@ -1858,9 +1852,9 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
     Invariant: on return, `messages` is a valid history (every tool_use has
     its tool_result), so the next user prompt can simply be appended.
     """
-    prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client and history
     unknown = 0
     try:
+        prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client, history
         for _ in range(max_turns or MAX_TURNS):  # s04: a child has its own cap
             message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
             messages.append(assistant_message(message))

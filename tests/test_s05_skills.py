@@ -374,3 +374,26 @@ def test_cli_repl_slash_commands_stay_local(mod, api, workspace):
     assert p.returncode == 0, p.stderr
     assert api.requests == []
     assert "/review-code [path | git range]" in p.stdout and "Unknown command /nope" in p.stderr
+
+
+def test_list_argument_hint_and_child_skill_list(mod, api, client, workspace):
+    make_skill(project_skills(workspace), "fix-issue",
+               "name: fix-issue\ndescription: Fix one GitHub issue.\nargument-hint: [issue-number]",
+               "Fix issue $ARGUMENTS.")
+    assert mod.all_commands()["fix-issue"]["arg_hint"] == "[issue-number]"
+    # a subagent that may load skills is told which ones exist
+    api.script([reply(tool("agent", {"prompt": "fix it"})), reply("child done"), reply("Finished.")])
+    mod.agent_loop(client, [{"role": "user", "content": "go"}])
+    system = system_text(api.requests[1]["body"])
+    assert "fix-issue" in system and "subagent" in system
+
+
+def test_agent_definitions_still_parse_beside_skills(mod, api, client, workspace):
+    folder = workspace / ".agent" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "bare.md").write_text("---\nname: bare\ndescription: No body at all.\n---")
+    (folder / "empty.md").write_text("---\n---\nbody only\n")
+    api.script([reply("hi")])
+    assert mod.agent_loop(client, [{"role": "user", "content": "x"}]) == "end_turn"
+    agents = mod.load_agents()
+    assert agents["bare"]["system"] == mod.SUBAGENT_SYSTEM and "empty" not in agents
