@@ -30,6 +30,7 @@ Standard library only, so it runs anywhere the tests do.
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import itertools
 import json
@@ -445,11 +446,59 @@ def _estimate(obj) -> int:
     return max(1, len(json.dumps(obj)) // 4)
 
 
-def _message(step: dict, body: dict, raw_len: int) -> dict:
+class PromptCache:
+    """The API's prompt cache, by prefix, so usage reports what caching did.
+
+    A request is a sequence of units (each tool, each system block, each
+    message block, in that order); cache_control marks breakpoints. A request
+    reads the longest prefix ending at one of its breakpoints that an earlier
+    request wrote, and writes everything from there to its last breakpoint.
+    No expiry: a test session is far shorter than the 5-minute TTL.
+    """
+
+    def __init__(self):
+        self.written = set()
+
+    def account(self, body: dict) -> tuple[int, int]:
+        """(cache_read, cache_creation) tokens for this request; remembers its writes."""
+        units, marks = _cache_units(body)
+        sizes, keys, chars, digest = [], [], 0, hashlib.sha1()
+        for unit in units:   # a running hash: the key of each prefix in one pass
+            text = json.dumps(unit, sort_keys=True)
+            digest.update(text.encode())
+            chars += len(text)
+            sizes.append(chars // 4)
+            keys.append(digest.hexdigest())
+        read = max((sizes[i] for i in marks if keys[i] in self.written), default=0)
+        last = max(marks, default=-1)
+        self.written.update(keys[i] for i in marks)
+        return read, max(0, (sizes[last] if last >= 0 else 0) - read)
+
+
+def _cache_units(body: dict) -> tuple[list, list]:
+    """The request as cacheable units without cache_control, and the breakpoint indices."""
+    units, marks = [], []
+    system = body.get("system") or []
+    blocks = [("tool", t) for t in body.get("tools") or []]
+    blocks += [("system", b) for b in ([{"type": "text", "text": system}] if isinstance(system, str) else system)]
+    for i, m in enumerate(body.get("messages") or []):
+        content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        blocks += [(f"{m['role']}{i}", b) for b in content]
+    for kind, block in blocks:
+        if isinstance(block, dict) and "cache_control" in block:
+            marks.append(len(units))
+            block = {k: v for k, v in block.items() if k != "cache_control"}
+        units.append([kind, block])
+    return units, marks
+
+
+def _message(step: dict, body: dict, raw_len: int, cache=(0, 0)) -> dict:
     """The complete Message object a non-streaming request would get."""
-    usage = {"input_tokens": max(1, raw_len // 4),
+    # A step that scripts input_tokens scripts the whole bill: no simulated cache.
+    read, write = (0, 0) if "input_tokens" in step["usage"] else cache
+    usage = {"input_tokens": max(1, raw_len // 4 - read - write),
              "output_tokens": _estimate(step["content"]),
-             "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+             "cache_read_input_tokens": read, "cache_creation_input_tokens": write}
     usage.update(step["usage"])
     return {"id": _new_id("msg"), "type": "message", "role": "assistant",
             "model": body.get("model"), "content": step["content"],
@@ -586,6 +635,7 @@ class ScriptedAPI:
         self._steps: list = []
         self._log: list = []
         self.exhausted = 0
+        self.cache = PromptCache()
         self._server = None
         self._thread = None
         self.url = None
@@ -627,6 +677,7 @@ class ScriptedAPI:
     def reset(self) -> None:
         with self._lock:
             self._steps, self._log, self.exhausted = [], [], 0
+            self.cache = PromptCache()
 
     @property
     def requests(self) -> list:
@@ -705,7 +756,7 @@ class ScriptedAPI:
             return handler.drop()
         if kind == "error":
             return handler.send_json(step["status"], step["body"], step["headers"])
-        message = _message(step, body, raw_len)
+        message = _message(step, body, raw_len, self.cache.account(body))
         if body.get("stream"):
             return handler.send_stream(_stream_events(message), step["delay"], step["cut_after"])
         if step["delay"]:

@@ -446,3 +446,24 @@ def test_tool_blocks_need_tools_defined(api, client):
                                              "content": "ok"}]}]
     with pytest.raises(anthropic.BadRequestError, match="must define tools"):
         client.messages.create(model="m", max_tokens=5, messages=history)
+
+
+def test_prompt_cache_reads_what_the_previous_request_wrote(api, client):
+    big = "x" * 8000
+    tools = [{"name": "t", "description": big, "input_schema": {"type": "object"},
+              "cache_control": {"type": "ephemeral"}}]
+    first = [{"role": "user", "content": [{"type": "text", "text": "hello " + big,
+                                            "cache_control": {"type": "ephemeral"}}]}]
+    api.script([reply("a"), reply("b"), reply("c")])
+    u1 = client.messages.create(model=MODEL, max_tokens=5, tools=tools, messages=first).usage
+    assert u1.cache_read_input_tokens == 0 and u1.cache_creation_input_tokens > 4000
+    grown = [{"role": "user", "content": [{"type": "text", "text": "hello " + big}]},
+             {"role": "assistant", "content": "a"},
+             {"role": "user", "content": [{"type": "text", "text": "more",
+                                           "cache_control": {"type": "ephemeral"}}]}]
+    u2 = client.messages.create(model=MODEL, max_tokens=5, tools=tools, messages=grown).usage
+    # the breakpoint moved to the newest message: only the tools prefix is read
+    assert 1900 < u2.cache_read_input_tokens < 2200 and u2.cache_creation_input_tokens > 2000
+    u3 = client.messages.create(model=MODEL, max_tokens=5, tools=tools, messages=grown).usage
+    assert u3.cache_read_input_tokens == u2.cache_read_input_tokens + u2.cache_creation_input_tokens
+    assert u3.cache_creation_input_tokens == 0
