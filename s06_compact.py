@@ -962,7 +962,7 @@ def fork_messages(history, task):
     results = [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
                for b in calls if b["type"] == "tool_use"]
     brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
-    return normalize_messages(history + [{"role": "user", "content": results + [brief]}])
+    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
 
 
 def add_usage(usage, message):
@@ -979,6 +979,8 @@ def add_usage(usage, message):
 
 def last_text(messages):
     """The text of the newest assistant message that has any."""
+    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
+        return report  # s06
     for m in reversed(messages):
         texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
         if m["role"] == "assistant" and texts:
@@ -1004,6 +1006,7 @@ def run_child(client, history, fork, settings):
     The plan (TODO) is the parent's: a child keeps its own and it is dropped.
     """
     outer, files, plan = (RUNNING.client, RUNNING.messages), dict(FILE_STATE), dict(TODO)
+    context = fresh_loop_context()  # s06: compaction state belongs to one history
     if not fork:
         FILE_STATE.clear()
     TODO.update(items=[], rounds_since_update=0)
@@ -1014,6 +1017,7 @@ def run_child(client, history, fork, settings):
         FILE_STATE.clear()
         FILE_STATE.update(files)
         TODO.update(plan)
+        CONTEXT_STATE.update(context)  # s06: the parent's comes back; cost keeps adding up
 
 
 CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
@@ -1359,14 +1363,18 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # once per batch. tests/bench_s06_context.py (100 turns, each reading a new
 # 12 KB file; tokens = chars/4; list prices):
 #   policy                                 input tokens  peak context  est. input cost
-#   (a) no management                        17,849,477       352,127  $53.55 (> window)
-#   (b) clear every turn, keep 3, no cache    1,494,404        18,350   $4.48
-#   (c) batches past 50K, keep 3, cache       3,046,295        49,142   $2.46 = 0.55 x (b)
-# (c) sends twice the tokens of (b), but 85% are cache reads. (b) repeats 32% of
+#   (a) no management                        17,962,723       353,248  $53.89 (> window)
+#   (b) clear every turn, keep 3, no cache    1,607,650        19,471   $4.82
+#   (c) batches past 50K, keep 3, cache       3,125,131        49,526   $2.48 = 0.52 x (b)
+# (c) sends twice the tokens of (b), but 86% are cache reads. (b) repeats 36% of
 # the previous request, (c) 100% between its 9 batch clears. The budget is a
-# flat optimum (40K: 0.54, 60K: 0.57, 80K: 0.61 of (b)); keeping 2 results
-# gives 0.49-0.51 at 30-50K, keeping 5 0.64-0.70 at 40-80K (but 0.94 at 30K:
-# a budget too tight clears nearly every turn). Every file reached the model.
+# flat optimum (40K: 0.52, 60K: 0.53, 80K: 0.57 of (b)); keeping 2 results
+# gives 0.47-0.48 at 30-50K, keeping 5 0.59-0.66 at 40-80K (but 0.91 at 30K:
+# a budget too tight clears every 2-3 turns). Every file reached the model.
+# A batch must also free CLEAR_MIN_SHARE of the budget: when what cannot be
+# cleared (tool inputs, long replies) alone stays over budget, clearing each
+# result as it ages out would break the prefix every turn for a few hundred
+# tokens; it waits for a batch worth a rewrite instead.
 CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
 SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
@@ -1385,6 +1393,7 @@ PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
 WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
 KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
+CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
@@ -1398,6 +1407,7 @@ CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
 CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
 EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
 CONTEXT_STATE = {"failures": 0, "requested": False, "focus": None, "cost": 0.0}
+LOOP_CONTEXT = {"failures": 0, "requested": False, "focus": None}  # per history: a child's start
 
 SUMMARY_PROMPT = """\
 Do NOT call any tool. Reply with plain text only.
@@ -1474,18 +1484,28 @@ def tool_results(messages):
 
 
 def placeholder(block):
-    saved = re.search(r"saved to: (\S+)", str(block.get("content")))
+    content = str(block.get("content"))  # only layer 1's own note names a saved file
+    saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
     where = f"the full output is in {saved[1]}" if saved else "run the tool again if you need it"
     return {**block, "content": f"[old tool result cleared to save context; {where}]"}
 
 
-def clear_old_results(messages):
+def clear_old_results(messages, min_tokens=0):
     """One batch: every result the model has seen, except the newest few, becomes
-    a placeholder. Returns how many were cleared (the prefix breaks once)."""
+    a placeholder. Returns how many were cleared (the prefix breaks once).
+
+    A batch that would free less than min_tokens clears nothing: when content
+    that cannot be cleared (big tool inputs, long replies) keeps the context
+    over budget, clearing each result as it ages out would break the cached
+    prefix every turn to save a few hundred tokens. It waits until it pays.
+    """
     results = tool_results(messages)
     old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
     fresh = [b for b in old if b.get("_sent") and not b.get("_cleared")
              and len(str(b.get("content"))) > len(placeholder(b)["content"])]
+    if sum(estimate_tokens(b["content"]) - estimate_tokens(placeholder(b)["content"])
+           for b in fresh) < min_tokens:
+        return 0
     for b in fresh:
         b["_cleared"] = True
     return len(fresh)
@@ -1541,17 +1561,26 @@ def context_tokens(messages):
     return max(0, anchor["tokens"] + estimate_tokens(shown_messages(messages)) - anchor["estimate"])
 
 
-def request_tokens(client, messages):
+def loop_prefix(options=None):
+    """(model, system, tools) of the loop being managed: a child's own, else the
+    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
+    options = options or {}
+    tools = TOOLS if options.get("tools") is None else options["tools"]
+    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
+
+
+def request_tokens(client, messages, options=None):
     """context_tokens, or without usage a guess; count_tokens when the guess matters."""
     if (known := context_tokens(messages)) is not None:
         return known
+    model, system, tools = loop_prefix(options)
     view = shown_messages(messages)
-    guess = estimate_tokens(view) + estimate_tokens([system_prompt(), TOOLS])
+    guess = estimate_tokens(view) + estimate_tokens([system, tools])
     if guess < WORKING_BUDGET:
         return guess
     try:  # exact, and free; a guess is still better than failing the turn
-        return client.messages.count_tokens(model=model_id(), system=system_prompt(),
-                                            tools=TOOLS, messages=view).input_tokens
+        return client.messages.count_tokens(model=model, system=system,
+                                            tools=tools, messages=view).input_tokens
     except Exception as e:
         if not is_api_failure(e):
             raise
@@ -1577,13 +1606,17 @@ def after_call(messages, message):
 
 # Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
 # separates a tool_use from its tool_result: the tail may not start with a
-# user message that answers calls made before it.
+# user message that answers calls made before it. The newest message is always
+# kept: a lone message (a first prompt) leaves nothing older to summarise.
 def tail_start(messages):
-    """Index of the first message kept verbatim; everything before is summarised."""
+    """Index of the first message kept verbatim; everything before is summarised
+    (0: nothing to summarise)."""
     start, tokens = len(messages), 0
     while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
         start -= 1
         tokens += estimate_tokens(shown(messages[start]))
+    if start == len(messages):
+        return 0  # one message (or none): it is the tail itself
     while start > 0 and tool_results([messages[start]]):
         start -= 1  # take the assistant message that made the calls too
     return start
@@ -1599,7 +1632,7 @@ def save_transcript(messages):
     return path
 
 
-def summarize(client, older, focus=None):
+def summarize(client, older, focus=None, options=None):
     """One call with the 9-section prompt; only the <summary> block is kept.
 
     The API wants tools defined whenever the history holds tool blocks, so the
@@ -1607,11 +1640,12 @@ def summarize(client, older, focus=None):
     Too long even for that: drop the oldest fifth of the turns and try again.
     """
     prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
+    model, system, tools = loop_prefix(options)
     for attempt in range(MAX_COMPACT_FAILURES):
         try:
             reply = client.messages.create(
-                model=model_id(), max_tokens=SUMMARY_MAX_TOKENS, system=cached(system_prompt()),
-                tools=cached(TOOLS), tool_choice={"type": "none"},
+                model=model, max_tokens=SUMMARY_MAX_TOKENS, system=cached(system),
+                tools=cached(tools), tool_choice={"type": "none"},
                 messages=shown_messages(older + [{"role": "user", "content": prompt}]))
             break
         except anthropic.APIStatusError as e:
@@ -1645,15 +1679,16 @@ def reattach_files(messages, start):
     return blocks
 
 
-def compact(client, messages, focus=None, why="auto"):
-    """Replace the old part of the history, in place, by a summary; True if done."""
+def compact(client, messages, focus=None, why="auto", options=None):
+    """Replace the old part of the history, in place, by a summary; True if done.
+    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
     start = tail_start(messages)
     if start == 0:
         say("[nothing to compact yet]")
         return False
     path = save_transcript(messages)
     try:
-        summary = summarize(client, messages[:start], focus)
+        summary = summarize(client, messages[:start], focus, options)
     except Exception as e:
         if not (is_api_failure(e) or isinstance(e, ValueError)):
             raise
@@ -1692,6 +1727,19 @@ def request_compaction(focus=None):
     return "Compaction scheduled: the history is summarised before your next step."
 
 
+def fresh_loop_context():
+    """A child loop starts with LOOP_CONTEXT; returns the parent's part, to restore.
+
+    A compaction request, its focus and the breaker's count belong to one
+    history: a child must not consume the parent's request, leave its own for
+    the parent, or open the parent's breaker. Sizes and cache times need no
+    swap: they live on the messages ("_usage"). The session cost is shared.
+    """
+    saved = {k: CONTEXT_STATE[k] for k in LOOP_CONTEXT}
+    CONTEXT_STATE.update(LOOP_CONTEXT)
+    return saved
+
+
 register("compact", (
     "Summarise the conversation so far and continue from the summary, which frees "
     "context. Use it when a phase of work is done and the details of earlier steps are "
@@ -1702,23 +1750,26 @@ register("compact", (
     request_compaction, read_only=True)
 
 
-def manage_context(client, messages):
+def manage_context(client, messages, options=None):
     """Before every request: a requested compaction, else a batch clear when over
-    budget or when the cache went cold, then auto-compaction near the window."""
+    budget (if it frees enough) or when the cache went cold (a cold prefix is
+    written again anyway, so any clear is free), then auto-compaction near the
+    window. `options`: the loop's call_model keywords."""
     if CONTEXT_STATE["requested"]:
         CONTEXT_STATE["requested"] = False
-        compact(client, messages, CONTEXT_STATE["focus"], "requested by the model")
+        compact(client, messages, CONTEXT_STATE["focus"], "requested by the model", options)
         return
-    tokens = request_tokens(client, messages)
+    tokens = request_tokens(client, messages, options)
     anchor = last_usage(messages)
     cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
-    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(messages)):
+    least = 0 if cold else CLEAR_MIN_SHARE * WORKING_BUDGET
+    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(messages, least)):
         why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
         say(f"[cleared {n} old tool result(s) in one batch: {why}]")
-        tokens = request_tokens(client, messages)
+        tokens = request_tokens(client, messages, options)
     if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
                                       CONTEXT_STATE["failures"] < MAX_COMPACT_FAILURES):
-        compact(client, messages, None, f"{tokens:,} tokens")
+        compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
 # Error recovery (seed: classify, then a bounded way out per kind).
@@ -1751,6 +1802,58 @@ def backoff_delay(attempt, error):
     return min(max(delay, 0.0), RETRY_MAX_DELAY)
 
 
+class PromptTooLarge(Exception):
+    """Prompt too long with nothing older to summarise: the newest message alone is."""
+
+
+class LineWatch:
+    """Stands in for call_model's `out` (None: stdout) and notes whether the text
+    printed so far ends mid-line: a stream cut mid-reply leaves such a line."""
+
+    def __init__(self, out):
+        self.out, self.open = out, False
+
+    def write(self, text):
+        self.open = not text.endswith("\n") if text else self.open
+        return (self.out or sys.stdout).write(text)
+
+    def flush(self):
+        (self.out or sys.stdout).flush()
+
+    def close(self):
+        """End an unfinished line; True if there was one."""
+        was, self.open = self.open, False
+        if was:
+            print(file=self.out)
+        return was
+
+
+def whole_reply(messages):
+    """The final reply with the parts max_tokens cut before it: the text of every
+    assistant message after the last user message that is not a continue
+    prompt ("" when the history ends with a user message)."""
+    parts = []
+    for m in reversed(messages):
+        if m["role"] == "user" and m["content"] != CONTINUE_PROMPT:
+            break
+        if m["role"] == "assistant":  # continued exactly where it stopped: no separator
+            parts.insert(0, "\n".join(b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"))
+    return "".join(parts).strip()
+
+
+def compact_to_retry(client, messages, error, options):
+    """Prompt too long: compact so the same turn can be retried; True if done.
+    With nothing older than the newest message, the prompt itself is too big."""
+    if tail_start(messages) == 0:
+        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
+            messages.pop()  # never accepted: kept, it would fail every later turn too
+        raise PromptTooLarge("the prompt itself is too large for the context window and was "
+                             "not kept: shorten it, or save the long part to a file and ask "
+                             "for it to be read") from error
+    say("[prompt too long: compacting, then retrying the turn]")
+    return compact(client, messages, None, "prompt too long", options)
+
+
 def call_with_recovery(client, messages, **options):
     """call_model with the context managed first and every recoverable failure
     handled: transient errors back off and retry (MAX_RETRIES), a prompt that is
@@ -1758,20 +1861,23 @@ def call_with_recovery(client, messages, **options):
     continued (MAX_CONTINUATIONS). Anything else propagates to agent_loop,
     which ends the turn with one line and a valid history. `options` go to
     call_model unchanged."""
-    manage_context(client, messages)
+    manage_context(client, messages, options)
     retries = continuations = 0
     compacted = False
+    line = LineWatch(options.get("out"))
     while True:
         try:
-            message = call_model(client, messages, **options)
+            message = call_model(client, messages, **{**options, "out": line})
         except Exception as e:
+            cut = line.close()  # a reply cut mid-line ends before anything else is said
             if is_prompt_too_long(e) and not compacted:
                 compacted = True
-                say("[prompt too long: compacting, then retrying the turn]")
-                if compact(client, messages, None, "prompt too long"):
+                if compact_to_retry(client, messages, e, options):
                     continue
             if not is_transient(e) or retries >= MAX_RETRIES:
                 raise
+            if cut:  # the retried reply is printed again from its start
+                say("[stream cut: retrying the reply]")
             retries, delay = retries + 1, backoff_delay(retries, e)
             say(f"[{getattr(e, 'status_code', None) or type(e).__name__}: retry "
                 f"{retries}/{MAX_RETRIES} in {delay:.1f}s]")

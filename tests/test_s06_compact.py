@@ -8,6 +8,7 @@ if any request the chapter sent was invalid.
 import copy
 import importlib.util
 import json
+import re
 import time
 from types import SimpleNamespace
 
@@ -243,6 +244,34 @@ def test_a_cold_cache_clears_old_results_even_under_budget(mod, api, client, wor
     assert [("old tool result cleared" in last[c["id"]]) for c in calls] == [True, True, False, False, False]
 
 
+@each
+def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client, workspace,
+                                                               monkeypatch):
+    # A big write (its tool_use input is never cleared) keeps the context over
+    # budget; small results age out one per turn. Clearing each one as it ages
+    # out would break the cached prefix on every turn for ~400 tokens.
+    monkeypatch.setattr(mod, "WORKING_BUDGET", 10_000)
+    steps = [reply(tool("write_file", {"path": "big.txt", "content": "w" * 48_000}))]
+    steps += [reply(tool("bash", {"command": f"head -c 1600 big.txt; echo {i}"})) for i in range(14)]
+    api.script(steps + [reply("done")])
+    assert run(mod, client)[0] == "end_turn"
+    reqs = bodies(api)
+    cleared = [sum("old tool result cleared" in str(c) for c in results_in(b).values()) for b in reqs]
+    breaks = [k for k in range(1, len(reqs)) if cleared[k] != cleared[k - 1]]
+    assert 1 <= len(breaks) <= 3 and cleared[-1] >= 5      # a few big batches, not one a turn
+    assert all(cleared[k] - cleared[k - 1] >= 4 for k in breaks)
+
+
+@each
+def test_placeholder_names_a_path_only_for_a_result_saved_to_disk(mod):
+    plain = {"type": "tool_result", "tool_use_id": "t1", "content": "model saved to: /tmp/m.bin\nok"}
+    assert "run the tool again" in mod.placeholder(plain)["content"]
+    saved = ("<persisted-output>\nOutput too large (40,000 characters). Full output saved to: "
+             ".agent/tool-results/t2.txt\nRead it with read_file")
+    shown = mod.placeholder({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]
+    assert ".agent/tool-results/t2.txt" in shown
+
+
 # --- prompt caching -----------------------------------------------------------
 
 def breakpoints(obj):
@@ -412,6 +441,22 @@ def test_compact_now_mutates_the_history_in_place(mod, api, client):
     assert "the tests" in dump(bodies(api)[0]["messages"][-1])
 
 
+@each
+def test_a_one_message_history_has_nothing_to_compact_and_never_crashes(mod, api, client,
+                                                                        monkeypatch, capsys):
+    history = [{"role": "user", "content": "first prompt"}]      # after a failed first turn
+    ctx = {"client": client, "history": history}
+    assert mod.handle_slash("/compact", ctx) is None
+    assert "error" not in ctx and history == [{"role": "user", "content": "first prompt"}]
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "nothing to compact" in err[0] and bodies(api) == []
+    monkeypatch.setattr(mod, "AUTO_COMPACT_AT", 1_000)          # a huge first prompt
+    api.script([reply("read it all")])
+    reason, history = run(mod, client, "x " * 5_000)
+    assert reason == "end_turn" and kinds(api) == ["main"]    # nothing older: sent as it is
+    check_history(history)
+
+
 # --- error recovery -----------------------------------------------------------
 
 @each
@@ -523,6 +568,110 @@ def test_other_errors_fail_the_turn_at_once_with_one_line(fast, api, client, cap
     err = capsys.readouterr().err.splitlines()
     assert len([ln for ln in err if "API error" in ln]) == 1 and "retry" not in " ".join(err)
     check_history(history)
+
+
+@each
+def test_prompt_too_long_on_the_first_message_fails_with_one_clear_line(fast, api, client, capsys):
+    api.script([error(400, TOO_LONG), reply("unused")])
+    reason, history = run(fast, client, "PASTED-LOG")
+    assert reason == "api_error" and kinds(api) == ["main"]   # no summary of nothing
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "prompt itself is too large" in err[0], err
+    assert history == []                  # dropped: it would fail every later turn too
+    fast.add_user_text(history, "shorter")
+    api.script([reply("ok")])
+    assert fast.agent_loop(client, history) == "end_turn"
+    assert "PASTED-LOG" not in str(api.requests[-1]["body"]["messages"])
+
+
+@each
+def test_a_stream_cut_ends_the_partial_line_and_says_so(fast, api, client, capsys):
+    answer = "The answer is forty-two, because reasons."
+    api.script([reply(answer, cut_after=6), reply(answer)])
+    reason, history = run(fast, client)
+    assert reason == "end_turn"
+    out, err = capsys.readouterr()
+    partial, full = out.splitlines()                         # the cut line ended on its own
+    assert full == answer and partial and answer.startswith(partial) and partial != answer
+    assert "[stream cut: retrying the reply]" in err
+
+
+# --- subagents: each loop its own context ----------------------------------------
+
+@each
+def test_a_child_loop_keeps_its_own_compaction_state_and_prefix(mod, api, client, capsys):
+    mod.CONTEXT_STATE["failures"] = 2                      # the parent's breaker: one from open
+    api.script([reply(tool("agent", {"prompt": "look around"})),
+                reply(tool("compact", {"focus": "CHILD-FOCUS"})),   # child
+                error(400, "summary refused"),                      # child's summary call fails
+                reply("child report"),                              # child
+                reply("parent final")])
+    reason, history = run(mod, client)
+    assert reason == "end_turn"
+    assert kinds(api) == ["main", "main", "summary", "main", "main"]
+    assert mod.CONTEXT_STATE["failures"] == 2 and not mod.CONTEXT_STATE["requested"]
+    assert mod.CONTEXT_STATE["focus"] is None
+    child, summary = bodies(api)[1], bodies(api)[2]        # the child's own prompt prefix
+    assert strip_cc(summary["system"]) == strip_cc(child["system"])
+    assert strip_cc(summary["tools"]) == strip_cc(child["tools"])
+    err = capsys.readouterr().err                          # cost: one session total
+    costs = [float(c) for c in re.findall(r"~\$([\d.]+), session", err)]
+    session = float(re.findall(r"session ~\$([\d.]+)", err)[-1])
+    assert len(costs) == 4 and abs(session - sum(costs)) < 0.0005
+
+
+@each
+def test_compaction_requests_never_cross_between_parent_and_child(mod, api, client, workspace):
+    history = history_of(3)
+    mod.add_user_text(history, "tidy up, then count the files")
+    api.script([reply(tool("compact", {"focus": "PARENT-FOCUS"}), tool("agent", {"prompt": "count"})),
+                reply("child report"),          # the child: not a compaction
+                reply(SUMMARY),                 # the parent's own, with its focus
+                reply("parent final")])
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert kinds(api) == ["main", "main", "summary", "main"]
+    assert "PARENT-FOCUS" in dump(bodies(api)[2]["messages"][-1])
+    assert "start the work" in dump(bodies(api)[2]["messages"])
+    check_history(history)
+    agents = workspace / ".agent" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "one.md").write_text("---\nname: one\ndescription: d\nmax_turns: 1\n---\nbody\n")
+    api.reset()
+    mod.add_user_text(history, "once more")
+    api.script([reply(tool("agent", {"prompt": "x", "agent_type": "one"})),
+                reply(tool("compact", {"focus": "CHILD-FOCUS"})),   # the child's last turn
+                reply("parent final")])
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert kinds(api) == ["main", "main", "main"]           # the parent did not compact
+    assert not mod.CONTEXT_STATE["requested"]
+
+
+@each
+def test_a_subagent_report_continued_after_max_tokens_is_whole(mod, api, client):
+    api.script([reply(tool("agent", {"prompt": "write the report"})),
+                reply("PART-ONE of the report, ", stop_reason="max_tokens"),   # child, cut
+                reply("PART-TWO."),                                            # child, continued
+                reply("done")])
+    reason, history = run(mod, client)
+    assert reason == "end_turn"
+    report = history[2]["content"][0]["content"]
+    assert report.startswith("PART-ONE of the report, PART-TWO.") and "Continue" not in report
+
+
+@each
+def test_a_fork_sees_old_results_as_cleared_as_the_parent_sent_them(mod, api, client, workspace,
+                                                                    monkeypatch):
+    monkeypatch.setattr(mod, "WORKING_BUDGET", 5_000)
+    for i in range(6):
+        (workspace / f"f{i}.txt").write_text(f"FILE-{i}\n" + "z" * 4_000 + f"\nEND-{i}\n")
+    calls = [tool("read_file", {"path": f"f{i}.txt"}) for i in range(6)]
+    api.script([reply(c) for c in calls] + [reply(tool("agent", {"prompt": "sum up", "fork": True})),
+                                            reply("Scope: fork report"), reply("done")])
+    assert run(mod, client)[0] == "end_turn"
+    parent, fork = bodies(api)[6], bodies(api)[7]          # the agent call's request, the fork's
+    assert "<fork_boilerplate>" in dump(fork["messages"][-1])
+    cleared = {i for i, c in results_in(parent).items() if "old tool result cleared" in c}
+    assert cleared and all("old tool result cleared" in results_in(fork)[i] for i in cleared)
 
 
 # --- end to end ------------------------------------------------------------------
