@@ -434,7 +434,7 @@ def glob_files(pattern, path="."):
     rx = glob_regex(pattern)
     hits = [f for f in walk_files(root) if rx.fullmatch(f.relative_to(root).as_posix())]
     if not hits:
-        return f"No files match {pattern} under {rel(root)}."
+        return f"No files match {pattern!r} under {rel(root)!r}."
     hits.sort(key=lambda f: f.stat().st_mtime_ns, reverse=True)
     shown = [rel(f) for f in hits[:GLOB_LIMIT]]
     if len(hits) > GLOB_LIMIT:
