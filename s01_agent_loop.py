@@ -35,12 +35,14 @@ and feeds the observation back, until the model stops asking.
 """
 
 # --- imports ---
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import anthropic
@@ -96,9 +98,10 @@ class ToolError(Exception):
 # a determined model can write the same thing another way (s07 adds the OS
 # sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
-    (r"\brm\s+(-\S+\s+)*(/|/\*|~/?|\$HOME/?)(\s|[;&|]|$)", "deleting / or the home directory"),
+    (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
+     "deleting / or the home directory"),
     (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
-    (r"(^|[;&|(`]\s*)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"(^|[;&|(`\n]\s*)sudo\b", "sudo: the agent never escalates privileges"),
     (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
     (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
     (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
@@ -133,19 +136,25 @@ def run_bash(command, timeout=None):
         raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
                         f"find a safe way or ask the user to run it.")
     timeout = timeout or BASH_TIMEOUT
-    # Own process group, so a timeout or Ctrl+C kills the whole pipeline, not
-    # just the shell (orphans would hold the output pipe open forever).
-    p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        raw = p.communicate(timeout=timeout)[0]
-    except BaseException as e:
-        os.killpg(p.pid, signal.SIGKILL)
-        raw = p.communicate()[0]
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-        raise ToolError(clip(raw.decode("utf-8", "replace")) + f"\n[timed out after {timeout}s: "
-                        f"run it in smaller steps or pass a larger timeout]")
+    # Output goes to a file, not a pipe: a background job (`server &`) would hold
+    # a pipe open and the call would wait for it. Own process group, so a
+    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    with tempfile.TemporaryFile() as sink:
+        p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            sink.seek(0)
+            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
+                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
+        sink.seek(0)
+        raw = sink.read()
     out = clip(raw.decode("utf-8", "replace")) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
@@ -184,7 +193,8 @@ def run_tool(block):
         content, is_error = str(e), True
     except Exception as e:  # a handler bug must not kill the loop
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
-    result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
     say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
@@ -222,10 +232,14 @@ def call_model(client, messages):
     return message
 
 
+# What a reply block keeps in the history: thinking blocks (and their signature)
+# must go back unchanged in later requests; citations and the like are dropped.
+BLOCK_FIELDS = {"type", "text", "id", "name", "input", "thinking", "signature", "data"}
+
+
 def assistant_message(message):
     """The reply as plain dicts, minus empty text blocks the API would reject."""
-    blocks = [b.model_dump(exclude_none=True, include={"type", "text", "id", "name", "input"})
-              for b in message.content]
+    blocks = [b.model_dump(exclude_none=True, include=BLOCK_FIELDS) for b in message.content]
     return {"role": "assistant",
             "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
 

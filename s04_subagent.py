@@ -35,6 +35,7 @@ every intermediate step it took.
 """
 
 # --- imports ---
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -102,9 +104,10 @@ class ToolError(Exception):
 # a determined model can write the same thing another way (s07 adds the OS
 # sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
-    (r"\brm\s+(-\S+\s+)*(/|/\*|~/?|\$HOME/?)(\s|[;&|]|$)", "deleting / or the home directory"),
+    (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
+     "deleting / or the home directory"),
     (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
-    (r"(^|[;&|(`]\s*)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"(^|[;&|(`\n]\s*)sudo\b", "sudo: the agent never escalates privileges"),
     (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
     (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
     (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
@@ -139,19 +142,25 @@ def run_bash(command, timeout=None):
         raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
                         f"find a safe way or ask the user to run it.")
     timeout = timeout or BASH_TIMEOUT
-    # Own process group, so a timeout or Ctrl+C kills the whole pipeline, not
-    # just the shell (orphans would hold the output pipe open forever).
-    p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        raw = p.communicate(timeout=timeout)[0]
-    except BaseException as e:
-        os.killpg(p.pid, signal.SIGKILL)
-        raw = p.communicate()[0]
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-        raise ToolError(clip(raw.decode("utf-8", "replace")) + f"\n[timed out after {timeout}s: "
-                        f"run it in smaller steps or pass a larger timeout]")
+    # Output goes to a file, not a pipe: a background job (`server &`) would hold
+    # a pipe open and the call would wait for it. Own process group, so a
+    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    with tempfile.TemporaryFile() as sink:
+        p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            sink.seek(0)
+            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
+                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
+        sink.seek(0)
+        raw = sink.read()
     out = clip(raw.decode("utf-8", "replace")) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
@@ -192,7 +201,8 @@ def run_tool(block):
         content, is_error = str(e), True
     except Exception as e:  # a handler bug must not kill the loop
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
-    result = {"type": "tool_result", "tool_use_id": block.id, "content": content or "(empty)"}
+    content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
     say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
@@ -291,7 +301,9 @@ def read_file(path, offset=1, limit=None):
     with open(f, "rb") as fh:
         if b"\0" in fh.read(BINARY_SNIFF):
             raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
-    lines = f.read_bytes().decode("utf-8", "replace").splitlines()
+    # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
+    lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
+    lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
     FILE_STATE[str(f)] = stamp(f)
     if not lines:
         return f"({path} is empty)"
@@ -335,6 +347,8 @@ def edit_file(path, old_string, new_string, replace_all=False):
         raise ToolError(f"{path} is not a file. Use write_file to create it.")
     check_fresh(f, path)
     text = f.read_bytes().decode("utf-8", "surrogateescape")
+    if "\r\n" in text and old_string not in text:  # copied from read_file, which hides CR
+        old_string, new_string = (s.replace("\n", "\r\n") for s in (old_string, new_string))
     count = text.count(old_string)
     if count == 0:
         raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
@@ -366,6 +380,8 @@ def glob_regex(pattern):
             piece, depth = ")", depth - 1
         elif c == "," and depth:
             piece = "|"
+        elif c == "\\" and i + 1 < len(pattern):
+            piece, step = re.escape(pattern[i + 1]), 2  # \# \! \* \? stand for themselves
         else:
             piece = {"*": "[^/]*", "?": "[^/]"}.get(c) or re.escape(c)
         out, i = out + piece, i + step
@@ -380,7 +396,7 @@ def read_gitignore(directory):
         return []
     rules = []
     for line in text.splitlines():
-        line = line.rstrip()
+        line = re.sub(r"(?<!\\)\s+$", "", line)  # trailing spaces go unless escaped ("\ ")
         if not line or line.startswith("#"):
             continue
         negated, line = line.startswith("!"), line.lstrip("!")
@@ -400,21 +416,30 @@ def is_ignored(path, is_dir, rules):
     return ignored
 
 
+def repo_root(path):
+    """The nearest folder at or above path holding .git; its .gitignore rules apply."""
+    return next((d for d in [path, *path.parents] if (d / ".git").exists()), None)
+
+
 def walk_files(root):
-    """Files under root, minus .git, .gitignored paths and symlinks (never followed)."""
-    top = WORKDIR.resolve()
+    """Regular files under root, minus .git, .gitignored paths and symlinks (never
+    followed). Rules come from the repository root down, as git applies them; a
+    nested repository starts with its own."""
+    top = repo_root(root) or WORKDIR.resolve()
     rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
                     for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        active = rules.pop(here) + read_gitignore(here)
+        inherited = rules.pop(here)
+        nested = here != root and (here / ".git").exists()  # a repository inside: own rules
+        active = ([] if nested else inherited) + read_gitignore(here)
         keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
                 and not is_ignored(here / d, True, active)]
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
             f = here / name
-            if not f.is_symlink() and not is_ignored(f, False, active):
+            if not f.is_symlink() and f.is_file() and not is_ignored(f, False, active):
                 yield f
 
 
@@ -429,7 +454,7 @@ def glob_files(pattern, path="."):
     if not root.is_dir():
         raise ToolError(f"{path} is not a directory.")
     check_pattern(pattern)
-    rx = glob_regex(pattern)
+    rx = glob_regex(pattern.removeprefix("./"))
     hits = [f for f in walk_files(root) if rx.fullmatch(f.relative_to(root).as_posix())]
     if not hits:
         return f"No files match {pattern!r} under {rel(root)!r}."
@@ -445,18 +470,23 @@ GREP_MODES = ("files_with_matches", "content", "count")
 
 
 def grep_rg(pattern, root, glob, ignore_case, mode):
-    cmd = ["rg", "--null", "--with-filename", "--line-number", "--no-heading", "--color=never",
-           "--hidden", "--no-require-git", "--no-messages", "-g", "!.git"]
+    # --no-config: a user's ripgreprc (say, --follow) must not widen the sandbox;
+    # only .gitignore files count, as in the Python walk.
+    cmd = ["rg", "--no-config", "--null", "--with-filename", "--line-number", "--no-heading",
+           "--color=never", "--hidden", "--no-require-git", "--no-ignore-dot",
+           "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
     p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
-    if p.returncode >= 2:
+    if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
     if mode == "files_with_matches":  # -l --null: names end with NUL, no newline
         rows = [(name, "") for name in out.split("\0") if name]
-    else:
-        rows = [row.partition("\0")[::2] for row in out.split("\n") if row]
+    else:  # a row without NUL is rg's "stopped searching binary file" note
+        binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
+        rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
+        rows = [(name, rest) for name, rest in rows if name not in binary]
     keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
     for name, rest in rows:
         if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
@@ -466,12 +496,16 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
 
 
 def glob_filter(glob, root):
-    """grep's glob: a bare name pattern matches the file name, else the path under root."""
-    rx = glob_regex(glob) if glob else None
+    """grep's glob: a bare name pattern matches the file name, else the path under
+    root; a leading ! excludes instead."""
+    if not glob:
+        return lambda f: True
+    exclude, glob = glob.startswith("!"), glob.lstrip("!").removeprefix("./")
+    rx = glob_regex(glob)
     def keep(f):
         name = f.name if "/" not in glob else f.relative_to(root).as_posix()
-        return rx.fullmatch(name) is not None
-    return keep if glob else (lambda f: True)
+        return (rx.fullmatch(name) is None) == exclude
+    return keep
 
 
 def grep_python(pattern, root, glob, ignore_case, mode):
@@ -484,8 +518,11 @@ def grep_python(pattern, root, glob, ignore_case, mode):
     for f in [root] if root.is_file() else walk_files(root):
         if not keep(f):
             continue
-        data = f.read_bytes()
-        if b"\0" in data[:8192]:
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue  # unreadable: skipped, as ripgrep does
+        if b"\0" in data:
             continue  # binary, as ripgrep skips it
         lines = data.decode("utf-8", "replace").split("\n")
         if lines[-1] == "":
@@ -1101,10 +1138,14 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     return message
 
 
+# What a reply block keeps in the history: thinking blocks (and their signature)
+# must go back unchanged in later requests; citations and the like are dropped.
+BLOCK_FIELDS = {"type", "text", "id", "name", "input", "thinking", "signature", "data"}
+
+
 def assistant_message(message):
     """The reply as plain dicts, minus empty text blocks the API would reject."""
-    blocks = [b.model_dump(exclude_none=True, include={"type", "text", "id", "name", "input"})
-              for b in message.content]
+    blocks = [b.model_dump(exclude_none=True, include=BLOCK_FIELDS) for b in message.content]
     return {"role": "assistant",
             "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
 

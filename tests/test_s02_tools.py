@@ -314,3 +314,76 @@ def test_bad_model_output_never_crashes_the_loop(mod, api, client, workspace):
         assert hint.lower() in str(r["content"]).lower(), r
     huge = str(results[6]["content"])   # cut with a marker; from s06 on, saved to disk instead
     assert "[truncated" in huge or ("<persisted-output>" in huge and len(huge) < 10_000)
+
+
+# --- edge cases found in review ----------------------------------------------------
+
+def test_undecodable_file_names_never_break_a_request(mod, api, client, workspace):
+    (workspace / b"caf\xe9.txt".decode("utf-8", "surrogateescape")).write_text("x")
+    api.script([reply(tool("glob", {"pattern": "*"})), reply("ok")])
+    assert mod.agent_loop(client, [{"role": "user", "content": "list"}]) == "end_turn"
+    assert "caf" in str(api.requests[1]["body"]["messages"][-1]["content"])
+
+
+@needs_rg
+def test_a_ripgrep_config_cannot_widen_the_sandbox(mod, escape_room, workspace, monkeypatch):
+    rc = workspace.parent / "ripgreprc"
+    rc.write_text("--follow\n--no-ignore\n")
+    monkeypatch.setenv("RIPGREP_CONFIG_PATH", str(rc))
+    assert "TOP SECRET" not in ok(mod, "grep", pattern="SECRET", output_mode="content")
+
+
+@needs_rg
+@pytest.mark.parametrize("mode", ["content", "count", "files_with_matches"])
+def test_binary_files_are_skipped_by_both_backends(mod, workspace, monkeypatch, mode):
+    (workspace / "text.txt").write_text("needle\n")
+    (workspace / "late.dat").write_bytes(b"needle\n" + b"x" * 20_000 + b"\0tail")
+    with_rg = ok(mod, "grep", pattern="needle", output_mode=mode)
+    monkeypatch.setattr(mod.shutil, "which", lambda name: None)
+    assert ok(mod, "grep", pattern="needle", output_mode=mode) == with_rg
+    assert "late.dat" not in with_rg and "text.txt" in with_rg
+
+
+def test_fallback_skips_fifos_and_unreadable_files(mod, workspace, monkeypatch):
+    os.mkfifo(workspace / "pipe")
+    (workspace / "a.txt").write_text("needle\n")
+    monkeypatch.setattr(mod.shutil, "which", lambda name: None)
+    done = []
+    worker = threading.Thread(target=lambda: done.append(ok(mod, "grep", pattern="needle")), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done == ["a.txt"]           # a FIFO would block read_bytes() forever
+
+
+def test_gitignore_escapes_and_repository_scope_follow_git(mod, workspace, tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".gitignore").write_text("*.log\nnode_modules/\n\\#hash.txt\nlit\\*star\nspace\\ \n")
+    ws = repo / "pkg"
+    (ws / "node_modules").mkdir(parents=True)
+    for name in ["debug.log", "node_modules/x.js", "#hash.txt", "lit*star", "litXstar", "space ", "keep.py"]:
+        (ws / name).write_text("x")
+    (ws / "inner" / ".git").mkdir(parents=True)           # a nested repository: own rules only
+    (ws / "inner" / "trace.log").write_text("x")
+    monkeypatch.setattr(mod, "WORKDIR", ws)
+    monkeypatch.chdir(ws)
+    listed = set(ok(mod, "glob", pattern="**/*").splitlines())
+    assert listed == {"litXstar", "keep.py", "inner/trace.log"}
+
+
+def test_read_file_counts_lines_like_grep_and_crlf_files_edit(mod, workspace):
+    (workspace / "j.js").write_text("a\fb\nneedle\n")
+    assert ok(mod, "read_file", path="j.js").splitlines()[-1] == "     2\tneedle"
+    assert ok(mod, "grep", pattern="needle", output_mode="content") == "j.js:2:needle"
+    (workspace / "w.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    shown = ok(mod, "read_file", path="w.txt")
+    assert "\r" not in shown
+    ok(mod, "edit_file", path="w.txt", old_string="one\ntwo", new_string="1\n2")
+    assert (workspace / "w.txt").read_bytes() == b"1\r\n2\r\nthree\r\n"
+
+
+def test_dot_slash_and_negated_globs(mod, workspace):
+    make_tree(workspace)
+    assert ok(mod, "glob", pattern="./src/*.py") == "src/app.py"
+    assert ok(mod, "grep", pattern="TODO", glob="!*.md") == "src/app.py"
+    assert ok(mod, "grep", pattern="TODO", glob="./src/*.py") == "src/app.py"
