@@ -62,6 +62,7 @@ MAX_TOKENS = 8_000          # output tokens per model call
 MAX_TURNS = 50              # model calls per user turn before we give up
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
+BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
@@ -143,7 +144,7 @@ def run_bash(command, timeout=None):
     if why := check_dangerous(command):
         raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
                         f"find a safe way or ask the user to run it.")
-    timeout = timeout or BASH_TIMEOUT
+    timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
@@ -2041,11 +2042,20 @@ def add_user_text(messages, text):
         messages.append({"role": "user", "content": text})
 
 
+def read_line(prompt):
+    """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
+    holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if sys.stdin.isatty():
+        return input(prompt)
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return input()
+
+
 def repl(client, prompt):
     history = []
     while True:
         try:
-            line = input(prompt)
+            line = read_line(prompt)
         except (EOFError, KeyboardInterrupt):
             print()
             return 0

@@ -4,9 +4,11 @@ Every test runs on s05 and on every later chapter. Skills are real folders on
 disk in the three places a user would put them; the REPL is driven in-process
 with a scripted input(), and two runs go through the real command line.
 """
+import io
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,9 +43,15 @@ def user_skills():
     return Path.home() / ".agent" / "skills"
 
 
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def feed(monkeypatch, *lines):
-    """input() answers these lines, then end of input (the REPL exits)."""
+    """A terminal user types these lines, then end of input (the REPL exits)."""
     it = iter(lines)
+    monkeypatch.setattr(sys, "stdin", Terminal())
 
     def fake_input(prompt=""):
         try:
