@@ -441,8 +441,9 @@ def walk_files(root):
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
-            f = here / name
-            if not f.is_symlink() and f.is_file() and not is_ignored(f, False, active):
+            f = here / name  # a .git file (worktree, submodule) is git's, not the project's
+            if name != ".git" and f.is_file() and not f.is_symlink() \
+                    and not is_ignored(f, False, active):
                 yield f
 
 

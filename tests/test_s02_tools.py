@@ -365,6 +365,8 @@ def test_gitignore_escapes_and_repository_scope_follow_git(mod, workspace, tmp_p
         (ws / name).write_text("x")
     (ws / "inner" / ".git").mkdir(parents=True)           # a nested repository: own rules only
     (ws / "inner" / "trace.log").write_text("x")
+    (ws / "sub").mkdir()
+    (ws / "sub" / ".git").write_text("gitdir: ../../.git/worktrees/sub\n")  # a .git file
     monkeypatch.setattr(mod, "WORKDIR", ws)
     monkeypatch.chdir(ws)
     listed = set(ok(mod, "glob", pattern="**/*").splitlines())
