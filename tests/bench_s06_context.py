@@ -44,6 +44,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
+from conftest import strip_cache as plain  # noqa: E402  (the same cleaning the tests use)
 from fake_api import ScriptedAPI, reply, tool  # noqa: E402
 
 FILE_BYTES = 12 * 1024
@@ -104,14 +105,6 @@ def replay(chapter, settings, turns):
 
 
 # --- measuring the logged requests ----------------------------------------
-
-def plain(obj):
-    if isinstance(obj, dict):
-        return {k: plain(v) for k, v in obj.items() if k != "cache_control"}
-    if isinstance(obj, list):
-        return [plain(v) for v in obj]
-    return obj
-
 
 def segments(body):
     """The request in cache order (tools, system, messages) as (text, breakpoint) pieces."""
