@@ -36,6 +36,7 @@ and feeds the observation back, until the model stops asking.
 
 # --- imports ---
 import contextlib
+import contextvars
 import json
 import os
 import re
@@ -51,16 +52,54 @@ from dotenv import load_dotenv
 # --- config ---
 DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
 MAX_TOKENS = 8_000          # output tokens per model call
-MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrides): a safety net
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
-WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
 NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
                "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+# One agent's own state. Whoever starts an agent loop makes one (main() for the
+# session; a later chapter gives each subagent its own), and every tool reads
+# the running agent's through agent_state(). A ContextVar, not a module global:
+# two agents never see each other's, and a worker thread started with a copy
+# of the context sees the agent that started it. Shared infrastructure (the
+# client, the tool registry, config) stays module-level.
+class AgentState:
+    def __init__(self, workdir):
+        self.workdir = Path(workdir).resolve()  # the workspace every tool works in
+
+
+CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
+
+
+def agent_state():
+    return CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(state):
+    """Run the block as `state`; the previous agent comes back after."""
+    token = CURRENT.set(state)
+    try:
+        yield state
+    finally:
+        CURRENT.reset(token)
+
+
+def turn_limit():
+    """AGENT_MAX_TURNS, else MAX_TURNS; ValueError names a bad value."""
+    raw = os.getenv("AGENT_MAX_TURNS", "").strip()
+    if not raw:
+        return MAX_TURNS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"AGENT_MAX_TURNS must be a whole number of model calls, 1 or more; "
+                         f"got {raw!r}")
+    return int(raw)
+
 
 SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
           "describe: use the tools to inspect and change files, then verify. "
@@ -88,7 +127,7 @@ def model_id():
 
 def system_prompt():
     """Stable for the whole session: no clock, no counters (they break caching)."""
-    return f"{SYSTEM}\nWorking directory: {WORKDIR}"
+    return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
 class ToolError(Exception):
@@ -141,7 +180,7 @@ def run_bash(command, timeout=None):
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
-        p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+        p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             p.wait(timeout=timeout)
@@ -212,9 +251,12 @@ def say(text):
     print(text, file=sys.stderr, flush=True)
 
 
-def run_tools(calls):
-    """Run one reply's tool calls; exactly one result per call, in call order."""
-    results = []
+def run_tools(calls, results):
+    """Run one reply's tool calls; exactly one result per call, in call order.
+
+    Each result joins `results` (already in the history) the moment its call
+    finishes, so Ctrl+C never reports a call that ran as cancelled.
+    """
     for block in calls:
         say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
         results.append(run_tool(block))
@@ -246,16 +288,22 @@ def assistant_message(message):
 
 
 def close_open_calls(messages, note="cancelled by the user"):
-    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    """After Ctrl+C or a failure mid-tools, answer every call that has no result
+    yet, so the history stays valid; the results of calls that ran are kept."""
     last = messages[-1] if messages else None
     if last and last["role"] == "assistant":
-        calls = [b for b in last["content"] if b["type"] == "tool_use"]
-        if calls:
-            messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
-                 "is_error": True} for b in calls]})
-        elif not last["content"]:
+        if not last["content"]:
             messages.pop()
+            return
+        if any(b["type"] == "tool_use" for b in last["content"]):
+            messages.append({"role": "user", "content": []})
+    if len(messages) < 2 or messages[-2]["role"] != "assistant" \
+            or not isinstance(messages[-1]["content"], list):
+        return
+    done = {b.get("tool_use_id") for b in messages[-1]["content"]}
+    messages[-1]["content"] += [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})", "is_error": True}
+        for b in messages[-2]["content"] if b["type"] == "tool_use" and b["id"] not in done]
 
 
 def agent_loop(client, messages):
@@ -266,7 +314,7 @@ def agent_loop(client, messages):
     """
     unknown = 0
     try:
-        for _ in range(MAX_TURNS):
+        for _ in range(turn_limit()):
             message = call_model(client, messages)
             messages.append(assistant_message(message))
             calls = [b for b in message.content if b.type == "tool_use"]
@@ -274,13 +322,15 @@ def agent_loop(client, messages):
                 if not messages[-1]["content"]:
                     messages.pop()  # an empty reply adds nothing the API would accept
                 return "end_turn"
-            messages.append({"role": "user", "content": run_tools(calls)})
+            results = []  # in the history before any call runs: Ctrl+C keeps what finished
+            messages.append({"role": "user", "content": results})
+            run_tools(calls, results)
             for block in calls:
                 unknown = unknown + 1 if block.name not in TOOL_HANDLERS else 0
             if unknown >= MAX_UNKNOWN_TOOLS:
                 say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
                 return "unknown_tools"
-        say(f"[stopped: {MAX_TURNS} turns without finishing]")
+        say(f"[stopped: {turn_limit()} turns without finishing]")
         return "max_turns"
     except KeyboardInterrupt:
         close_open_calls(messages)
@@ -328,14 +378,18 @@ def repl(client, prompt):
 
 
 def main(argv=None):
-    global WORKDIR
     argv = sys.argv[1:] if argv is None else argv
-    WORKDIR = Path.cwd()
     client = make_client()
     if client is None:
         demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
         print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
         return 2
+    try:
+        turn_limit()
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     if argv:
         history = [{"role": "user", "content": " ".join(argv)}]
         return 0 if agent_loop(client, history) == "end_turn" else 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """s03_todo.py - a session plan the model keeps visible and up to date.
 
-New since s02: todo_write, TODO, MAX_TODOS, PLAN_REMINDER_INTERVAL,
+New since s02: todo_write, AgentState.plan, MAX_TODOS, PLAN_REMINDER_INTERVAL,
 check_plan, plan_lines, plan_text, show_plan, plan_reminder.
 
     user: "rename foo to bar everywhere and update the docs"
@@ -9,7 +9,7 @@ check_plan, plan_lines, plan_text, show_plan, plan_reminder.
     model: todo_write([ {Find uses, in_progress}, {Rename, pending}, ... ])
         |   check_plan: <= 20 items, one in_progress, known statuses
         v
-    TODO["items"] = the new plan  (replaces the old one whole)
+    plan()["items"] = the new plan  (replaces the old one whole)
         |--> stderr:  [x] done   [>] current (doing it now)   [ ] next
         '--> model:   same checklist as text + "(1/3 completed)"
     every tool round without a successful todo_write:
@@ -33,6 +33,7 @@ a plan it only "thinks" drifts. The loop's job is just to notice when it goes st
 
 # --- imports ---
 import contextlib
+import contextvars
 import json
 import os
 import re
@@ -52,16 +53,56 @@ from rich.text import Text
 # --- config ---
 DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
 MAX_TOKENS = 8_000          # output tokens per model call
-MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrides): a safety net
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
-WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
 NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
                "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+# One agent's own state. Whoever starts an agent loop makes one (main() for the
+# session; a later chapter gives each subagent its own), and every tool reads
+# the running agent's through agent_state(). A ContextVar, not a module global:
+# two agents never see each other's, and a worker thread started with a copy
+# of the context sees the agent that started it. Shared infrastructure (the
+# client, the tool registry, config) stays module-level.
+class AgentState:
+    def __init__(self, workdir):
+        self.workdir = Path(workdir).resolve()  # the workspace every tool works in
+        self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
+        self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
+
+
+CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
+
+
+def agent_state():
+    return CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(state):
+    """Run the block as `state`; the previous agent comes back after."""
+    token = CURRENT.set(state)
+    try:
+        yield state
+    finally:
+        CURRENT.reset(token)
+
+
+def turn_limit():
+    """AGENT_MAX_TURNS, else MAX_TURNS; ValueError names a bad value."""
+    raw = os.getenv("AGENT_MAX_TURNS", "").strip()
+    if not raw:
+        return MAX_TURNS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"AGENT_MAX_TURNS must be a whole number of model calls, 1 or more; "
+                         f"got {raw!r}")
+    return int(raw)
+
 
 SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
           "describe: use the tools to inspect and change files, then verify. "
@@ -89,7 +130,7 @@ def model_id():
 
 def system_prompt():
     """Stable for the whole session: no clock, no counters (they break caching)."""
-    return f"{SYSTEM}\nWorking directory: {WORKDIR}"
+    return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
 class ToolError(Exception):
@@ -142,7 +183,7 @@ def run_bash(command, timeout=None):
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
-        p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+        p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             p.wait(timeout=timeout)
@@ -220,7 +261,6 @@ GLOB_LIMIT = 200            # paths returned by glob, newest first
 GREP_LIMIT = 250            # result lines returned by grep
 MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
-FILE_STATE = {}             # resolved path -> (mtime_ns, size) when last read or written
 
 
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
@@ -261,7 +301,7 @@ def check_input(name, args):
 # resolve outside and are refused; a path that does not exist yet is judged by
 # its resolved parent.
 def safe_path(p):
-    root = WORKDIR.resolve()
+    root = agent_state().workdir
     try:
         path = (root / os.path.expanduser(p)).resolve()
     except (OSError, RuntimeError) as e:  # symlink loops
@@ -273,7 +313,7 @@ def safe_path(p):
 
 
 def rel(path):
-    return path.relative_to(WORKDIR.resolve()).as_posix() or "."
+    return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
 def stamp(path):
@@ -283,7 +323,7 @@ def stamp(path):
 
 def check_fresh(path, shown):
     """Edits need a read first, and the file must not have changed since."""
-    seen = FILE_STATE.get(str(path))
+    seen = agent_state().files.get(str(path))
     if seen is None:
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
@@ -300,7 +340,7 @@ def read_file(path, offset=1, limit=None):
     # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
     lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
     lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     if not lines:
         return f"({path} is empty)"
     start = max(offset, 1) - 1
@@ -329,7 +369,7 @@ def write_file(path, content):
     f.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
     f.write_bytes(data)
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
 
@@ -354,7 +394,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
                         f"lines to make it unique, or set replace_all to change every one.")
     text = text.replace(old_string, new_string, -1 if replace_all else 1)
     f.write_bytes(text.encode("utf-8", "surrogateescape"))
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
@@ -421,7 +461,7 @@ def walk_files(root):
     """Regular files under root, minus .git, .gitignored paths and symlinks (never
     followed). Rules come from the repository root down, as git applies them; a
     nested repository starts with its own."""
-    top = repo_root(root) or WORKDIR.resolve()
+    top = repo_root(root) or agent_state().workdir
     rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
                     for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -484,7 +524,7 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
         binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
         rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
         rows = [(name, rest) for name, rest in rows if name not in binary]
-    keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
+    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
     for name, rest in rows:
         if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
             path = Path(name).relative_to(top).as_posix()
@@ -641,20 +681,36 @@ def pair_results(prev, blocks):
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
-def run_parallel(batch):
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
     if len(batch) <= 1:
-        return [run_tool(b) for b in batch]
+        results.extend(run_tool(b) for b in batch)
+        return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        return list(pool.map(run_tool, batch))
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:
+                results.append(f.result())
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
 
 
 def is_concurrency_safe(block):
     return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
 
 # --- s03: todo plan ---
-# The plan is session state kept beside `messages`, not inside it: the model
-# rewrites it whole with todo_write, the human sees it as a checklist, and the
-# loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
+# The plan is the agent's own state (AgentState.plan), kept beside `messages`,
+# not inside it: the model rewrites it whole with todo_write, the human sees it
+# as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
 # items, at most one in_progress. Not persisted: a new session starts without one.
 MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
 PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
@@ -662,7 +718,6 @@ TODO_STATUSES = ("pending", "in_progress", "completed")
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
 TODO_FIELDS = ("content", "status", "active_form")
-TODO = {"items": [], "rounds_since_update": 0}  # items is replaced, never mutated
 
 
 def check_plan(items):
@@ -698,10 +753,15 @@ def check_item(n, item):
     return {"content": content.strip(), "status": status, "active_form": form.strip()}
 
 
+def plan():
+    """The running agent's plan: {"items": [...], "rounds_since_update": n}."""
+    return agent_state().plan
+
+
 def plan_lines():
     """One checklist line per item; the current one says what is happening now."""
     lines = []
-    for item in TODO["items"]:
+    for item in plan()["items"]:
         line = f"{TODO_MARKS[item['status']]} {item['content']}"
         if item["status"] == "in_progress" and item["active_form"]:
             line += f" ({item['active_form']})"
@@ -710,13 +770,13 @@ def plan_lines():
 
 
 def plan_summary():
-    done = sum(item["status"] == "completed" for item in TODO["items"])
-    return f"({done}/{len(TODO['items'])} completed)"
+    items = plan()["items"]
+    return f"({sum(item['status'] == 'completed' for item in items)}/{len(items)} completed)"
 
 
 def plan_text():
     """What the model gets back: the checklist as plain text plus a count."""
-    if not TODO["items"]:
+    if not plan()["items"]:
         return "The plan is empty."
     return "\n".join(plan_lines() + [plan_summary()])
 
@@ -728,21 +788,21 @@ def show_plan():
     otherwise be read as rich markup and vanish.
     """
     out = Text()
-    for item, line in zip(TODO["items"], plan_lines()):
+    for item, line in zip(plan()["items"], plan_lines()):
         out.append(line + "\n", style=TODO_STYLES[item["status"]])
-    out.append(plan_summary() if TODO["items"] else "(plan cleared)", style="dim")
+    out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
     Console(stderr=True, highlight=False).print(out)
 
 
 def todo_write(items):
-    TODO["items"] = check_plan(items)  # a new list: the old one is never edited in place
-    TODO["rounds_since_update"] = 0
+    # a new list: the old one is never edited in place
+    plan().update(items=check_plan(items), rounds_since_update=0)
     show_plan()
     return plan_text()
 
 
 def has_open_items():
-    return any(item["status"] != "completed" for item in TODO["items"])
+    return any(item["status"] != "completed" for item in plan()["items"])
 
 
 def plan_reminder(calls, results):
@@ -756,16 +816,17 @@ def plan_reminder(calls, results):
     ok = {r["tool_use_id"] for r in results if not r.get("is_error")}
     if any(b.name == "todo_write" and b.id in ok for b in calls):
         return []
-    TODO["rounds_since_update"] += 1
-    if not has_open_items() or TODO["rounds_since_update"] % PLAN_REMINDER_INTERVAL:
+    plan()["rounds_since_update"] += 1
+    rounds = plan()["rounds_since_update"]
+    if not has_open_items() or rounds % PLAN_REMINDER_INTERVAL:
         return []
-    say(f"[plan reminder: {TODO['rounds_since_update']} tool rounds without todo_write]")
+    say(f"[plan reminder: {rounds} tool rounds without todo_write]")
     return [{"type": "text", "text": (
-        f"<system-reminder>\nThe plan has not been updated for "
-        f"{TODO['rounds_since_update']} tool rounds. Refresh it with todo_write before "
-        f"continuing: mark finished items completed, mark the item you are working on "
-        f"in_progress, and change the plan if the work has changed. Do not mention this "
-        f"reminder to the user.\nCurrent plan:\n{plan_text()}\n</system-reminder>")}]
+        f"<system-reminder>\nThe plan has not been updated for {rounds} tool rounds. "
+        f"Refresh it with todo_write before continuing: mark finished items completed, "
+        f"mark the item you are working on in_progress, and change the plan if the work "
+        f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
+        f"{plan_text()}\n</system-reminder>")}]
 
 
 register("todo_write", (
@@ -794,17 +855,22 @@ def say(text):
     print(text, file=sys.stderr, flush=True)
 
 
-def run_tools(calls):
-    """Run one reply's tool calls; exactly one result per call, in call order."""
-    results, batch = [], []
+def run_tools(calls, results):
+    """Run one reply's tool calls; exactly one result per call, in call order.
+
+    Each result joins `results` (already in the history) the moment its call
+    finishes, so Ctrl+C never reports a call that ran as cancelled.
+    """
+    batch = []  # s02: neighbouring concurrency-safe calls, run together
     for block in calls:
         say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
         if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
             batch.append(block)
             continue
-        results += run_parallel(batch) + [run_tool(block)]
-        batch = []
-    return results + run_parallel(batch)
+        batch = run_parallel(batch, results)  # s02: the gathered ones first
+        results.append(run_tool(block))
+    run_parallel(batch, results)  # s02
+    return results
 
 
 def call_model(client, messages):
@@ -832,16 +898,22 @@ def assistant_message(message):
 
 
 def close_open_calls(messages, note="cancelled by the user"):
-    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    """After Ctrl+C or a failure mid-tools, answer every call that has no result
+    yet, so the history stays valid; the results of calls that ran are kept."""
     last = messages[-1] if messages else None
     if last and last["role"] == "assistant":
-        calls = [b for b in last["content"] if b["type"] == "tool_use"]
-        if calls:
-            messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
-                 "is_error": True} for b in calls]})
-        elif not last["content"]:
+        if not last["content"]:
             messages.pop()
+            return
+        if any(b["type"] == "tool_use" for b in last["content"]):
+            messages.append({"role": "user", "content": []})
+    if len(messages) < 2 or messages[-2]["role"] != "assistant" \
+            or not isinstance(messages[-1]["content"], list):
+        return
+    done = {b.get("tool_use_id") for b in messages[-1]["content"]}
+    messages[-1]["content"] += [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})", "is_error": True}
+        for b in messages[-2]["content"] if b["type"] == "tool_use" and b["id"] not in done]
 
 
 def agent_loop(client, messages):
@@ -852,7 +924,7 @@ def agent_loop(client, messages):
     """
     unknown = 0
     try:
-        for _ in range(MAX_TURNS):
+        for _ in range(turn_limit()):
             message = call_model(client, messages)
             messages.append(assistant_message(message))
             calls = [b for b in message.content if b.type == "tool_use"]
@@ -860,14 +932,16 @@ def agent_loop(client, messages):
                 if not messages[-1]["content"]:
                     messages.pop()  # an empty reply adds nothing the API would accept
                 return "end_turn"
-            messages.append({"role": "user", "content": run_tools(calls)})
-            messages[-1]["content"] += plan_reminder(calls, messages[-1]["content"])  # s03: plan nudge
+            results = []  # in the history before any call runs: Ctrl+C keeps what finished
+            messages.append({"role": "user", "content": results})
+            run_tools(calls, results)
+            results += plan_reminder(calls, results)  # s03: plan nudge
             for block in calls:
                 unknown = unknown + 1 if block.name not in TOOL_HANDLERS else 0
             if unknown >= MAX_UNKNOWN_TOOLS:
                 say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
                 return "unknown_tools"
-        say(f"[stopped: {MAX_TURNS} turns without finishing]")
+        say(f"[stopped: {turn_limit()} turns without finishing]")
         return "max_turns"
     except KeyboardInterrupt:
         close_open_calls(messages)
@@ -915,14 +989,18 @@ def repl(client, prompt):
 
 
 def main(argv=None):
-    global WORKDIR
     argv = sys.argv[1:] if argv is None else argv
-    WORKDIR = Path.cwd()
     client = make_client()
     if client is None:
         demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
         print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
         return 2
+    try:
+        turn_limit()
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     if argv:
         history = [{"role": "user", "content": " ".join(argv)}]
         return 0 if agent_loop(client, history) == "end_turn" else 1

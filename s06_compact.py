@@ -35,6 +35,7 @@ prefix rarely and on purpose (a batch clear, a compaction), never every turn.
 # --- imports ---
 import difflib
 import contextlib
+import contextvars
 import json
 import os
 import random
@@ -45,7 +46,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,16 +59,59 @@ from rich.text import Text
 # --- config ---
 DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
 MAX_TOKENS = 8_000          # output tokens per model call
-MAX_TURNS = 50              # model calls per user turn before we give up
+MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrides): a safety net
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
-WORKDIR = Path.cwd()        # the workspace; main() pins it, tests repoint it
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
 NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
                "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+# One agent's own state. Whoever starts an agent loop makes one (main() for the
+# session; a later chapter gives each subagent its own), and every tool reads
+# the running agent's through agent_state(). A ContextVar, not a module global:
+# two agents never see each other's, and a worker thread started with a copy
+# of the context sees the agent that started it. Shared infrastructure (the
+# client, the tool registry, config) stays module-level.
+class AgentState:
+    def __init__(self, workdir):
+        self.workdir = Path(workdir).resolve()  # the workspace every tool works in
+        self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
+        self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
+        self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
+        self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
+        self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
+
+
+CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
+
+
+def agent_state():
+    return CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(state):
+    """Run the block as `state`; the previous agent comes back after."""
+    token = CURRENT.set(state)
+    try:
+        yield state
+    finally:
+        CURRENT.reset(token)
+
+
+def turn_limit():
+    """AGENT_MAX_TURNS, else MAX_TURNS; ValueError names a bad value."""
+    raw = os.getenv("AGENT_MAX_TURNS", "").strip()
+    if not raw:
+        return MAX_TURNS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"AGENT_MAX_TURNS must be a whole number of model calls, 1 or more; "
+                         f"got {raw!r}")
+    return int(raw)
+
 
 SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
           "describe: use the tools to inspect and change files, then verify. "
@@ -96,7 +139,7 @@ def model_id():
 
 def system_prompt():
     """Stable for the whole session: no clock, no counters (they break caching)."""
-    return f"{SYSTEM}\nWorking directory: {WORKDIR}" + skills_prompt()  # s05: skill list
+    return f"{SYSTEM}\nWorking directory: {agent_state().workdir}" + skills_prompt()  # s05: skill list
 
 # --- tools ---
 class ToolError(Exception):
@@ -149,7 +192,7 @@ def run_bash(command, timeout=None):
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
-        p = subprocess.Popen(command, shell=True, cwd=WORKDIR, stdin=subprocess.DEVNULL,
+        p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             p.wait(timeout=timeout)
@@ -227,7 +270,6 @@ GLOB_LIMIT = 200            # paths returned by glob, newest first
 GREP_LIMIT = 250            # result lines returned by grep
 MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
-FILE_STATE = {}             # resolved path -> (mtime_ns, size) when last read or written
 
 
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
@@ -268,7 +310,7 @@ def check_input(name, args):
 # resolve outside and are refused; a path that does not exist yet is judged by
 # its resolved parent.
 def safe_path(p):
-    root = WORKDIR.resolve()
+    root = agent_state().workdir
     try:
         path = (root / os.path.expanduser(p)).resolve()
     except (OSError, RuntimeError) as e:  # symlink loops
@@ -280,7 +322,7 @@ def safe_path(p):
 
 
 def rel(path):
-    return path.relative_to(WORKDIR.resolve()).as_posix() or "."
+    return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
 def stamp(path):
@@ -290,7 +332,7 @@ def stamp(path):
 
 def check_fresh(path, shown):
     """Edits need a read first, and the file must not have changed since."""
-    seen = FILE_STATE.get(str(path))
+    seen = agent_state().files.get(str(path))
     if seen is None:
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
@@ -307,7 +349,7 @@ def read_file(path, offset=1, limit=None):
     # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
     lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
     lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     if not lines:
         return f"({path} is empty)"
     start = max(offset, 1) - 1
@@ -336,7 +378,7 @@ def write_file(path, content):
     f.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
     f.write_bytes(data)
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
 
@@ -361,7 +403,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
                         f"lines to make it unique, or set replace_all to change every one.")
     text = text.replace(old_string, new_string, -1 if replace_all else 1)
     f.write_bytes(text.encode("utf-8", "surrogateescape"))
-    FILE_STATE[str(f)] = stamp(f)
+    agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
@@ -428,7 +470,7 @@ def walk_files(root):
     """Regular files under root, minus .git, .gitignored paths and symlinks (never
     followed). Rules come from the repository root down, as git applies them; a
     nested repository starts with its own."""
-    top = repo_root(root) or WORKDIR.resolve()
+    top = repo_root(root) or agent_state().workdir
     rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
                     for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -491,7 +533,7 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
         binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
         rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
         rows = [(name, rest) for name, rest in rows if name not in binary]
-    keep, top, records = glob_filter(glob, root), WORKDIR.resolve(), []
+    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
     for name, rest in rows:
         if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
             path = Path(name).relative_to(top).as_posix()
@@ -648,20 +690,36 @@ def pair_results(prev, blocks):
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
-def run_parallel(batch):
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
     if len(batch) <= 1:
-        return [run_tool(b) for b in batch]
+        results.extend(run_tool(b) for b in batch)
+        return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        return list(pool.map(run_tool, batch))
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:
+                results.append(f.result())
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
 
 
 def is_concurrency_safe(block):
     return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
 
 # --- s03: todo plan ---
-# The plan is session state kept beside `messages`, not inside it: the model
-# rewrites it whole with todo_write, the human sees it as a checklist, and the
-# loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
+# The plan is the agent's own state (AgentState.plan), kept beside `messages`,
+# not inside it: the model rewrites it whole with todo_write, the human sees it
+# as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
 # items, at most one in_progress. Not persisted: a new session starts without one.
 MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
 PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
@@ -669,7 +727,6 @@ TODO_STATUSES = ("pending", "in_progress", "completed")
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
 TODO_FIELDS = ("content", "status", "active_form")
-TODO = {"items": [], "rounds_since_update": 0}  # items is replaced, never mutated
 
 
 def check_plan(items):
@@ -705,10 +762,15 @@ def check_item(n, item):
     return {"content": content.strip(), "status": status, "active_form": form.strip()}
 
 
+def plan():
+    """The running agent's plan: {"items": [...], "rounds_since_update": n}."""
+    return agent_state().plan
+
+
 def plan_lines():
     """One checklist line per item; the current one says what is happening now."""
     lines = []
-    for item in TODO["items"]:
+    for item in plan()["items"]:
         line = f"{TODO_MARKS[item['status']]} {item['content']}"
         if item["status"] == "in_progress" and item["active_form"]:
             line += f" ({item['active_form']})"
@@ -717,13 +779,13 @@ def plan_lines():
 
 
 def plan_summary():
-    done = sum(item["status"] == "completed" for item in TODO["items"])
-    return f"({done}/{len(TODO['items'])} completed)"
+    items = plan()["items"]
+    return f"({sum(item['status'] == 'completed' for item in items)}/{len(items)} completed)"
 
 
 def plan_text():
     """What the model gets back: the checklist as plain text plus a count."""
-    if not TODO["items"]:
+    if not plan()["items"]:
         return "The plan is empty."
     return "\n".join(plan_lines() + [plan_summary()])
 
@@ -735,21 +797,21 @@ def show_plan():
     otherwise be read as rich markup and vanish.
     """
     out = Text()
-    for item, line in zip(TODO["items"], plan_lines()):
+    for item, line in zip(plan()["items"], plan_lines()):
         out.append(line + "\n", style=TODO_STYLES[item["status"]])
-    out.append(plan_summary() if TODO["items"] else "(plan cleared)", style="dim")
+    out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
     Console(stderr=True, highlight=False).print(out)
 
 
 def todo_write(items):
-    TODO["items"] = check_plan(items)  # a new list: the old one is never edited in place
-    TODO["rounds_since_update"] = 0
+    # a new list: the old one is never edited in place
+    plan().update(items=check_plan(items), rounds_since_update=0)
     show_plan()
     return plan_text()
 
 
 def has_open_items():
-    return any(item["status"] != "completed" for item in TODO["items"])
+    return any(item["status"] != "completed" for item in plan()["items"])
 
 
 def plan_reminder(calls, results):
@@ -763,16 +825,17 @@ def plan_reminder(calls, results):
     ok = {r["tool_use_id"] for r in results if not r.get("is_error")}
     if any(b.name == "todo_write" and b.id in ok for b in calls):
         return []
-    TODO["rounds_since_update"] += 1
-    if not has_open_items() or TODO["rounds_since_update"] % PLAN_REMINDER_INTERVAL:
+    plan()["rounds_since_update"] += 1
+    rounds = plan()["rounds_since_update"]
+    if not has_open_items() or rounds % PLAN_REMINDER_INTERVAL:
         return []
-    say(f"[plan reminder: {TODO['rounds_since_update']} tool rounds without todo_write]")
+    say(f"[plan reminder: {rounds} tool rounds without todo_write]")
     return [{"type": "text", "text": (
-        f"<system-reminder>\nThe plan has not been updated for "
-        f"{TODO['rounds_since_update']} tool rounds. Refresh it with todo_write before "
-        f"continuing: mark finished items completed, mark the item you are working on "
-        f"in_progress, and change the plan if the work has changed. Do not mention this "
-        f"reminder to the user.\nCurrent plan:\n{plan_text()}\n</system-reminder>")}]
+        f"<system-reminder>\nThe plan has not been updated for {rounds} tool rounds. "
+        f"Refresh it with todo_write before continuing: mark finished items completed, "
+        f"mark the item you are working on in_progress, and change the plan if the work "
+        f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
+        f"{plan_text()}\n</system-reminder>")}]
 
 
 register("todo_write", (
@@ -805,7 +868,6 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in
 AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
 FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
 FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
-RUNNING = threading.local()  # the agent loop running in this thread: .client and .messages
 WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
 SUBAGENT_SYSTEM = (
@@ -922,7 +984,7 @@ def parse_agent_file(path):
 
 def agent_dirs():
     """User level first, project last: a later definition of the same name wins."""
-    return [Path.home() / ".agent" / "agents", WORKDIR / ".agent" / "agents"]
+    return [Path.home() / ".agent" / "agents", agent_state().workdir / ".agent" / "agents"]
 
 
 def load_agents():
@@ -944,17 +1006,20 @@ def describe_agents(agents):
     return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
 
 
-def prepare_agent_tool(client, messages):
-    """At every agent_loop start: remember this loop, refresh the list of agent types.
+def prepare_agent_tool(client, messages, tools):
+    """At every agent_loop start: note the loop on its agent, refresh the agent types.
 
     The agent handler is called like any tool, with its input only, so the
-    client and the history (for fork) come from RUNNING. The description is
-    rebuilt here, sorted, not per call: it is part of the prompt prefix and
-    changes only when a definition file does.
+    client and the history (for fork) come from the running agent's state. The
+    description is rebuilt here, sorted, not per call: it is part of the prompt
+    prefix and changes only when a definition file does. Only the main agent
+    (tools None) rewrites it: a child has no agent tool.
     """
-    RUNNING.client, RUNNING.messages = client, messages
-    desc = describe_agents(load_agents())
-    TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+    state = agent_state()
+    state.client, state.messages, state.tools = client, messages, tools
+    if tools is None:
+        desc = describe_agents(load_agents())
+        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
 
 
 def child_tools(spec):
@@ -973,17 +1038,18 @@ def allowed_names(tools):
     return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
 
 
-def run_allowed(calls, tools):
+def run_allowed(calls, tools, results):
     """run_tools, but a call to a tool the child was not given is an unknown tool.
 
     The schema list only says what the model should call; this is what it can
-    call. Refused calls never run; results stay in call order.
+    call. Refused calls never run and are answered first; normalize_messages
+    puts every result back in call order for the API.
     """
-    if tools is None:
-        return run_tools(calls)
-    names = allowed_names(tools)
-    done = iter(run_tools([b for b in calls if b.name in names]))
-    return [next(done) if b.name in names else refused(b, tools) for b in calls]
+    if tools is not None:
+        names = allowed_names(tools)
+        results += [refused(b, tools) for b in calls if b.name not in names]
+        calls = [b for b in calls if b.name in names]
+    return run_tools(calls, results)
 
 
 def refused(block, tools):
@@ -995,11 +1061,18 @@ def refused(block, tools):
 
 
 def fork_messages(history, task):
-    """The parent's history, its open calls answered by placeholders, then the task."""
+    """The parent's history, its open calls answered by placeholders, then the task.
+
+    The parent's last message holds the results its current reply has so far
+    (the loop appends it before the calls run): those stay, real results.
+    """
+    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
+    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
     last = history[-1] if history else {"role": "user", "content": ""}
+    answered = {b.get("tool_use_id") for b in done}
     calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
-    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
-               for b in calls if b["type"] == "tool_use"]
+    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
     brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
     return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
 
@@ -1029,34 +1102,34 @@ def last_text(messages):
 
 def child_settings(spec, fork, usage):
     """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
-    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {WORKDIR}"
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
     system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
     return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
             "system": None if fork else system, "model": spec.get("model"),
             "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
 
 
-def run_child(client, history, fork, settings):
-    """agent_loop for a child; the parent's loop record and file cache come back after.
+def child_state(fork):
+    """A subagent's own AgentState: the same workspace, a plan of its own, and
+    file-read records of its own (a fork starts from a copy of the parent's).
 
-    FILE_STATE is runtime state, not infrastructure (seed): a fresh child must
-    read a file before editing it, and when the child changes a file the parent
-    read, the parent's old stamp no longer matches, so it must re-read too.
-    The plan (TODO) is the parent's: a child keeps its own and it is dropped.
+    File-read records are runtime state, not infrastructure (seed): a fresh
+    child must read a file before editing it, and when the child changes a file
+    the parent read, the parent's stamp no longer matches, so it must re-read.
     """
-    outer, files, plan = (RUNNING.client, RUNNING.messages), dict(FILE_STATE), dict(TODO)
-    context = fresh_loop_context()  # s06: compaction state belongs to one history
-    if not fork:
-        FILE_STATE.clear()
-    TODO.update(items=[], rounds_since_update=0)
-    try:
+    parent = agent_state()
+    child = AgentState(parent.workdir)
+    if fork:
+        child.files = dict(parent.files)
+    child.session = parent.session  # s06: one bill for the whole session
+    return child
+
+
+def run_child(client, history, fork, settings):
+    """agent_loop for a child, run as its own agent: nothing of the parent's
+    state is swapped out or has to be restored."""
+    with acting_as(child_state(fork)):
         return agent_loop(client, history, **settings)
-    finally:
-        RUNNING.client, RUNNING.messages = outer
-        FILE_STATE.clear()
-        FILE_STATE.update(files)
-        TODO.update(plan)
-        CONTEXT_STATE.update(context)  # s06: the parent's comes back; cost keeps adding up
 
 
 CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
@@ -1081,14 +1154,14 @@ def pick_agent(agent_type, fork):
 
 def run_subagent(prompt, description=None, agent_type=None, fork=False):
     """The agent tool: run a child loop to the end and return only its final text."""
-    client = getattr(RUNNING, "client", None)
+    client = agent_state().client
     if client is None:
         raise ToolError("The agent tool only works inside a running agent loop.")
     spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
     settings = child_settings(spec, fork, usage)
     label = description or " ".join(prompt.split())[:40]  # one line on the terminal
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
-    history = fork_messages(RUNNING.messages, prompt) if fork else fresh
+    history = fork_messages(agent_state().messages, prompt) if fork else fresh
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
     reason = run_child(client, history, fork, settings)
     if reason == "interrupted":
@@ -1135,7 +1208,7 @@ def skill_dirs():
     """Where skills live, lowest precedence first: a later source wins a name."""
     return [("built-in", Path(__file__).parent / "skills"),
             ("user", Path.home() / ".agent" / "skills"),
-            ("project", WORKDIR / ".agent" / "skills")]
+            ("project", agent_state().workdir / ".agent" / "skills")]
 
 
 def has_tool(spec, name):
@@ -1445,8 +1518,6 @@ PRICE_OUTPUT = 15.00        # USD per million output tokens
 CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
 CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
 EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
-CONTEXT_STATE = {"failures": 0, "requested": False, "focus": None, "cost": 0.0}
-LOOP_CONTEXT = {"failures": 0, "requested": False, "focus": None}  # per history: a child's start
 
 SUMMARY_PROMPT = """\
 Do NOT call any tool. Reply with plain text only.
@@ -1484,7 +1555,7 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
-    path = WORKDIR / ".agent" / "tool-results" / f"{name}.txt"
+    path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     preview = text[:PREVIEW_CHARS]
@@ -1637,10 +1708,10 @@ def after_call(messages, message):
         shown_messages(messages)) + estimate_tokens(assistant_message(message))}
     cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
             + u.output_tokens * PRICE_OUTPUT) / 1e6
-    CONTEXT_STATE["cost"] += cost
+    agent_state().session["cost"] += cost
     say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | input {u.input_tokens:,}, cache read "
         f"{read:,}, cache write {write:,}, output {u.output_tokens:,} | ~${cost:.4f}, "
-        f"session ~${CONTEXT_STATE['cost']:.4f}]")
+        f"session ~${agent_state().session['cost']:.4f}]")
 
 
 # Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
@@ -1663,7 +1734,7 @@ def tail_start(messages):
 
 def save_transcript(messages):
     """Everything, before anything is summarised away: one message per JSON line."""
-    folder = WORKDIR / ".agent" / "transcripts"
+    folder = agent_state().workdir / ".agent" / "transcripts"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
     path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
@@ -1721,7 +1792,7 @@ def reattach_files(messages, start):
 def compact(client, messages, focus=None, why="auto", options=None):
     """Replace the old part of the history, in place, by a summary; True if done.
     `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
-    start = tail_start(messages)
+    state, start = agent_state().compaction, tail_start(messages)
     if start == 0:
         say("[nothing to compact yet]")
         return False
@@ -1731,8 +1802,8 @@ def compact(client, messages, focus=None, why="auto", options=None):
     except Exception as e:
         if not (is_api_failure(e) or isinstance(e, ValueError)):
             raise
-        CONTEXT_STATE["failures"] += 1
-        say(f"[compaction failed ({CONTEXT_STATE['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
+        state["failures"] += 1
+        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
         return False
     head = [{"type": "text", "text": (
         f"This session continues from an earlier conversation that was compacted to free "
@@ -1742,7 +1813,7 @@ def compact(client, messages, focus=None, why="auto", options=None):
     for m in tail:
         m.pop("_usage", None)  # sizes measured before the cut mean nothing now
     messages[:] = [{"role": "user", "content": head}] + tail
-    CONTEXT_STATE["failures"] = 0
+    state["failures"] = 0
     say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
         f"transcript in {rel(path)}]")
     return True
@@ -1762,21 +1833,8 @@ def compact_now(client, messages, focus=None):
 
 
 def request_compaction(focus=None):
-    CONTEXT_STATE.update(requested=True, focus=focus)
+    agent_state().compaction.update(requested=True, focus=focus)
     return "Compaction scheduled: the history is summarised before your next step."
-
-
-def fresh_loop_context():
-    """A child loop starts with LOOP_CONTEXT; returns the parent's part, to restore.
-
-    A compaction request, its focus and the breaker's count belong to one
-    history: a child must not consume the parent's request, leave its own for
-    the parent, or open the parent's breaker. Sizes and cache times need no
-    swap: they live on the messages ("_usage"). The session cost is shared.
-    """
-    saved = {k: CONTEXT_STATE[k] for k in LOOP_CONTEXT}
-    CONTEXT_STATE.update(LOOP_CONTEXT)
-    return saved
 
 
 register("compact", (
@@ -1794,9 +1852,10 @@ def manage_context(client, messages, options=None):
     budget (if it frees enough) or when the cache went cold (a cold prefix is
     written again anyway, so any clear is free), then auto-compaction near the
     window. `options`: the loop's call_model keywords."""
-    if CONTEXT_STATE["requested"]:
-        CONTEXT_STATE["requested"] = False
-        compact(client, messages, CONTEXT_STATE["focus"], "requested by the model", options)
+    state = agent_state().compaction
+    if state["requested"]:
+        state["requested"] = False
+        compact(client, messages, state["focus"], "requested by the model", options)
         return
     tokens = request_tokens(client, messages, options)
     anchor = last_usage(messages)
@@ -1807,7 +1866,7 @@ def manage_context(client, messages, options=None):
         say(f"[cleared {n} old tool result(s) in one batch: {why}]")
         tokens = request_tokens(client, messages, options)
     if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
-                                      CONTEXT_STATE["failures"] < MAX_COMPACT_FAILURES):
+                                      state["failures"] < MAX_COMPACT_FAILURES):
         compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
@@ -1942,17 +2001,22 @@ def say(text):
     print(text, file=sys.stderr, flush=True)
 
 
-def run_tools(calls):
-    """Run one reply's tool calls; exactly one result per call, in call order."""
-    results, batch = [], []
+def run_tools(calls, results):
+    """Run one reply's tool calls; exactly one result per call, in call order.
+
+    Each result joins `results` (already in the history) the moment its call
+    finishes, so Ctrl+C never reports a call that ran as cancelled.
+    """
+    batch = []  # s02: neighbouring concurrency-safe calls, run together
     for block in calls:
         say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
         if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
             batch.append(block)
             continue
-        results += run_parallel(batch) + [run_tool(block)]
-        batch = []
-    return results + run_parallel(batch)
+        batch = run_parallel(batch, results)  # s02: the gathered ones first
+        results.append(run_tool(block))
+    run_parallel(batch, results)  # s02
+    return results
 
 
 def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
@@ -1983,16 +2047,22 @@ def assistant_message(message):
 
 
 def close_open_calls(messages, note="cancelled by the user"):
-    """After Ctrl+C mid-tools, answer every unanswered tool_use so history stays valid."""
+    """After Ctrl+C or a failure mid-tools, answer every call that has no result
+    yet, so the history stays valid; the results of calls that ran are kept."""
     last = messages[-1] if messages else None
     if last and last["role"] == "assistant":
-        calls = [b for b in last["content"] if b["type"] == "tool_use"]
-        if calls:
-            messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})",
-                 "is_error": True} for b in calls]})
-        elif not last["content"]:
+        if not last["content"]:
             messages.pop()
+            return
+        if any(b["type"] == "tool_use" for b in last["content"]):
+            messages.append({"role": "user", "content": []})
+    if len(messages) < 2 or messages[-2]["role"] != "assistant" \
+            or not isinstance(messages[-1]["content"], list):
+        return
+    done = {b.get("tool_use_id") for b in messages[-1]["content"]}
+    messages[-1]["content"] += [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})", "is_error": True}
+        for b in messages[-2]["content"] if b["type"] == "tool_use" and b["id"] not in done]
 
 
 def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04: for a child
@@ -2003,8 +2073,8 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
     """
     unknown = 0
     try:
-        prepare_agent_tool(client, messages)  # s04: the agent tool needs this loop's client, history
-        for _ in range(max_turns or MAX_TURNS):  # s04: a child has its own cap
+        prepare_agent_tool(client, messages, tools)  # s04: the agent tool needs this loop
+        for _ in range(max_turns or turn_limit()):  # s04: a child has its own cap
             message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
             messages.append(assistant_message(message))
             calls = [b for b in message.content if b.type == "tool_use"]
@@ -2012,15 +2082,17 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
                 if not messages[-1]["content"]:
                     messages.pop()  # an empty reply adds nothing the API would accept
                 return "end_turn"
-            results = persist_large_results(calls, run_allowed(calls, tools))  # s06: big ones to disk
-            messages.append({"role": "user", "content": results})  # s06
-            messages[-1]["content"] += plan_reminder(calls, messages[-1]["content"])  # s03: plan nudge
+            results = []  # in the history before any call runs: Ctrl+C keeps what finished
+            messages.append({"role": "user", "content": results})
+            run_allowed(calls, tools, results)  # s04
+            persist_large_results(calls, results)  # s06: big ones to disk
+            results += plan_reminder(calls, results)  # s03: plan nudge
             for block in calls:
                 unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
             if unknown >= MAX_UNKNOWN_TOOLS:
                 say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
                 return "unknown_tools"
-        say(f"[stopped: {max_turns or MAX_TURNS} turns without finishing]")  # s04
+        say(f"[stopped: {max_turns or turn_limit()} turns without finishing]")  # s04
         return "max_turns"
     except KeyboardInterrupt:
         close_open_calls(messages)
@@ -2070,14 +2142,18 @@ def repl(client, prompt):
 
 
 def main(argv=None):
-    global WORKDIR
     argv = sys.argv[1:] if argv is None else argv
-    WORKDIR = Path.cwd()
     client = make_client()
     if client is None:
         demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
         print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
         return 2
+    try:
+        turn_limit()
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
         return run_slash_once(client, " ".join(argv))
     if argv:

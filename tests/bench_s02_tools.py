@@ -59,7 +59,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build_tree(root, args.files)
-        s02.WORKDIR = root
+        s02.CURRENT.set(s02.AgentState(root))
         print(f"tree: {args.files} files under a temporary directory; median of {args.runs} runs\n")
         rows = []
         if rg:
@@ -90,7 +90,7 @@ def main():
         print(f"\n4 concurrency-safe calls in one reply ({cores} cores):")
         for label, spec in mixes.items():
             calls = [SimpleNamespace(id=f"t{i}", name=n, input=a) for i, (n, a) in enumerate(spec)]
-            parallel = median_time(lambda: s02.run_tools(calls), args.runs)
+            parallel = median_time(lambda: s02.run_tools(calls, []), args.runs)
             serial = median_time(lambda: [s02.run_tool(c) for c in calls], args.runs)
             print(f"  {label:42} parallel {parallel * 1000:8.1f} ms   serial {serial * 1000:8.1f} ms"
                   f"   speed-up {serial / parallel:.2f}x")

@@ -78,7 +78,7 @@ def load(chapter, settings, workspace):
     spec = importlib.util.spec_from_file_location(f"bench_{chapter}", ROOT / f"{chapter}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.WORKDIR = workspace
+    mod.CURRENT.set(mod.AgentState(workspace))
     for name, value in settings.items():
         if not hasattr(mod, name):
             sys.exit(f"{chapter} has no constant {name}")

@@ -2,8 +2,9 @@
 
 Chapters are imported once per test session (importing the SDK is slow) and
 driven in-process with a client aimed at the scripted server. Before each test
-every module-level container of the chapter (FILE_STATE, TOOLS, ...) is put
-back to its state right after import, so tests cannot leak into each other.
+every module-level container of the chapter (TOOLS, COMMANDS, ...) is put
+back to its state right after import, and the test runs as a fresh agent
+(AgentState) on its own workspace, so tests cannot leak into each other.
 """
 import copy
 import importlib
@@ -98,12 +99,12 @@ def workspace(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def mod(request, workspace, monkeypatch):
-    """The chapter named by the parametrisation, reset and pointed at the workspace."""
+def mod(request, workspace):
+    """The chapter named by the parametrisation, reset, with a fresh agent on the workspace."""
     m = load(request.param)
     restore(m)
-    monkeypatch.setattr(m, "WORKDIR", workspace)
-    return m
+    with m.acting_as(m.AgentState(workspace)):
+        yield m
 
 
 def run_turn(mod, api, client, steps, prompt="do the work"):

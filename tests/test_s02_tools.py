@@ -1,4 +1,5 @@
 """s02: registry, file tools, path sandbox, normalisation, parallel tool calls."""
+import contextvars
 import os
 import re
 import shutil
@@ -270,7 +271,7 @@ def test_safe_calls_run_together_and_results_keep_order(mod, monkeypatch, worksp
         return f"read {path}"
     monkeypatch.setitem(mod.TOOL_HANDLERS, "read_file", slow_read)
     calls = [SimpleNamespace(id=f"t{i}", name="read_file", input={"path": f"f{i}"}) for i in range(4)]
-    results = mod.run_tools(calls)
+    results = mod.run_tools(calls, [])
     assert [r["content"] for r in results] == [f"read f{i}" for i in range(4)]
     assert not any(r.get("is_error") for r in results)
 
@@ -293,7 +294,7 @@ def test_unsafe_calls_run_alone_in_order(mod, monkeypatch, workspace):
         monkeypatch.setitem(mod.TOOL_HANDLERS, name, tracked(name))
     calls = [SimpleNamespace(id=f"t{i}", name=n, input={"path": "x", **({"content": ""} if n == "write_file" else {})})
              for i, n in enumerate(["read_file", "read_file", "write_file", "read_file"])]
-    results = mod.run_tools(calls)
+    results = mod.run_tools(calls, [])
     assert [r["content"] for r in results] == ["read_file", "read_file", "write_file", "read_file"]
     assert peak[0] == 1 and log.index("write_file") == 2
 
@@ -349,7 +350,9 @@ def test_fallback_skips_fifos_and_unreadable_files(mod, workspace, monkeypatch):
     (workspace / "a.txt").write_text("needle\n")
     monkeypatch.setattr(mod.shutil, "which", lambda name: None)
     done = []
-    worker = threading.Thread(target=lambda: done.append(ok(mod, "grep", pattern="needle")), daemon=True)
+    search = contextvars.copy_context().run  # the thread works as the test's agent
+    worker = threading.Thread(target=lambda: done.append(search(ok, mod, "grep", pattern="needle")),
+                              daemon=True)
     worker.start()
     worker.join(20)
     assert done == ["a.txt"]           # a FIFO would block read_bytes() forever
@@ -367,7 +370,7 @@ def test_gitignore_escapes_and_repository_scope_follow_git(mod, workspace, tmp_p
     (ws / "inner" / "trace.log").write_text("x")
     (ws / "sub").mkdir()
     (ws / "sub" / ".git").write_text("gitdir: ../../.git/worktrees/sub\n")  # a .git file
-    monkeypatch.setattr(mod, "WORKDIR", ws)
+    mod.agent_state().workdir = ws.resolve()
     monkeypatch.chdir(ws)
     listed = set(ok(mod, "glob", pattern="**/*").splitlines())
     assert listed == {"litXstar", "keep.py", "inner/trace.log"}

@@ -64,8 +64,8 @@ def test_valid_plan_is_stored_rendered_and_returned(mod, api, client, capsys):
                                  "[>] Rename the function (Renaming the function)\n"
                                  "[ ] Update the docs\n"
                                  "(1/3 completed)")
-    assert [i["status"] for i in mod.TODO["items"]] == ["completed", "in_progress", "pending"]
-    assert mod.TODO["rounds_since_update"] == 0
+    assert [i["status"] for i in mod.agent_state().plan["items"]] == ["completed", "in_progress", "pending"]
+    assert mod.agent_state().plan["rounds_since_update"] == 0
     err = capsys.readouterr().err  # the human's checklist goes to stderr, not stdout
     for line in ("[x] Find the callers", "[>] Rename the function (Renaming the function)",
                  "[ ] Update the docs", "(1/3 completed)"):
@@ -86,7 +86,7 @@ def test_a_new_plan_replaces_the_old_one_and_empty_clears_it(mod, api, client):
     run(mod, api, client, [reply(todo(PLAN)), reply(second), reply(clear)])
     assert result_for(api.requests[2]["body"], second)["content"] == "[ ] Only step\n(0/1 completed)"
     assert "empty" in result_for(api.requests[3]["body"], clear)["content"]
-    assert mod.TODO["items"] == []
+    assert mod.agent_state().plan["items"] == []
 
 
 @each
@@ -96,7 +96,7 @@ def test_twenty_items_are_allowed(mod, api, client):
     run(mod, api, client, [reply(call)])
     assert mod.MAX_TODOS == 20
     assert not result_for(api.requests[1]["body"], call).get("is_error")
-    assert len(mod.TODO["items"]) == 20
+    assert len(mod.agent_state().plan["items"]) == 20
 
 
 BAD = {
@@ -123,7 +123,7 @@ def test_invalid_plan_is_an_error_naming_the_rule(mod, api, client, case):
     run(mod, api, client, [reply(todo(PLAN)), reply(bad)])
     result = result_for(api.requests[2]["body"], bad)
     assert result["is_error"] is True and rule in result["content"]
-    assert [i["content"] for i in mod.TODO["items"]] == [i["content"] for i in PLAN]  # plan kept
+    assert [i["content"] for i in mod.agent_state().plan["items"]] == [i["content"] for i in PLAN]  # plan kept
 
 
 @each
@@ -158,7 +158,7 @@ def test_reminder_after_exactly_n_rounds_without_update(mod, api, client, monkey
         kinds = [b["type"] for b in last["content"]]
         assert last["role"] == "user" and kinds == ["tool_result", "tool_result", "text"]
         assert "[>] Rename the function" in nudges(last)[0]["text"]  # the plan comes along
-    assert mod.TODO["rounds_since_update"] == rounds
+    assert mod.agent_state().plan["rounds_since_update"] == rounds
     kept = [m for m in history if m["role"] == "user" and nudges(m)]
     assert len(kept) == 2  # and in our own history too, after the results
     assert all([b["type"] for b in m["content"]] == ["tool_result", "tool_result", "text"]
@@ -173,7 +173,7 @@ def test_no_reminder_without_unfinished_items(mod, api, client, start):
              "cleared": [reply(todo(PLAN)), reply(todo([]))]}[start]
     run(mod, api, client, first + rounds_of(2 * n))
     assert not any(nudged(req) for req in api.requests)
-    assert mod.TODO["rounds_since_update"] == 2 * n  # still counted, just not nagged
+    assert mod.agent_state().plan["rounds_since_update"] == 2 * n  # still counted, just not nagged
 
 
 @each
@@ -181,14 +181,16 @@ def test_update_resets_the_counter(mod, api, client):
     n = mod.PLAN_REMINDER_INTERVAL
     seen = []
 
+    plan = mod.agent_state().plan  # the server thread runs the steps, outside the agent's context
+
     def watch(step):  # records the counter as the model is called
-        return lambda body: seen.append(mod.TODO["rounds_since_update"]) or step
+        return lambda body: seen.append(plan["rounds_since_update"]) or step
 
     steps = ([reply(todo(PLAN))] + rounds_of(n - 1) + [reply(todo(PLAN))]
              + rounds_of(n))
     run(mod, api, client, [watch(s) for s in steps])
     assert seen == [0] + list(range(n)) + list(range(n))
-    assert mod.TODO["rounds_since_update"] == n
+    assert mod.agent_state().plan["rounds_since_update"] == n
     assert [r for r, req in enumerate(api.requests) if nudged(req)] == [len(steps)]
 
 
@@ -208,7 +210,7 @@ def test_plan_and_counter_survive_into_the_next_user_turn(mod, api, client):
     history.append({"role": "user", "content": "go on"})
     api.script([reply(filler()), reply("Ok.")])
     assert mod.agent_loop(client, history) == "end_turn"
-    assert nudged(api.requests[-1]) and mod.TODO["rounds_since_update"] == n
+    assert nudged(api.requests[-1]) and mod.agent_state().plan["rounds_since_update"] == n
 
 
 @each
@@ -237,6 +239,6 @@ def test_demo_scenario_works_through_its_plan(mod, api, client, workspace):
     assert mod.agent_loop(client, [{"role": "user", "content": scenario.PROMPT}]) == "end_turn"
     assert api.remaining() == 0 and api.exhausted == 0
     assert {"greet.py", "test_greet.py", "README.md"} <= {p.name for p in workspace.iterdir()}
-    assert [i["status"] for i in mod.TODO["items"]] == ["completed"] * 3
+    assert [i["status"] for i in mod.agent_state().plan["items"]] == ["completed"] * 3
     assert [r for r, req in enumerate(api.requests) if nudged(req)] == [6]
     assert "1 test passed" in str(api.requests[5]["body"]["messages"][-1]["content"])

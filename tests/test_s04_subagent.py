@@ -68,7 +68,7 @@ def test_child_starts_fresh_with_only_the_task_and_no_agent_tool(mod, api, clien
     assert tool_names(child) == [n for n in parent_tools if n != "agent"]
     assert "a long conversation" not in json.dumps(child)
     assert child["system"] != body(api, 0)["system"] and "subagent" in child["system"]
-    assert str(mod.WORKDIR) in child["system"]
+    assert str(mod.agent_state().workdir) in child["system"]
 
 
 @each

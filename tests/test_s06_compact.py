@@ -416,7 +416,7 @@ def test_circuit_breaker_after_three_failures_and_the_forced_line_above_it(mod, 
     assert kinds(api) == ["main", "summary", "main", "summary", "main", "summary",
                           "main", "main", "summary", "main"]
     assert "compaction failed (3/3" in capsys.readouterr().err
-    assert mod.CONTEXT_STATE["failures"] == 0              # a success closes the breaker
+    assert mod.agent_state().compaction["failures"] == 0              # a success closes the breaker
     assert "SUMMARY-TEXT" in dump(bodies(api)[-1]["messages"][0])
     check_history(history)
 
@@ -600,7 +600,7 @@ def test_a_stream_cut_ends_the_partial_line_and_says_so(fast, api, client, capsy
 
 @each
 def test_a_child_loop_keeps_its_own_compaction_state_and_prefix(mod, api, client, capsys):
-    mod.CONTEXT_STATE["failures"] = 2                      # the parent's breaker: one from open
+    mod.agent_state().compaction["failures"] = 2                      # the parent's breaker: one from open
     api.script([reply(tool("agent", {"prompt": "look around"})),
                 reply(tool("compact", {"focus": "CHILD-FOCUS"})),   # child
                 error(400, "summary refused"),                      # child's summary call fails
@@ -609,8 +609,8 @@ def test_a_child_loop_keeps_its_own_compaction_state_and_prefix(mod, api, client
     reason, history = run(mod, client)
     assert reason == "end_turn"
     assert kinds(api) == ["main", "main", "summary", "main", "main"]
-    assert mod.CONTEXT_STATE["failures"] == 2 and not mod.CONTEXT_STATE["requested"]
-    assert mod.CONTEXT_STATE["focus"] is None
+    assert mod.agent_state().compaction["failures"] == 2 and not mod.agent_state().compaction["requested"]
+    assert mod.agent_state().compaction["focus"] is None
     child, summary = bodies(api)[1], bodies(api)[2]        # the child's own prompt prefix
     assert strip_cc(summary["system"]) == strip_cc(child["system"])
     assert strip_cc(summary["tools"]) == strip_cc(child["tools"])
@@ -643,7 +643,7 @@ def test_compaction_requests_never_cross_between_parent_and_child(mod, api, clie
                 reply("parent final")])
     assert mod.agent_loop(client, history) == "end_turn"
     assert kinds(api) == ["main", "main", "main"]           # the parent did not compact
-    assert not mod.CONTEXT_STATE["requested"]
+    assert not mod.agent_state().compaction["requested"]
 
 
 @each
