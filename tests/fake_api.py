@@ -634,6 +634,7 @@ class ScriptedAPI:
         self._lock = threading.Lock()
         self._steps: list = []
         self._log: list = []
+        self._invalid: list = []     # every refused request, kept across reset()
         self.exhausted = 0
         self.cache = PromptCache()
         self._server = None
@@ -674,10 +675,18 @@ class ScriptedAPI:
         with self._lock:
             self._steps.extend(steps)
 
-    def reset(self) -> None:
+    def reset(self, full: bool = False) -> None:
+        """Empty the script, the log and the cache, for a fresh conversation.
+
+        Refused requests survive unless `full`: a test that resets midway
+        must still answer for a bad request it sent before.  The fixtures
+        start each test with a full reset.
+        """
         with self._lock:
             self._steps, self._log, self.exhausted = [], [], 0
             self.cache = PromptCache()
+            if full:
+                self._invalid = []
 
     @property
     def requests(self) -> list:
@@ -685,7 +694,9 @@ class ScriptedAPI:
             return list(self._log)      # a snapshot: safe to iterate
 
     def invalid(self) -> list:
-        return [r for r in self.requests if not r["valid"]]
+        """The refused requests, in order, including those before a reset()."""
+        with self._lock:
+            return list(self._invalid)
 
     def remaining(self) -> int:
         with self._lock:
@@ -700,6 +711,8 @@ class ScriptedAPI:
         if problem:
             status, message = problem
             entry.update(valid=False, error=message)
+            with self._lock:
+                self._invalid.append(entry)
             return handler.send_json(status, _error_body(status, message))
         body = entry["body"]
         if handler.path.split("?")[0].endswith("/count_tokens"):

@@ -36,7 +36,7 @@ def server():
 def api(server):
     # Overrides the suite-wide `api` fixture on purpose: that one fails any
     # test that sent an invalid request, and here that is often the point.
-    server.reset()
+    server.reset(full=True)
     return server
 
 
@@ -270,6 +270,21 @@ def test_valid_complex_history_accepted(api, client):
                                  tool_choice={"type": "auto"}, messages=messages)
     assert msg.content[0].text == "All done."
     assert not api.invalid() and api.requests[0]["body"]["messages"] == messages
+
+
+def test_invalid_request_survives_a_mid_test_reset(api, client):
+    # Tests reset() between phases; a bad request from an earlier phase must
+    # still reach the fixture that checks invalid() at the end.
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=MODEL, max_tokens=0, messages=HI)
+    api.reset()
+    api.script([reply("fresh")])
+    assert client.messages.create(model=MODEL, max_tokens=5, messages=HI).content[0].text == "fresh"
+    assert len(api.requests) == 1 and api.requests[0]["valid"]     # the log did restart
+    (bad,) = api.invalid()
+    assert "max_tokens: Input should be greater than or equal to 1" in bad["error"]
+    api.reset(full=True)                            # what the fixtures do between tests
+    assert api.invalid() == []
 
 
 def test_invalid_json_rejected(api):
