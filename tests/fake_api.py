@@ -124,6 +124,8 @@ _TOP_KEYS = {
     "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
     "thinking", "service_tier", "cache_control", "output_config", "container",
     "mcp_servers",
+    # newer body fields; the SDK's create() takes each as an argument
+    "diagnostics", "inference_geo", "speed", "user_profile_id", "workspace_id",
 }
 # Per block type: every key the API accepts, and the ones it insists on.
 _BLOCK_KEYS = {

@@ -397,6 +397,16 @@ def test_new_rules_accept_what_the_api_accepts(api, client):
     assert not api.invalid() and api.remaining() == 0
 
 
+def test_every_sdk_body_field_is_accepted(api, client):
+    # An "Extra inputs" 400 for a field the SDK itself offers would make the
+    # fake stricter than the service the SDK is written for.
+    api.script([reply("ok")])
+    client.messages.create(model=MODEL, max_tokens=10, messages=HI, inference_geo="us", speed="standard",
+                           diagnostics={"previous_message_id": "msg_01"}, user_profile_id="user_1",
+                           workspace_id="wrkspc_01", metadata={"user_id": "u"}, service_tier="auto")
+    assert not api.invalid() and api.remaining() == 0
+
+
 def test_model_limits_table():
     # (max output, context window): first match wins, so the narrower
     # prefixes must come before "claude-opus-4" and "claude-sonnet-4".
