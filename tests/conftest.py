@@ -73,7 +73,7 @@ def api_server():
 @pytest.fixture
 def api(api_server):
     """The scripted server, empty; fails the test if any request was invalid."""
-    api_server.reset()
+    api_server.reset(full=True)         # a mid-test reset() keeps what was refused
     yield api_server
     bad = api_server.invalid()
     assert not bad, f"invalid request sent to the API: {bad[0]['error']}"
