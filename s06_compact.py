@@ -36,6 +36,7 @@ prefix rarely and on purpose (a batch clear, a compaction), never every turn.
 import difflib
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 import random
@@ -1200,7 +1201,11 @@ DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
 HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
 PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{PLACEHOLDER.pattern}")  # both, in one scan
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
 COMMANDS = {}               # name -> command dict, filled by command()
 
 
@@ -1230,7 +1235,8 @@ def flag(meta, key, default):
 
 def parse_skill(folder, source):
     """One skill as a plain dict; unknown frontmatter keys are kept, never refused."""
-    meta, body = split_frontmatter((folder / "SKILL.md").read_text("utf-8", "replace"))
+    raw = (folder / "SKILL.md").read_bytes()  # one read: the hash is of the body that runs
+    meta, body = split_frontmatter(raw.decode("utf-8", "replace"))
     name, description = str(meta.get("name") or folder.name), meta.get("description")
     if not isinstance(description, str) or not description.strip():
         raise ValueError("no description (it tells the model what the skill does and when)")
@@ -1238,6 +1244,7 @@ def parse_skill(folder, source):
         raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
     return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
             "body": body, "path": folder.resolve(), "source": source, "meta": meta,
+            "file": folder / "SKILL.md", "sha256": hashlib.sha256(raw).hexdigest(),
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
@@ -1274,41 +1281,169 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
-def substitute(body, args):
-    """$ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) = shell-like words.
-
-    A body without any placeholder gets the arguments appended, so they are never lost.
-    """
+def arg_words(args):
+    """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
-        words = shlex.split(args)
+        return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
-        words = args.split()
+        return args.split()
+
+
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return PLACEHOLDER.sub(one, command)
+
+
+def run_dynamic(command, words, allowed=True):
+    """One !`command`'s output via run_bash (blocklist and timeout apply), or why not."""
+    if not allowed:
+        return (f"[command `{command}` not run: the human did not allow this project "
+                f"skill's commands, so their output is missing]")
+    try:
+        line = command_line(command, words)
+        say(f"> !{line}")
+        return clip(run_bash(line, DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
+    except ToolError as e:
+        return f"[command `{command}` failed: {e}]"
+
+
+def substitute(body, args, allowed=True):
+    """!`cmd` -> its output; $ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) =
+    shell-like words. args None (load_skill without arguments) leaves the text's as written.
+
+    One scan of the body as written, commands and placeholders alike: neither a
+    command's output nor an argument is scanned again, so neither can smuggle in
+    a !`cmd` or a placeholder. A body without any placeholder gets the arguments
+    appended, so they are never lost.
+    """
+    words = arg_words(args or "")
 
     def one(m):
-        index = m[1] or m[2]
+        if m[1] is not None:
+            return run_dynamic(m[1], words, allowed)
+        if args is None:
+            return m[0]
+        index = m[2] or m[3]
         if index is None:
             return args
         return words[int(index)] if int(index) < len(words) else ""
-    if PLACEHOLDER.search(body):
-        return PLACEHOLDER.sub(one, body)  # one pass: inserted text is never re-expanded
-    return f"{body}\n\nARGUMENTS: {args}" if args.strip() else body
+    text = TEMPLATE.sub(one, body)
+    if args and args.strip() and not PLACEHOLDER.search(body):
+        return f"{text}\n\nARGUMENTS: {args}"
+    return text
 
 
-def run_dynamic(text):
-    """Replace each !`cmd` with its output, via run_bash: blocklist and timeout apply."""
-    def one(m):
-        say(f"> !{m[1]}")
-        try:
-            return clip(run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
-        except ToolError as e:
-            return f"[command `{m[1]}` failed: {e}]"
-    return DYNAMIC.sub(one, text)
-
-
-def render_skill(skill, args=None):
+def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
-    body = skill["body"] if args is None else substitute(skill["body"], args)
-    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{run_dynamic(body)}\n</skill>'
+    body = substitute(skill["body"], args, allowed)
+    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes. Written to a temporary file, then renamed over the old one,
+    so a crash never leaves half a file."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                yaml.safe_dump({"workspaces": spaces}, f)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # left only when the write failed
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
 
 
 def load_skill(name, arguments=None):
@@ -1320,15 +1455,17 @@ def load_skill(name, arguments=None):
     if not skills[name]["model"]:
         raise ToolError(f"Skill '{name}' can only be started by the user (as /{name}); "
                         f"carry on without it.")
-    return render_skill(skills[name], arguments)
+    return render_skill(skills[name], arguments, may_run(skills[name]))
 
 
 def skill_file(path):
-    """An absolute path inside a skill folder (built-in, user, project), else None.
+    """An absolute path to a file in a discovered skill folder, else None.
 
     read_file uses it so a loaded skill's linked files can be read although the
     built-in and user folders lie outside the workspace. Only reads: writes
-    still go through safe_path alone. Symlinks are resolved before the check.
+    still go through safe_path alone. Only folders holding a SKILL.md count,
+    never a whole skills root (a cloned repository can make .agent/skills a
+    link to /), and the file, symlinks resolved, must lie inside its folder.
     """
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute():
@@ -1337,8 +1474,11 @@ def skill_file(path):
         p = p.resolve()
     except (OSError, RuntimeError):
         return None
-    roots = [root.resolve() for _, root in skill_dirs() if root.is_dir()]
-    return p if any(p.is_relative_to(root) for root in roots) else None
+    # A skill folder that is itself a link (ln -s ~/src/my-skill ~/.agent/skills/)
+    # is allowed, not refused: people keep their skills that way. Reads stay inside
+    # the folder it points to (its "path"), and that folder must hold a SKILL.md, so
+    # a link to /etc or ~ is no skill: the most a link reaches is one skill folder.
+    return p if any(p.is_relative_to(s["path"]) for s in discover_skills().values()) else None
 
 
 register("load_skill", (
@@ -1350,7 +1490,7 @@ register("load_skill", (
     "works on something specific. Do not call it for names that are not listed."),
     params(["name"], name=("string", "The skill's name exactly as listed."),
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
-    load_skill, read_only=True)
+    load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
@@ -1366,7 +1506,7 @@ def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
 def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
-            "handler": lambda args, ctx: render_skill(skill, args)}
+            "handler": lambda args, ctx: render_skill(skill, args)}  # typed /name: the human's yes
 
 
 def all_commands():
