@@ -23,12 +23,16 @@ Run:
     export ANTHROPIC_API_KEY=...          # or put it in .env
     python s01_agent_loop.py              # REPL, prompt "s01 >> "
     python s01_agent_loop.py "task"       # one task, then exit
-    python tests/demo.py s01              # offline, no key: scripted model
+    python tests/demo.py s01 --show-requests   # offline, no key: scripted model
+  The agent reads and writes the current directory: start it in a scratch
+  folder, not in this repository: cd "$(mktemp -d)" && python <repo>/s01_agent_loop.py
 
 Try:
-    make hello.txt containing hi, then show me its size
-    what python version is installed here, and where?
-    delete everything under /        (the blocklist refuses it)
+    make hello.txt containing hi, show me its size, then make root its owner
+                        (the demo runs this one: the blocklist refuses sudo)
+    what python version is installed here, and where?            (real model)
+    python -c "import s01_agent_loop as s; print(s.check_dangerous('rm -rf /'))"
+                        (offline: why the blocklist refuses it; nothing runs)
 
 Key insight: the model never runs anything. It asks; the loop runs the tool
 and feeds the observation back, until the model stops asking.

@@ -18,12 +18,15 @@ glob_regex, normalize_messages, run_parallel.
 Run:
     python s02_tools.py                   # REPL, prompt "s02 >> "
     python s02_tools.py "task"            # one task, then exit
-    python tests/demo.py s02              # offline, no key: scripted model
+    python tests/demo.py s02 --show-requests   # offline, no key: scripted model
 
 Try:
-    find every TODO in this project and list them by file
-    read the README and fix any typo you find (watch the edit_file call)
-    show me /etc/passwd            (the sandbox refuses; bash is s07's job)
+    find the TODOs and fix the one in app.py
+                        (the demo runs this one, plus a read of /etc/passwd
+                        that the path sandbox refuses)
+    find every TODO in this project and list them by file        (real model)
+    write notes.md with three typos, then fix each with edit_file
+                        (real model; watch the read-before-edit rule)
 
 Key insight: adding a tool never touches the loop. A tool is a schema the model
 reads, a handler the loop calls, and flags that say how it may be scheduled.

@@ -20,12 +20,14 @@ check_plan, plan_lines, plan_text, show_plan, plan_reminder.
 Run:
     python s03_todo.py                    # REPL, prompt "s03 >> "
     python s03_todo.py "task"             # one task, then exit
-    python tests/demo.py s03              # offline, no key: scripted model
+    python tests/demo.py s03 --show-requests   # offline, no key: scripted model
 
 Try:
-    add a --verbose flag to every script here, then update the README to match
-    create a tiny python package with a module, a test and a README, step by step
-    what is 2 + 2?                 (one step: the model should not make a plan)
+    Create a tiny greeting module with a test and a README.
+                        (the demo runs this one: plan, checklist, reminder)
+    write three small python scripts, then add a --verbose flag to each and
+    document it in a README                                      (real model)
+    what is 2 + 2?      (real model; one step: the model should not make a plan)
 
 Key insight: a plan the model must write down and tick off survives long turns;
 a plan it only "thinks" drifts. The loop's job is just to notice when it goes stale.

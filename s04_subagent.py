@@ -22,12 +22,17 @@ take a child's tools, turn cap, system prompt, model, output stream, usage bill.
 Run:
     python s04_subagent.py                # REPL, prompt "s04 >> "
     python s04_subagent.py "task"         # one task, then exit
-    python tests/demo.py s04              # offline, no key: scripted model
+    python tests/demo.py s04 --show-requests   # offline, no key: scripted model
 
 Try:
+    How many times does this project retry a failed download, and where is that set?
+                        (the demo runs this one: an explore subagent)
     use an explore agent to find where errors are handled, then summarise
-    write .agent/agents/reviewer.md (tools: read_file, grep) and ask it to review a file
-    we just read parser.py: fork yourself to write a test for parse_date
+                        (real model, in a folder with some code)
+    mkdir -p .agent/agents && cp <repo>/examples/agents/reviewer.md .agent/agents/
+    then: ask the reviewer agent to review app.py
+                        (real model; the format is in examples/README.md)
+    we just read parser.py: fork yourself to write a test for parse_date (real model)
 
 Key insight: a subagent is just a tool whose handler runs the same loop on a new
 message list. Its value is what it leaves out: your history, some tools, and

@@ -26,12 +26,15 @@ Run:
     python s05_skills.py                  # REPL, prompt "s05 >> "; try /help
     python s05_skills.py "task"           # one task, then exit
     python s05_skills.py "/review-code src"   # one slash command, then exit
-    python tests/demo.py s05              # offline, no key: scripted model
+    python tests/demo.py s05 --show-requests   # offline, no key: scripted model
 
 Try:
-    /skills                 (where each skill comes from)
-    /commit-message         (drafts a message from the staged diff)
-    we need a CSV export for the report page; spec it out first
+    review my uncommitted changes in src
+                        (the demo runs this one: review-code loaded and followed)
+    ANTHROPIC_API_KEY=none python s05_skills.py /skills
+                        (offline: /skills and /help run locally, no model call)
+    /commit-message     (real model; drafts a message from the staged diff)
+    we need a CSV export for the report page; spec it out first  (real model)
 
 Key insight: a skill costs one line of context until it is needed; the model
 (or the human, with /name) decides when to pay for the rest.

@@ -20,13 +20,18 @@ request_messages, cached, the compact tool and the /compact command.
 Run:
     python s06_compact.py                 # REPL, prompt "s06 >> "; /compact [focus]
     python s06_compact.py "task"          # one task, then exit
-    python tests/demo.py s06              # offline, no key: scripted model
+    python tests/demo.py s06 --show-requests   # offline, no key: scripted model
     python tests/bench_s06_context.py     # cost of three context policies
 
 Try:
-    run `seq 1 100000` and tell me the sum of the last 10 lines (watch the preview)
-    read every .py file here one by one and summarise each (watch the status line)
-    /compact keep the list of files we changed
+    How many ERROR lines are in app.log, and which service logs most of them?
+                        (the demo runs this one: --show-requests shows the saved
+                        result, the batch clear and the compaction)
+    run `seq 1 100000` and tell me the sum of the last 10 lines
+                        (real model; watch the preview and .agent/tool-results/)
+    read every .py file here one by one and summarise each
+                        (real model, in a folder with code; watch the status line)
+    /compact keep the list of files we changed                   (real model)
 
 Key insight: the history is an append-only log the cache can reuse; change its
 prefix rarely and on purpose (a batch clear, a compaction), never every turn.
