@@ -2,20 +2,23 @@
 """s06_compact.py - context management: big results to disk, old results cleared in
 batches, auto-compaction near the window, error recovery, prompt caching.
 
-New since s05: persist_large_results, clear_old_results, context_tokens,
+New since s05: persist_large, fit_results, clear_old_results, context_tokens,
 request_tokens, compact, compact_now, SUMMARY_PROMPT, call_with_recovery,
-request_messages, cached, the compact tool and the /compact command.
+recover, LineWatch, request_messages, cached, the compact tool and /compact.
 
-    tool results --> persist_large_results: > 30K chars -> .agent/tool-results/
-         |                                   (the model gets preview + path)
+    tool result --> persist_large: > 30K chars -> .agent/tool-results/ (the model
+         |          gets preview + path); one message's results > 90K -> the
+         |          largest to disk, read_file's -> "read it in parts"
     call_with_recovery(history)
          |-- manage_context: size = last reported usage + estimate since
          |     > WORKING_BUDGET or cache cold -> clear old results, one batch
          |     > 167K (> 177K even with the breaker open) -> compact:
          |        transcript.jsonl -> 9-section summary + verbatim tail + files
          |-- call_model: cache breakpoints on tools, system, newest messages
-         '-- 429/529/5xx/cut stream -> backoff, retry | prompt too long ->
-             compact, retry once | max_tokens -> "continue" | else: one line
+         '-- recover: 429/529/5xx -> backoff, retry; a cut stream continues
+             the reply (prefill) | prompt too long -> compact, retry once |
+             no room for max_tokens -> lower it, or compact | max_tokens ->
+             "continue" | else: one line
 
 Run:
     python s06_compact.py                 # REPL, prompt "s06 >> "; /compact [focus]
@@ -224,7 +227,8 @@ TOOLS = [{
     "description": (
         "Run a shell command in the project directory and return its combined "
         "stdout and stderr. Use it to list, inspect, build, test and change files. "
-        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "Output over 30,000 characters is saved to a file; you get a preview and the path, "  # s06: to disk
+        "so filter noisy commands "  # s06
         "(head, grep). Commands that wait for input or run forever time out; "
         "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
     "input_schema": {
@@ -255,13 +259,14 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
+    persist_large(block, result)  # s06: a huge result goes to disk before it is shown
     say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
 def preview(content, is_error=False):
     """One line of what the tool returned, for the human watching."""
-    lines = str(content).strip().splitlines() or [""]
+    lines = str(content).strip().removeprefix("<persisted-output>\n").splitlines() or [""]  # s06: its note
     more = f"  (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
     return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
 
@@ -1608,8 +1613,10 @@ command("skills", "List skills: where each comes from and who may start it", sho
 #            model has seen them, only past WORKING_BUDGET or on a cold cache
 #   layer 2  near the window the model summarises the old turns (9 sections,
 #            transcript saved first); the recent tail stays verbatim
-#   recover  max_tokens, prompt too long, overload and cut streams each get a
-#            bounded, named way out; anything else ends the turn in one line
+#   recover  max_tokens, prompt too long, no room for the reply, overload and
+#            cut streams each get a bounded, named way out; anything else ends
+#            the turn in one line. Writing .agent/ may fail (a read-only
+#            checkout): that costs the disk copy, never the turn.
 #
 # Clearing versus caching. The API caches the request prefix up to each
 # cache_control breakpoint; a cache read costs 0.1x the input price, a write
@@ -1644,8 +1651,9 @@ REATTACH_FILES = 5          # recently read files re-read into the history after
 REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
 SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
 PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-MESSAGE_BUDGET_CHARS = 90_000  # results of one message together; the largest go to disk first
-PERSIST_EXEMPT = ("read_file",)  # capped already; reading a saved file must not save it again
+MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
+PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
+                            # the budget they become a note to read the file again in parts
 PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
 WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
@@ -1653,6 +1661,8 @@ KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
 CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
+MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
+                            # lowering max_tokens (a reply that small is mostly continuations)
 MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
 RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
 RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
@@ -1696,37 +1706,80 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 
 
 # Layer 1. It runs once per result, as the result enters the history, so the
-# text the model sees never changes afterwards (a byte-stable prefix).
+# text the model sees never changes afterwards (a byte-stable prefix). A
+# workspace that cannot be written (read-only, full disk) never fails the turn:
+# the model then gets the preview alone, with a note saying nothing was saved.
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
     path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
+            f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
+        block["content"] = (
+            f"{preview}\n[output too large ({len(text):,} characters) and it could not be saved "
+            f"to disk ({e.strerror or e}): only the first {len(preview):,} characters are shown. "
+            f"Rerun it with a filter (grep, head, tail) for the part you need.]")
+        return
+    say(f"[{len(text):,} characters of output saved to {rel(path)}: the model gets a "
+        f"{len(preview):,}-character preview and the path]")
     block["content"] = (
         f"<persisted-output>\nOutput too large ({len(text):,} characters). Full output saved "
-        f"to: {rel(path)}\nRead it with read_file (offset/limit) or search it with grep.\n\n"
+        f"to: {rel(path)}\nRead it with read_file (offset/limit) or search it with grep. "
+        f"read_file cuts lines at {MAX_LINE:,} characters; grep (output_mode content) or bash "
+        f"(cut -c, head -c) reach the rest of a longer line.\n\n"
         f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-output>")
 
 
-def persist_large_results(calls, results):
-    """Results above PERSIST_CHARS go to disk, then the largest ones until the
-    message fits MESSAGE_BUDGET_CHARS (many mid-size results add up too)."""
-    names = {c.id: c.name for c in calls}
-    movable = [b for b in results if isinstance(b.get("content"), str)
-               and names.get(b["tool_use_id"]) not in PERSIST_EXEMPT]
-    for b in movable:
-        if len(b["content"]) > PERSIST_CHARS:
-            persist_output(b)
-    for b in sorted(movable, key=lambda b: len(b["content"]), reverse=True):
-        if sum(len(str(r.get("content", ""))) for r in results) <= MESSAGE_BUDGET_CHARS:
-            break
-        if not b["content"].startswith("<persisted-output>"):
-            persist_output(b)
+def persist_large(block, result):
+    """A result above PERSIST_CHARS goes to disk as it is made (run_tool calls
+    this before the human's preview line, so that line shows what the model gets)."""
+    if block.name not in PERSIST_EXEMPT and len(result["content"]) > PERSIST_CHARS:
+        persist_output(result)
+    return result
+
+
+def leave_out(block, args):
+    """A read_file result over the message budget: a note to read it again in parts.
+    The file no longer counts as read: the model has not seen it."""
+    path, size = args.get("path", "the file"), len(block["content"])
+    block["content"] = (
+        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
+        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
+        f"parts (offset/limit), or fewer files at a time.]")
+    with contextlib.suppress(ToolError, TypeError):
+        agent_state().files.pop(str(safe_path(path)), None)
+    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+
+
+def fit_results(results, calls):
+    """Shrink one message's results, largest first, until together they fit
+    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
+    which are never saved, as a note. A result moves only when that at least
+    halves it. calls: tool_use id -> (tool name, input)."""
+    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
+    def total():
+        return sum(len(b["content"]) for b in live)
+    for reads in (False, True):
+        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
+            if total() <= MESSAGE_BUDGET_CHARS:
+                return results
+            name, args = calls.get(b["tool_use_id"], ("", {}))
+            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
+                leave_out(b, args) if reads else persist_output(b)
     return results
+
+
+def persist_large_results(calls, results):
+    """The results of one reply's calls (each over PERSIST_CHARS went to disk
+    already): many mid-size ones add up, so the message is fitted to its budget."""
+    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
 
 
 # Old results. The history itself keeps every result; a cleared one is only
@@ -1842,6 +1895,19 @@ def request_tokens(client, messages, options=None):
         return guess
 
 
+def charge(message, usage=None):
+    """One call's bill: its cost joins the session's; with `usage` (a subagent's
+    counter) its tokens join that too. Returns the line of numbers to show."""
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + u.output_tokens * PRICE_OUTPUT) / 1e6
+    agent_state().session["cost"] += cost
+    add_usage(usage, message)
+    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
+            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
+
+
 def after_call(messages, message):
     """Mark what the model has now seen, anchor the size, print the status line."""
     for b in tool_results(messages):
@@ -1851,12 +1917,8 @@ def after_call(messages, message):
     total = u.input_tokens + read + write + u.output_tokens
     messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": estimate_tokens(
         shown_messages(messages)) + estimate_tokens(assistant_message(message))}
-    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
-            + u.output_tokens * PRICE_OUTPUT) / 1e6
-    agent_state().session["cost"] += cost
-    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | input {u.input_tokens:,}, cache read "
-        f"{read:,}, cache write {write:,}, output {u.output_tokens:,} | ~${cost:.4f}, "
-        f"session ~${agent_state().session['cost']:.4f}]")
+    # No `usage` here: call_model already added this call's tokens to a child's bill.
+    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
 
 
 # Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
@@ -1878,40 +1940,58 @@ def tail_start(messages):
 
 
 def save_transcript(messages):
-    """Everything, before anything is summarised away: one message per JSON line."""
+    """Everything, before anything is summarised away: one message per JSON line.
+    None when the workspace cannot be written: the compaction goes on without it."""
     folder = agent_state().workdir / ".agent" / "transcripts"
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                            for m in messages), encoding="utf-8")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                for m in messages), encoding="utf-8")
+    except OSError as e:
+        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
+            f"of the older messages]")
+        return None
     return path
 
 
+class SummaryFailed(Exception):
+    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
+
+
 def summarize(client, older, focus=None, options=None):
-    """One call with the 9-section prompt; only the <summary> block is kept.
+    """One streamed call with the 9-section prompt; only the <summary> block is kept.
 
     The API wants tools defined whenever the history holds tool blocks, so the
     same (cached) tools go along, with tool_choice none: none can be called.
-    Too long even for that: drop the oldest fifth of the turns and try again.
+    Streamed (the SDK refuses long non-streamed calls for some models) but not
+    printed, and billed like any call. Too long even for that, or no room left
+    for the summary: drop the oldest fifth of the turns and try again. Only the
+    call's own failures become SummaryFailed; a bug anywhere else propagates.
     """
     prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
     model, system, tools = loop_prefix(options)
     for attempt in range(MAX_COMPACT_FAILURES):
+        request = shown_messages(older + [{"role": "user", "content": prompt}])
         try:
-            reply = client.messages.create(
-                model=model, max_tokens=SUMMARY_MAX_TOKENS, system=cached(system),
-                tools=cached(tools), tool_choice={"type": "none"},
-                messages=shown_messages(older + [{"role": "user", "content": prompt}]))
+            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
+                                        system=cached(system), tools=cached(tools),
+                                        tool_choice={"type": "none"}, messages=request) as stream:
+                reply = stream.get_final_message()
             break
-        except anthropic.APIStatusError as e:
-            if not is_prompt_too_long(e) or attempt + 1 == MAX_COMPACT_FAILURES:
+        except Exception as e:
+            if not is_api_failure(e):
                 raise
+            too_big = is_prompt_too_long(e) or context_room(e) is not None
+            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
+                raise SummaryFailed(str(e)) from e
             older = older[max(1, len(older) // 5):]
+    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
     text = "".join(b.text for b in reply.content if b.type == "text")
     found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
     summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
     if not summary:
-        raise ValueError("the model returned an empty summary")
+        raise SummaryFailed("the model returned an empty summary")
     return summary
 
 
@@ -1934,6 +2014,17 @@ def reattach_files(messages, start):
     return blocks
 
 
+def fit_tail(tail):
+    """A tail too big on its own (a message of many results, kept because it is
+    the newest) would fail every later request: each of its messages of results
+    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
+    for prev, m in zip(tail, tail[1:]):
+        if prev["role"] == "assistant" and tool_results([m]):
+            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
+                     if b["type"] == "tool_use"}
+            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
+
+
 def compact(client, messages, focus=None, why="auto", options=None):
     """Replace the old part of the history, in place, by a summary; True if done.
     `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
@@ -1942,25 +2033,26 @@ def compact(client, messages, focus=None, why="auto", options=None):
         say("[nothing to compact yet]")
         return False
     path = save_transcript(messages)
+    say(f"[compacting ({why}): summarising {start} messages]")
     try:
         summary = summarize(client, messages[:start], focus, options)
-    except Exception as e:
-        if not (is_api_failure(e) or isinstance(e, ValueError)):
-            raise
+    except SummaryFailed as e:
         state["failures"] += 1
         say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
         return False
+    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
+             if path else "The full transcript could not be saved: this summary is all there is.")
     head = [{"type": "text", "text": (
         f"This session continues from an earlier conversation that was compacted to free "
-        f"context. The full transcript is saved in {rel(path)}; read it if you need an exact "
-        f"detail.\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
     tail = messages[start:]
     for m in tail:
         m.pop("_usage", None)  # sizes measured before the cut mean nothing now
+    fit_tail(tail)
     messages[:] = [{"role": "user", "content": head}] + tail
     state["failures"] = 0
     say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
-        f"transcript in {rel(path)}]")
+        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
     return True
 
 
@@ -2045,18 +2137,48 @@ def backoff_delay(attempt, error):
     return min(max(delay, 0.0), RETRY_MAX_DELAY)
 
 
+def context_room(e):
+    """Output tokens that would fit, read from the API's other context error, a 400
+    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
+    (the prompt fits, the reply would not); None for any other error."""
+    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
+        return None
+    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
+                      str(e))
+    return int(found[2]) - int(found[1]) if found else None
+
+
 class PromptTooLarge(Exception):
     """Prompt too long with nothing older to summarise: the newest message alone is."""
 
 
 class LineWatch:
-    """Stands in for call_model's `out` (None: stdout) and notes whether the text
-    printed so far ends mid-line: a stream cut mid-reply leaves such a line."""
+    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
+    of the reply being written, so a stream cut mid-reply is continued where it
+    stopped (the API completes an assistant prefill) instead of printed twice.
+
+    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
+    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
+    an all-text reply can be a prefill: not a half-made tool call, not with
+    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
+    end) that the continuation will send again; printed once, not twice.
+    """
 
     def __init__(self, out):
         self.out, self.open = out, False
+        self.reset()
+
+    def reset(self):
+        """A new reply: nothing of it printed yet."""
+        self.reply = self.attempt = self.echo = ""
+        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
 
     def write(self, text):
+        if self.echo:
+            same = len(os.path.commonprefix([self.echo, text]))
+            self.echo = self.echo[same:] if same == len(text) else ""
+            self.skipped, text = self.skipped + same, text[same:]
+        self.attempt += text
         self.open = not text.endswith("\n") if text else self.open
         return (self.out or sys.stdout).write(text)
 
@@ -2069,6 +2191,50 @@ class LineWatch:
         if was:
             print(file=self.out)
         return was
+
+    def prefill(self):
+        """The cut reply so far, as the assistant message to continue ([] if none)."""
+        kept = self.reply.rstrip()
+        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
+
+    def retrying(self):
+        """Before a retry: an all-text attempt joins the reply to be continued; one
+        that began a tool call or thinking ends its line and the reply restarts."""
+        if set(self.blocks) <= {"text"}:
+            if self.attempt:
+                say("[stream cut: continuing the reply where it stopped]")
+            self.reply += self.attempt
+        else:
+            self.close()
+            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
+                "it starts again on the next line]")
+            self.reply = ""
+        self.echo = self.reply[len(self.reply.rstrip()):]
+        self.attempt, self.blocks, self.skipped = "", [], 0
+
+    def joined(self, message):
+        """The finished message, with the text of the cut attempts in front of its
+        first text: one reply, exactly as printed. Ends its line (call_model does
+        only when this call sent text); resets for the next call."""
+        self.close()
+        if self.reply:
+            first = message.content[0] if message.content else None
+            if first is not None and first.type == "text":
+                first.text = self.reply + first.text[self.skipped:]
+            else:  # the continuation began with a tool call
+                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
+                message.content.insert(0, kept)
+        self.reset()
+        return message
+
+
+def reply_text(stream, out):
+    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
+    for event in stream:
+        if event.type == "content_block_start" and isinstance(out, LineWatch):
+            out.blocks.append(event.content_block.type)
+        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+            yield event.delta.text
 
 
 def whole_reply(messages):
@@ -2084,49 +2250,66 @@ def whole_reply(messages):
     return "".join(parts).strip()
 
 
-def compact_to_retry(client, messages, error, options):
-    """Prompt too long: compact so the same turn can be retried; True if done.
-    With nothing older than the newest message, the prompt itself is too big."""
+def compact_to_retry(client, messages, error, options, why="prompt too long"):
+    """Prompt too long (or no room left for the reply): compact so the same turn
+    can be retried; True if done. With nothing older than the newest message,
+    the prompt itself is too big."""
     if tail_start(messages) == 0:
         if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
             messages.pop()  # never accepted: kept, it would fail every later turn too
         raise PromptTooLarge("the prompt itself is too large for the context window and was "
                              "not kept: shorten it, or save the long part to a file and ask "
                              "for it to be read") from error
-    say("[prompt too long: compacting, then retrying the turn]")
-    return compact(client, messages, None, "prompt too long", options)
+    say(f"[{why}: compacting, then retrying the turn]")
+    return compact(client, messages, None, why, options)
+
+
+def recover(client, messages, error, turn, line, options):
+    """After a failed call_model: make the retry possible, or return False (the
+    turn ends). No room for the reply: lower max_tokens to what fits (once per
+    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
+    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
+    room = context_room(error)
+    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
+    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
+        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
+        turn["max_tokens"] = room
+        return True
+    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
+        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
+        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
+        return compact_to_retry(client, messages, error, options, why)
+    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
+        return False
+    line.retrying()
+    delay = backoff_delay(turn["retries"], error)
+    turn["retries"] += 1
+    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
+        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
+    time.sleep(delay)
+    return True
 
 
 def call_with_recovery(client, messages, **options):
     """call_model with the context managed first and every recoverable failure
-    handled: transient errors back off and retry (MAX_RETRIES), a prompt that is
-    too long is compacted and retried once, a reply cut by max_tokens is
-    continued (MAX_CONTINUATIONS). Anything else propagates to agent_loop,
-    which ends the turn with one line and a valid history. `options` go to
-    call_model unchanged."""
+    handled (recover): transient errors back off and retry, a cut reply is
+    continued, a prompt too long is compacted and retried once, a reply without
+    room gets a lower max_tokens; a reply cut by max_tokens is continued
+    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
+    turn with one line and a valid history. `options` go to call_model."""
     manage_context(client, messages, options)
-    retries = continuations = 0
-    compacted = False
-    line = LineWatch(options.get("out"))
+    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
+    continuations, line = 0, LineWatch(options.get("out"))
     while True:
         try:
-            message = call_model(client, messages, **{**options, "out": line})
+            message = call_model(client, messages + line.prefill(),
+                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
         except Exception as e:
-            cut = line.close()  # a reply cut mid-line ends before anything else is said
-            if is_prompt_too_long(e) and not compacted:
-                compacted = True
-                if compact_to_retry(client, messages, e, options):
-                    continue
-            if not is_transient(e) or retries >= MAX_RETRIES:
+            if not recover(client, messages, e, turn, line, options):
+                line.close()  # a reply cut mid-line ends before anything else is said
                 raise
-            if cut:  # the retried reply is printed again from its start
-                say("[stream cut: retrying the reply]")
-            retries, delay = retries + 1, backoff_delay(retries, e)
-            say(f"[{getattr(e, 'status_code', None) or type(e).__name__}: retry "
-                f"{retries}/{MAX_RETRIES} in {delay:.1f}s]")
-            time.sleep(delay)
             continue
-        after_call(messages, message)
+        after_call(messages, line.joined(message))
         if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
             return message
         continuations += 1
@@ -2164,13 +2347,14 @@ def run_tools(calls, results):
     return results
 
 
-def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
+def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None,  # s04
+               max_tokens=MAX_TOKENS):  # s06: lowered when the window has less room left
     """One streamed model call; text is printed the moment it arrives."""
     tools = TOOLS if tools is None else tools  # s04: None = the main agent's
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
-    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=cached(system),  # s06: cache
+    with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
-        for text in stream.text_stream:
+        for text in reply_text(stream, out):  # s06: out learns which blocks began
             print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
@@ -2230,7 +2414,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
             results = []  # in the history before any call runs: Ctrl+C keeps what finished
             messages.append({"role": "user", "content": results})
             run_allowed(calls, tools, results)  # s04
-            persist_large_results(calls, results)  # s06: big ones to disk
+            persist_large_results(calls, results)  # s06: the message's results fit a budget
             results += plan_reminder(calls, results)  # s03: plan nudge
             for block in calls:
                 unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
