@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import anthropic
@@ -60,6 +61,8 @@ MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrid
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+BASH_OUTPUT_CAP = 8_000_000  # bytes a command may print before it is stopped: `yes` fills 1 GB in 3 s
+BASH_POLL = 0.05            # seconds between checks of a running command's output size
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
@@ -170,6 +173,44 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
+def read_head(fh, limit=MAX_OUTPUT):
+    """The start of an open binary file as text, clipped to `limit` characters.
+
+    Reads at most 4 bytes per character kept (UTF-8's longest), never the whole
+    file, so memory stays bounded whatever a command printed.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(0)
+    data = fh.read(4 * limit)
+    text = data.decode("utf-8", "replace")
+    if len(data) == size:
+        return clip(text, limit)
+    return text[:limit] + f"\n... [truncated: {size} bytes in all, the first {limit} characters shown]"
+
+
+def watch_command(p, sink, timeout):
+    """Wait for a command, checking its output file as it grows; kill its process
+    group past `timeout`, once the file passes BASH_OUTPUT_CAP, or on Ctrl+C.
+    Returns None when it ended by itself, else a note saying why it was stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+            if p.returncode is not None:
+                return None
+            if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
+                return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
+                        f"to a file and read parts of it")
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout}s: run it in smaller steps or pass a larger timeout"
+    finally:
+        if p.returncode is None:  # stopped or interrupted: the whole pipeline goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -182,24 +223,13 @@ def run_bash(command, timeout=None):
     timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
-    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            p.wait(timeout=timeout)
-        except BaseException as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            sink.seek(0)
-            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
-                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
-        sink.seek(0)
-        raw = sink.read()
-    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+        if stopped := watch_command(p, sink, timeout):
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        out = read_head(sink) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
