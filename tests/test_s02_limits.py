@@ -4,6 +4,7 @@ Python walk read the same .gitignore files, long lines are cut with a marker,
 and edits work on files that are not clean UTF-8 or use CRLF."""
 import io
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -25,8 +26,8 @@ def call(mod, name, **args):
 
 
 def marker(mod, seconds):
-    """A sleep command line no other test runs, to find its process afterwards."""
-    return f"sleep {seconds}{os.getpid() % 10}.{len(mod.__name__)}"
+    """A sleep command line no other test (or concurrent suite) runs, to find its process."""
+    return f"sleep {seconds}{random.randrange(10**8):08d}"
 
 
 def gone(command):
