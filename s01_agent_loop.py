@@ -133,7 +133,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
@@ -142,7 +142,7 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
+# a determined model can write the same thing another way (a later chapter adds the OS
 # sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
@@ -269,7 +269,6 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -280,9 +279,25 @@ def preview(content, is_error=False):
     return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -293,7 +308,7 @@ def run_tools(calls, results):
     """
     for block in calls:
         say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     return results
 
 
@@ -302,10 +317,10 @@ def call_model(client, messages):
     with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
                                 tools=TOOLS, messages=messages) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True)
+            show_text(text)
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True)
+        show_text("\n")
     return message
 
 

@@ -134,7 +134,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
@@ -272,7 +272,6 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -830,14 +829,15 @@ def run_parallel(batch, results):
     agent's state. On Ctrl+C the calls that finished keep their results.
     """
     if len(batch) <= 1:
-        results.extend(run_tool(b) for b in batch)
+        for b in batch:
+            add_result(run_tool(b), results)
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
         try:
-            for f in futures:
-                results.append(f.result())
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
                 kept += 1
         except KeyboardInterrupt:
             pool.shutdown(cancel_futures=True)  # waits for the running ones
@@ -917,10 +917,11 @@ def plan_summary():
 
 
 def plan_text():
-    """What the model gets back: the checklist as plain text plus a count."""
+    """What the model gets back: the count first (the human's one-line preview
+    shows it), then the checklist as plain text."""
     if not plan()["items"]:
         return "The plan is empty."
-    return "\n".join(plan_lines() + [plan_summary()])
+    return "\n".join([plan_summary()] + plan_lines())
 
 
 def show_plan():
@@ -992,9 +993,25 @@ register("todo_write", (
     todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -1010,7 +1027,7 @@ def run_tools(calls, results):
             batch.append(block)
             continue
         batch = run_parallel(batch, results)  # s02: the gathered ones first
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     run_parallel(batch, results)  # s02
     return results
 
@@ -1020,10 +1037,10 @@ def call_model(client, messages):
     with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
                                 tools=TOOLS, messages=normalize_messages(messages)) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True)
+            show_text(text)
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True)
+        show_text("\n")
     return message
 
 

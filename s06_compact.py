@@ -92,6 +92,7 @@ class AgentState:
         self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
+        self.label = ""  # s04: a subagent's name, on each of its progress lines
         self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
         self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
 
@@ -149,7 +150,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}" + skills_prompt()  # s05: skill list
 
 # --- tools ---
@@ -289,7 +290,6 @@ def run_tool(block):
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
     persist_large(block, result)  # s06: a huge result goes to disk before it is shown
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -847,14 +847,15 @@ def run_parallel(batch, results):
     agent's state. On Ctrl+C the calls that finished keep their results.
     """
     if len(batch) <= 1:
-        results.extend(run_tool(b) for b in batch)
+        for b in batch:
+            add_result(run_tool(b), results)
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
         try:
-            for f in futures:
-                results.append(f.result())
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
                 kept += 1
         except KeyboardInterrupt:
             pool.shutdown(cancel_futures=True)  # waits for the running ones
@@ -934,10 +935,11 @@ def plan_summary():
 
 
 def plan_text():
-    """What the model gets back: the checklist as plain text plus a count."""
+    """What the model gets back: the count first (the human's one-line preview
+    shows it), then the checklist as plain text."""
     if not plan()["items"]:
         return "The plan is empty."
-    return "\n".join(plan_lines() + [plan_summary()])
+    return "\n".join([plan_summary()] + plan_lines())
 
 
 def show_plan():
@@ -1228,14 +1230,13 @@ def fork_messages(history, task):
 
 
 def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting).
-    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
     if usage is None:
         return
     u = message.usage
     usage["calls"] += 1
-    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
-                       + (u.cache_creation_input_tokens or 0))
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
+                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
     usage["output"] += u.output_tokens
 
 
@@ -1259,7 +1260,7 @@ def child_settings(spec, fork, usage):
             "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
 
 
-def child_state(fork):
+def child_state(fork, label):
     """A subagent's own AgentState: the same workspace, a plan of its own, and
     file-read records of its own (a fork starts from a copy of the parent's).
 
@@ -1269,16 +1270,17 @@ def child_state(fork):
     """
     parent = agent_state()
     child = AgentState(parent.workdir)
+    child.label = label
     if fork:
         child.files = dict(parent.files)
     child.session = parent.session  # s06: one bill for the whole session
     return child
 
 
-def run_child(client, history, fork, settings):
+def run_child(client, history, child, settings):
     """agent_loop for a child, run as its own agent: nothing of the parent's
     state is swapped out or has to be restored."""
-    with acting_as(child_state(fork)):
+    with acting_as(child):
         return agent_loop(client, history, **settings)
 
 
@@ -1313,7 +1315,7 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False):
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, fork, settings)
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
     if reason == "interrupted":
         raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
     note = (f"[subagent {label}: {usage['calls']} model calls, "
@@ -2463,9 +2465,27 @@ command("compact", "Summarise the conversation now to free context (optional foc
         arg_hint="[focus]")
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
+    if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
+        text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -2481,7 +2501,7 @@ def run_tools(calls, results):
             batch.append(block)
             continue
         batch = run_parallel(batch, results)  # s02: the gathered ones first
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     run_parallel(batch, results)  # s02
     return results
 
@@ -2494,10 +2514,10 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
         for text in reply_text(stream, out):  # s06: out learns which blocks began
-            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
+            show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True, file=out)  # s04
+        show_text("\n", out)  # s04
     add_usage(usage, message)  # s04: a child's token bill
     return message
 

@@ -111,6 +111,9 @@ def test_timeout_kills_the_whole_pipeline(mod, workspace):
     marker = f"sleep 3{random.randrange(10**8):08d}"   # unique: other suites may be running
     with pytest.raises(mod.ToolError, match="timed out"):
         mod.run_bash(f"{marker} | cat", timeout=1)
+    deadline = time.monotonic() + 5       # a SIGKILLed process can take a moment to disappear
+    while subprocess.run(["pgrep", "-f", marker]).returncode != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert subprocess.run(["pgrep", "-f", marker]).returncode == 1   # nothing left behind
 
 

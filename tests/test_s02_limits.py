@@ -8,6 +8,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 import tracemalloc
 from types import SimpleNamespace
 
@@ -30,8 +31,14 @@ def marker(mod, seconds):
     return f"sleep {seconds}{random.randrange(10**8):08d}"
 
 
-def gone(command):
-    return subprocess.run(["pgrep", "-f", command]).returncode == 1
+def gone(command, wait=5.0):
+    """No process runs `command` (a SIGKILLed one can take a moment to disappear)."""
+    deadline = time.monotonic() + wait
+    while subprocess.run(["pgrep", "-f", command]).returncode != 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # --- bash: output cap ---------------------------------------------------------
