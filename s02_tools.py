@@ -139,8 +139,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -292,7 +292,10 @@ MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
+# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    """Add a tool. read_only: it changes no file (the permission chapter lets such
+    calls run without asking); concurrency_safe: it may run beside other safe calls."""
     TOOLS.append({"name": name, "description": description, "input_schema": schema})
     TOOL_HANDLERS[name] = handler
     TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
@@ -325,6 +328,7 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
+# --- s02.2: the path sandbox ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -345,6 +349,7 @@ def rel(path):
     return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
+# --- s02.3: read, write and edit ---
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -475,6 +480,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
+# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
 # a path segment, ** spans any number of segments, {a,b} is alternation.
 def glob_regex(pattern):
@@ -596,6 +602,7 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
+# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
 # grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
 # in Python. Both produce records that one formatter turns into identical text.
 GREP_MODES = ("files_with_matches", "content", "count")
@@ -727,6 +734,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
+# --- s02.6: the file tools as the model sees them ---
 register("read_file", (
     "Read a text file from the workspace and return it with line numbers (cat -n style). "
     "Use it before editing a file, and to study code you found with grep or glob. "
@@ -778,9 +786,11 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
+# --- s02.7: message normalisation ---
 # Message normalisation: the history we keep is ours; what the API sees is a
 # cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" and never leave the process.
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
 def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
@@ -815,6 +825,7 @@ def pair_results(prev, blocks):
     rest = [b for b in blocks if b["type"] != "tool_result"]
     return results + rest or [{"type": "text", "text": "(continuing)"}]
 
+# --- s02.8: parallel calls ---
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.

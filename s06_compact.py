@@ -159,8 +159,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -314,7 +314,10 @@ MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
+# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    """Add a tool. read_only: it changes no file (the permission chapter lets such
+    calls run without asking); concurrency_safe: it may run beside other safe calls."""
     TOOLS.append({"name": name, "description": description, "input_schema": schema})
     TOOL_HANDLERS[name] = handler
     TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
@@ -347,6 +350,7 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
+# --- s02.2: the path sandbox ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -367,6 +371,7 @@ def rel(path):
     return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
+# --- s02.3: read, write and edit ---
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -497,6 +502,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
+# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
 # a path segment, ** spans any number of segments, {a,b} is alternation.
 def glob_regex(pattern):
@@ -618,6 +624,7 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
+# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
 # grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
 # in Python. Both produce records that one formatter turns into identical text.
 GREP_MODES = ("files_with_matches", "content", "count")
@@ -749,6 +756,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
+# --- s02.6: the file tools as the model sees them ---
 register("read_file", (
     "Read a text file from the workspace and return it with line numbers (cat -n style). "
     "Use it before editing a file, and to study code you found with grep or glob. "
@@ -800,9 +808,11 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
+# --- s02.7: message normalisation ---
 # Message normalisation: the history we keep is ours; what the API sees is a
 # cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" and never leave the process.
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
 def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
@@ -837,6 +847,7 @@ def pair_results(prev, blocks):
     rest = [b for b in blocks if b["type"] != "tool_result"]
     return results + rest or [{"type": "text", "text": "(continuing)"}]
 
+# --- s02.8: parallel calls ---
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
@@ -1035,7 +1046,7 @@ EXPLORE_SYSTEM = (
     "message is the only thing the other agent will see.")
 # Built-in types; a user or project definition with the same name replaces one.
 # "Read-only" is the tool list plus the prompt: bash can still write, and only
-# s07's sandbox makes that impossible.
+# a later chapter's OS sandbox makes that impossible.
 BUILTIN_AGENTS = {"explore": {
     "name": "explore", "system": EXPLORE_SYSTEM,
     "description": ("Read-only investigation: finds files, searches and reads code, and "
@@ -1047,9 +1058,10 @@ BUILTIN_AGENTS = {"explore": {
 # history, system prompt and tools (minus agent). Every call still open in the
 # parent's last reply, this agent call included, gets a placeholder result so
 # the inherited history stays valid; the task comes last, wrapped in rules.
-# Unlike the seed's forks it runs in the foreground (background work is s10),
-# and it loses `agent` like any child; Claude Code keeps the identical tool
-# list instead, so the fork's prompt prefix can reuse the parent's cache.
+# Unlike the seed's forks it runs in the foreground (background work comes in
+# a later chapter), and it loses `agent` like any child; Claude Code keeps the
+# identical tool list instead, so the fork's request starts with the same bytes
+# as the parent's (a later chapter's prompt cache can then reuse them).
 FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
                     "the fork does not get its result)")
 FORK_BOILERPLATE = """<fork_boilerplate>
@@ -1346,16 +1358,16 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # when the model calls load_skill or the human types /name. The folders are
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
-# while nothing changes on disk (prompt caching needs a stable prefix).
+# while nothing changes on disk (a later chapter's prompt cache needs that).
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
 DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
 HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
 # !`git diff` -> the command's output. The ! opens a line or follows a space, so
 # prose such as "add `!` after the type" is never taken for a command.
 DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
-TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{PLACEHOLDER.pattern}")  # both, in one scan
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
 TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
 COMMANDS = {}               # name -> command dict, filled by command()
 
@@ -1474,7 +1486,7 @@ def command_line(command, words):
         if index is None:
             return shlex.join(words)
         return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
-    return PLACEHOLDER.sub(one, command)
+    return ARGUMENT_REF.sub(one, command)
 
 
 def run_dynamic(command, words, allowed=True):
@@ -1511,7 +1523,7 @@ def substitute(body, args, allowed=True):
             return args
         return words[int(index)] if int(index) < len(words) else ""
     text = TEMPLATE.sub(one, body)
-    if args and args.strip() and not PLACEHOLDER.search(body):
+    if args and args.strip() and not ARGUMENT_REF.search(body):
         return f"{text}\n\nARGUMENTS: {args}"
     return text
 
@@ -1846,6 +1858,7 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
                    "stopped: no apology, no recap. Split the remaining work into smaller steps.")
 
 
+# --- s06.1: big results to disk ---
 # Layer 1. It runs once per result, as the result enters the history, so the
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
@@ -1923,6 +1936,7 @@ def persist_large_results(calls, results):
     return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
 
 
+# --- s06.2: clearing old results ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
 # leave the process (normalize_messages drops them): _sent = a request that
@@ -1932,7 +1946,7 @@ def tool_results(messages):
             for b in m["content"] if b["type"] == "tool_result"]
 
 
-def placeholder(block):
+def cleared_stub(block):
     content = str(block.get("content"))  # only layer 1's own note names a saved file
     saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
     where = f"the full output is in {saved[1]}" if saved else "run the tool again if you need it"
@@ -1951,8 +1965,8 @@ def clear_old_results(messages, min_tokens=0):
     results = tool_results(messages)
     old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
     fresh = [b for b in old if b.get("_sent") and not b.get("_cleared")
-             and len(str(b.get("content"))) > len(placeholder(b)["content"])]
-    if sum(estimate_tokens(b["content"]) - estimate_tokens(placeholder(b)["content"])
+             and len(str(b.get("content"))) > len(cleared_stub(b)["content"])]
+    if sum(estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
            for b in fresh) < min_tokens:
         return 0
     for b in fresh:
@@ -1964,7 +1978,7 @@ def shown(m):
     """One message with its cleared results as placeholders."""
     if isinstance(m["content"], str):
         return m
-    return {**m, "content": [placeholder(b) if b.get("_cleared") else b for b in m["content"]]}
+    return {**m, "content": [cleared_stub(b) if b.get("_cleared") else b for b in m["content"]]}
 
 
 def shown_messages(messages):
@@ -1972,10 +1986,15 @@ def shown_messages(messages):
     return normalize_messages([shown(m) for m in messages])
 
 
+# --- s06.3: prompt caching ---
 # Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
 # (at most 4): end of tools, end of system, the message the previous request
 # ended with (its cache entry is read back) and the newest one (written for the
 # next request). They go on copies, never into TOOLS or the history.
+# Three functions shape what the API sees, each calling the one before:
+#   normalize_messages (s02)  roles alternate, every call has its result
+#   shown_messages     (s06)  cleared results as placeholders, then normalised
+#   request_messages   (s06)  shown_messages plus the cache breakpoints
 def cached(prefix):
     """A copy of the system prompt or the tool list with a breakpoint at its end."""
     if isinstance(prefix, str):
@@ -1990,6 +2009,7 @@ def request_messages(messages):
     return out
 
 
+# --- s06.4: measuring the context ---
 # Context size. The API's own count for the last request (input + cache read
 # + cache write) plus its reply (output) is exact; only the change since is
 # estimated, at ~4 characters per token. The anchor sits on the last message
@@ -2062,6 +2082,7 @@ def after_call(messages, message):
     say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
 
 
+# --- s06.5: auto-compaction ---
 # Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
 # separates a tool_use from its tool_result: the tail may not start with a
 # user message that answers calls made before it. The newest message is always
@@ -2248,6 +2269,7 @@ def manage_context(client, messages, options=None):
         compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
+# --- s06.6: error recovery ---
 # Error recovery (seed: classify, then a bounded way out per kind).
 def is_prompt_too_long(e):
     return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (

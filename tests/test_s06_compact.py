@@ -265,10 +265,10 @@ def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client
 @each
 def test_placeholder_names_a_path_only_for_a_result_saved_to_disk(mod):
     plain = {"type": "tool_result", "tool_use_id": "t1", "content": "model saved to: /tmp/m.bin\nok"}
-    assert "run the tool again" in mod.placeholder(plain)["content"]
+    assert "run the tool again" in mod.cleared_stub(plain)["content"]
     saved = ("<persisted-output>\nOutput too large (40,000 characters). Full output saved to: "
              ".agent/tool-results/t2.txt\nRead it with read_file")
-    shown = mod.placeholder({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]
+    shown = mod.cleared_stub({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]
     assert ".agent/tool-results/t2.txt" in shown
 
 
