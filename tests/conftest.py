@@ -40,10 +40,12 @@ def chapters_from(first):
 
 def pytest_collection_modifyitems(config, items):
     """Subprocess runs cost ~2 s each (Python start + SDK import), so a test
-    marked e2e("sNN") runs on sNN and on the newest file, not on every file."""
+    marked e2e("sNN") runs on sNN and on the newest file, not on every file.
+    slow("sNN") does the same for in-process tests that wait on a real timeout
+    or run a long scripted session."""
     keep, drop = [], []
     for item in items:
-        marker = item.get_closest_marker("e2e")
+        marker = item.get_closest_marker("e2e") or item.get_closest_marker("slow")
         name = getattr(item, "callspec", None) and item.callspec.params.get("mod")
         files = chapters_from(marker.args[0]) if marker else []
         (drop if marker and name and name not in (files[0], files[-1]) else keep).append(item)

@@ -5,6 +5,7 @@ behaviour-heavy ones run on the first and the newest chapter only; the cheap
 no-key check runs on every file.
 """
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,34 @@ from conftest import CHAPTERS, ROOT, run_chapter
 from fake_api import error, reply, text, tool
 
 ENDS = sorted({CHAPTERS[0], CHAPTERS[-1]})
+
+
+def default_sigint():
+    """In the child only: Ctrl+C as at a terminal. A suite run as a background
+    job (nohup, cmd &) has SIGINT ignored, and the child would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(args, cwd, env, stdin=None, stderr=subprocess.DEVNULL):
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=stderr, preexec_fn=default_sigint)
+
+
+def read_stdout(p, until=None, deadline=30):
+    """The child's stdout up to `until` (None: to the end), within `deadline` seconds.
+    Fails, instead of waiting forever, if the child hangs or exits early."""
+    out, end = b"", time.monotonic() + deadline
+    while until is None or until not in out:
+        left = end - time.monotonic()
+        assert left > 0, f"no {until!r} on stdout within {deadline}s: {out[-300:]!r}"
+        if not select.select([p.stdout], [], [], left)[0]:
+            continue
+        chunk = os.read(p.stdout.fileno(), 4096)
+        if not chunk:
+            assert until is None, f"the program exited before printing {until!r}: {out[-300:]!r}"
+            break
+        yield chunk
+        out += chunk
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -51,15 +80,17 @@ def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
     api.script([reply("".join(words), delay=0.03)])   # ~40 events, spread out
     env = os.environ | {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url,
                         "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), "say words"], cwd=tmp_path,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = start([str(ROOT / f"{name}.py"), "say words"], tmp_path, env)
     first = None
     out = b""
-    while chunk := os.read(p.stdout.fileno(), 4096):
-        if first is None and b"word0" in out + chunk:
-            first = time.monotonic()
-        out += chunk
-    assert p.wait(timeout=30) == 0
+    try:
+        for chunk in read_stdout(p):
+            if first is None and b"word0" in out + chunk:
+                first = time.monotonic()
+            out += chunk
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
     done = api.requests[0]["done_at"]
     # Causal, not timed: the first word was on stdout before the server had
     # even sent the end of the reply.
@@ -89,16 +120,17 @@ def test_ctrl_c_cancels_the_turn_not_the_program(name, api, tmp_path):
                 reply("Second answer.")])
     env = os.environ | {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url,
                         "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py")], cwd=tmp_path, env=env,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out = b""
-    p.stdin.write(b"first question\n")
-    p.stdin.flush()
-    while b"slow3" not in out:
-        out += os.read(p.stdout.fileno(), 4096)
-    p.send_signal(signal.SIGINT)          # mid-stream
-    time.sleep(0.3)
-    stdout, stderr = p.communicate(b"second question\n", timeout=30)
+    p = start([str(ROOT / f"{name}.py")], tmp_path, env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(b"first question\n")
+        p.stdin.flush()
+        for _ in read_stdout(p, until=b"slow3"):
+            pass
+        p.send_signal(signal.SIGINT)          # mid-stream
+        time.sleep(0.3)
+        stdout, stderr = p.communicate(b"second question\n", timeout=30)
+    finally:
+        p.kill()
     assert p.returncode == 0, stderr
     assert b"Second answer." in stdout and b"interrupted" in stderr
     assert len(api.requests) == 2         # and the api fixture checks both were valid

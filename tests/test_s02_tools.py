@@ -65,7 +65,7 @@ def test_read_file_numbers_lines_and_pages(mod, workspace):
 def test_read_file_caps_large_files_with_a_hint(mod, workspace):
     (workspace / "big.txt").write_text("x" * 200 + "\n" * 1 + ("y" * 100 + "\n") * 5000)
     out = ok(mod, "read_file", path="big.txt")
-    assert len(out) <= mod.MAX_OUTPUT + 200
+    assert len(out) <= 30_000 + 200                 # the documented 30,000 characters, plus the hint
     assert re.search(r"continue with offset=\d+", out)
 
 
@@ -162,6 +162,10 @@ def test_grep_output_modes(mod, workspace):
 
 
 # --- path sandbox: every escape attempt is refused ----------------------------
+# Each case must be refused by the sandbox itself: a refusal for another reason
+# (read-before-edit, a missing file, a crash after walking outside) would pass
+# just as well with the sandbox gone. So the targets exist, the message must
+# be the sandbox's, and the path actually targeted is checked afterwards.
 
 @pytest.fixture
 def escape_room(workspace, tmp_path):
@@ -170,6 +174,7 @@ def escape_room(workspace, tmp_path):
     (outside / "secret.txt").write_text("TOP SECRET root:x:0:0\n")
     (workspace / "sub").mkdir()
     (workspace / "inside.txt").write_text("fine\n")
+    (tmp_path / "home" / ".bashrc").write_text("BASHRC SECRET\n")   # the test's HOME
     os.symlink(outside, workspace / "linkdir")
     os.symlink(outside / "secret.txt", workspace / "linkfile")
     os.symlink(outside / "missing.txt", workspace / "dangling")
@@ -192,12 +197,12 @@ ESCAPES = [
     ("write_file", dict(path="linkdir/new.txt", content="x")),  # new file under a linked dir
     ("write_file", dict(path="dangling", content="x")),         # would create the link target
     ("write_file", dict(path="a/b/../../../escape.txt", content="x")),
-    ("write_file", dict(path="/tmp/escape.txt", content="x")),
+    ("write_file", dict(path="OUTSIDE/escape.txt", content="x")),
     ("edit_file", dict(path="linkfile", old_string="TOP", new_string="x")),
     ("edit_file", dict(path="../outside/secret.txt", old_string="TOP", new_string="x")),
     ("glob", dict(pattern="*", path="..")),
     ("glob", dict(pattern="*", path="/etc")),
-    ("glob", dict(pattern="../*")),
+    ("glob", dict(pattern="../*")),                            # the pattern guard, not safe_path
     ("glob", dict(pattern="/etc/*")),
     ("glob", dict(pattern="*", path="linkdir")),
     ("grep", dict(pattern="SECRET", path="..")),
@@ -208,13 +213,34 @@ ESCAPES = [
 ]
 
 
-@pytest.mark.parametrize("name,args", ESCAPES, ids=[f"{n}:{list(a.values())[0]}" for n, a in ESCAPES])
-def test_sandbox_refuses_escape(mod, escape_room, name, args):
+def escape_target(workspace, path):
+    """Where an unguarded tool would act: the path resolved as safe_path would."""
+    return (workspace / os.path.expanduser(path)).resolve()
+
+
+def escape_id(name, args):
+    return name + ":" + ",".join(f"{k}={v}" for k, v in args.items() if k in ("path", "pattern", "glob"))
+
+
+@pytest.mark.parametrize("name,args", ESCAPES, ids=[escape_id(n, a) for n, a in ESCAPES])
+def test_sandbox_refuses_escape(mod, escape_room, workspace, name, args):
     args = {k: v.replace("OUTSIDE", str(escape_room)) for k, v in args.items()}
+    target = escape_target(workspace, args.get("path", "."))
+    assert not target.is_relative_to(workspace) or "pattern" in args and "path" not in args
+    before = target.read_bytes() if target.is_file() else None
+    if name in ("read_file", "edit_file"):
+        assert before, f"{target} must exist, or a refusal proves nothing"
     message = refused(mod, name, **args)
-    assert "TOP SECRET" not in message
-    assert not (escape_room / "new.txt").exists() and not (escape_room / "missing.txt").exists()
-    assert not (escape_room.parent / "escape.txt").exists()
+    if "path" in args:
+        assert "outside the workspace" in message, message   # the sandbox's own refusal
+    else:
+        assert "must be relative" in message, message        # the pattern's
+    if before:                                                # not read, not changed
+        assert before.decode(errors="replace").strip()[:40] not in message
+        assert target.read_bytes() == before
+    elif name == "write_file":
+        assert not target.exists() and not os.path.lexists(target)
+    assert "TOP SECRET" not in message and "BASHRC" not in message
 
 
 def test_walks_never_follow_links_out(mod, escape_room, workspace):

@@ -300,7 +300,7 @@ def test_parse_agent_file_accepts_common_spellings(mod, workspace):
     spec = mod.parse_agent_file(path)
     assert spec["name"] == "w" and spec["description"] == "Writes docs."
     assert spec["tools"] == ["read_file", "write_file"] and spec["disallowed_tools"] == []
-    assert spec["model"] is None and spec["max_turns"] == mod.SUBAGENT_MAX_TURNS
+    assert spec["model"] is None and spec["max_turns"] == 30   # the documented default
     assert spec["system"] == "You write docs."
     for bad in ("no frontmatter", "---\n- a list\n---\n", "---\ndescription: x\nmax_turns: 0\n---\n",
                 "---\ndescription: x\ntools: 3\n---\n",

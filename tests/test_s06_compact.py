@@ -154,7 +154,7 @@ def test_huge_output_is_saved_to_disk_and_replaced_once_by_preview_and_path(mod,
     shown = seen[0]
     assert shown.startswith("<persisted-output>") and shown.endswith("</persisted-output>")
     assert f".agent/tool-results/{call['id']}.txt" in shown and "1\n2\n3\n" in shown
-    assert len(shown) < mod.PREVIEW_CHARS + 500 and "59999" not in shown
+    assert len(shown) < 2_000 + 500 and "59999" not in shown   # the preview: 2,000 characters
     assert history[2]["content"][0]["content"] == shown      # the history holds the preview
 
 
@@ -167,7 +167,7 @@ def test_results_of_one_message_over_budget_save_the_largest_first(mod, workspac
     mod.persist_large_results(calls, results)
     saved = {r["tool_use_id"] for r in results if r["content"].startswith("<persisted-output>")}
     assert saved == {"toolu_b", "toolu_c"}     # largest movable first, until within budget
-    assert sum(len(r["content"]) for r in results) <= mod.MESSAGE_BUDGET_CHARS
+    assert sum(len(r["content"]) for r in results) <= 90_000     # the documented message budget
     assert (workspace / ".agent" / "tool-results" / "toolu_b.txt").read_text() == "b" * 28_000
     assert results[4]["content"] == "r" * 29_000   # read_file is exempt, even when largest
 
@@ -181,7 +181,7 @@ def test_reading_a_saved_result_with_read_file_does_not_save_it_again(mod, api, 
     assert run(mod, client)[0] == "end_turn"
     shown = results_in(bodies(api)[2])[again["id"]]
     assert not shown.startswith("<persisted-output>") and "   100\t100\n" in shown
-    assert len(shown) > mod.PERSIST_CHARS                   # big, yet left alone
+    assert len(shown) > 30_000                              # over the persist line, yet left alone
     assert len(list((workspace / ".agent" / "tool-results").iterdir())) == 1
 
 
@@ -207,8 +207,10 @@ def test_old_results_are_cleared_in_batches_after_the_model_saw_them(mod, api, c
     for call in calls:   # each result arrives in full before any request shows it cleared
         states = [("END-" in c) if c else None for c in (results_in(b).get(call["id"]) for b in reqs)]
         first = states.index(True)
-        assert None not in states[first:] and all(states[first:first + 1])
-        assert False not in states[:first]
+        assert False not in states[:first] and None not in states[first:]
+        assert all(states[first:first + 2])              # full while among the 2 newest (KEEP_RESULTS)
+        shown = states[first:]                           # and once cleared, cleared for good
+        assert shown == sorted(shown, reverse=True), shown
     cleared = [c for c in calls if "old tool result cleared" in results_in(reqs[-1])[c["id"]]]
     assert len(cleared) >= 8 and calls[-1] not in cleared and calls[-2] not in cleared
     breaks = [k for k in range(1, len(reqs))
@@ -236,7 +238,7 @@ def test_a_result_is_never_cleared_before_the_model_has_seen_it(mod, api, client
 def test_a_cold_cache_clears_old_results_even_under_budget(mod, api, client, workspace):
     calls, history = reading_session(mod, api, client, workspace, 5)
     assert "END-00" in results_in(bodies(api)[-1])[calls[0]["id"]]          # warm: kept
-    mod.last_usage(history)["at"] -= mod.CACHE_TTL + 1                       # 5 minutes idle
+    mod.last_usage(history)["at"] -= 5 * 60 + 1                              # 5 minutes idle
     mod.add_user_text(history, "and now?")
     api.script([reply("fine")])
     assert mod.agent_loop(client, history) == "end_turn"
@@ -380,24 +382,27 @@ def test_compaction_tail_is_about_ten_thousand_tokens_or_five_messages(mod):
 
 @each
 def test_recently_read_files_are_reattached_at_most_five_and_capped(mod, api, client, workspace):
+    # r0..r7 are read in turn, then r3 again: the kept tail (the last 5
+    # messages) holds the reads of r7 and r3, the part summarised the reads of
+    # r0..r6: seven files, so the cap of five applies, and r3 is not re-attached
+    # (the tail already has it).
     history = [{"role": "user", "content": "read them"}]
-    for i in range(7):
+    for n, i in enumerate([0, 1, 2, 3, 4, 5, 6, 7, 3]):
         (workspace / f"r{i}.txt").write_text(f"R{i}-HEAD\n" + f"line {i}\n" * 10_000)
         history += [{"role": "assistant", "content": [
-                        {"type": "tool_use", "id": f"toolu_r{i}", "name": "read_file",
+                        {"type": "tool_use", "id": f"toolu_r{n}", "name": "read_file",
                          "input": {"path": f"r{i}.txt"}}]},
                     {"role": "user", "content": [
-                        {"type": "tool_result", "tool_use_id": f"toolu_r{i}", "content": "(read)"}]}]
-    history.append({"role": "assistant", "content": [text("read all seven")]})
+                        {"type": "tool_result", "tool_use_id": f"toolu_r{n}", "content": "(read)"}]}]
+    history.append({"role": "assistant", "content": [text("read them all")]})
     api.script([reply(SUMMARY)])
     mod.compact_now(client, history)
-    head = history[0]["content"]
-    attached = [b["text"] for b in head[1:]]
-    assert len(attached) == 5
-    tail_reads = {i for i in range(7) if f"toolu_r{i}" in dump(history[1:])}
-    expect = [f"R{i}-HEAD" for i in range(6, -1, -1) if i not in tail_reads][:5]
-    assert [next(w for w in a.split() if w.endswith("-HEAD")) for a in attached] == expect
-    assert all(len(a) < mod.REATTACH_CHARS + 300 for a in attached)      # capped...
+    tail = dump(history[1:])
+    assert "r7.txt" in tail and "r3.txt" in tail and "r6.txt" not in tail   # the cut assumed above
+    attached = [b["text"] for b in history[0]["content"][1:]]
+    heads = [next(w for w in a.split() if w.endswith("-HEAD")) for a in attached]
+    assert heads == ["R6-HEAD", "R5-HEAD", "R4-HEAD", "R2-HEAD", "R1-HEAD"]  # newest first, five
+    assert all(len(a) < 20_000 + 300 for a in attached)                   # capped...
     assert all("line" in a and "[truncated" in a for a in attached)      # ...with a marker
 
 
@@ -505,7 +510,7 @@ def test_max_tokens_stop_is_continued(mod, api, client):
 
 @each
 def test_max_tokens_continuations_are_bounded(mod, api, client):
-    n = mod.MAX_CONTINUATIONS + 1
+    n = 3 + 1                                               # the documented 3 continuations
     api.script([reply(f"piece {k}", stop_reason="max_tokens") for k in range(n)] + [reply("never")])
     reason, history = run(mod, client)
     assert reason == "end_turn" and len(bodies(api)) == n and api.remaining() == 1
@@ -522,6 +527,7 @@ def test_repeated_overload_backs_off_then_succeeds(fast, api, client, capsys):
 
 
 @each
+@pytest.mark.slow("s06")                     # real waits: 0.35 s of backoff, then a 0.4 s retry-after
 def test_backoff_is_exponential_and_honours_retry_after(mod, api, client, monkeypatch):
     monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.05)
     monkeypatch.setattr(mod, "RETRY_JITTER", 0.0)
@@ -540,9 +546,9 @@ def test_backoff_is_exponential_and_honours_retry_after(mod, api, client, monkey
 
 @each
 def test_retries_are_bounded_then_one_clear_line_and_a_valid_history(fast, api, client, capsys):
-    api.script([error(529)] * (fast.MAX_RETRIES + 1) + [reply("later")])
+    api.script([error(529)] * (4 + 1) + [reply("later")])   # the documented 4 retries
     reason, history = run(fast, client)
-    assert reason == "api_error" and len(bodies(api)) == fast.MAX_RETRIES + 1
+    assert reason == "api_error" and len(bodies(api)) == 4 + 1
     failures = [ln for ln in capsys.readouterr().err.splitlines() if "API error" in ln]
     assert len(failures) == 1 and "529" in failures[0]
     assert history == [{"role": "user", "content": "do the work"}]
