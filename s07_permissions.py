@@ -1,0 +1,2165 @@
+#!/usr/bin/env python3
+"""s07_permissions.py - one decision point before every tool call: a parsed
+blocklist, the path sandbox and protected paths, allow/ask/deny rules, a
+permission mode, and the human; bash inside an OS sandbox (bubblewrap).
+
+New since s06: (work in progress)
+
+Run:
+    python s07_permissions.py                 # REPL, prompt "s07 >> "
+    python s07_permissions.py "task"          # one task, then exit
+    python tests/demo.py s07                  # offline, no key: scripted model
+
+Try:
+    (work in progress)
+
+Key insight: prompts are soft limits; the permission system is the hard one.
+"""
+
+# --- imports ---
+import difflib
+import contextlib
+import contextvars
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import yaml
+from dotenv import load_dotenv
+from rich.console import Console
+from rich.text import Text
+
+# --- config ---
+DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID
+MAX_TOKENS = 8_000          # output tokens per model call
+MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrides): a safety net
+MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
+BASH_TIMEOUT = 120          # seconds, default for one bash command
+BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+MAX_OUTPUT = 30_000         # characters of tool output kept for the model
+API_RETRIES = 2             # SDK-level retries (with its own backoff)
+CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
+NO_KEY_HELP = ("No API key. Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) in the "
+               "shell or in .env, or run the offline demo: python {demo} {chapter}")
+
+# One agent's own state. Whoever starts an agent loop makes one (main() for the
+# session; a later chapter gives each subagent its own), and every tool reads
+# the running agent's through agent_state(). A ContextVar, not a module global:
+# two agents never see each other's, and a worker thread started with a copy
+# of the context sees the agent that started it. Shared infrastructure (the
+# client, the tool registry, config) stays module-level.
+class AgentState:
+    def __init__(self, workdir):
+        self.workdir = Path(workdir).resolve()  # the workspace every tool works in
+        self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
+        self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
+        self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
+        self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
+        self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
+
+
+CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
+
+
+def agent_state():
+    return CURRENT.get()
+
+
+@contextlib.contextmanager
+def acting_as(state):
+    """Run the block as `state`; the previous agent comes back after."""
+    token = CURRENT.set(state)
+    try:
+        yield state
+    finally:
+        CURRENT.reset(token)
+
+
+def turn_limit():
+    """AGENT_MAX_TURNS, else MAX_TURNS; ValueError names a bad value."""
+    raw = os.getenv("AGENT_MAX_TURNS", "").strip()
+    if not raw:
+        return MAX_TURNS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"AGENT_MAX_TURNS must be a whole number of model calls, 1 or more; "
+                         f"got {raw!r}")
+    return int(raw)
+
+
+SYSTEM = ("You are a coding agent working in a project directory. Act, don't just "
+          "describe: use the tools to inspect and change files, then verify. "
+          "Keep answers short.")
+
+# --- model client ---
+def make_client():
+    """Build the SDK client from the environment; None when no key is set.
+
+    .env never overrides the shell. ANTHROPIC_BASE_URL lets any
+    Anthropic-compatible endpoint (or the offline scripted model) stand in.
+    """
+    load_dotenv(override=False)
+    key, token = os.getenv("ANTHROPIC_API_KEY"), os.getenv("ANTHROPIC_AUTH_TOKEN")
+    if not (key or token):
+        return None
+    return anthropic.Anthropic(api_key=key, auth_token=None if key else token,
+                               base_url=os.getenv("ANTHROPIC_BASE_URL") or None,
+                               max_retries=API_RETRIES)
+
+
+def model_id():
+    return os.getenv("MODEL_ID") or DEFAULT_MODEL
+
+
+def system_prompt():
+    """Stable for the whole session: no clock, no counters (they break caching)."""
+    return f"{SYSTEM}\nWorking directory: {agent_state().workdir}" + skills_prompt()  # s05: skill list
+
+# --- tools ---
+class ToolError(Exception):
+    """Raised by a handler: becomes an is_error tool_result, never a crash."""
+
+
+# The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
+# a determined model can write the same thing another way (s07 adds the OS
+# sandbox). Each entry: (regex, why it is refused).
+DANGEROUS = [
+    (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
+     "deleting / or the home directory"),
+    (r"\brm\s+(-[a-zA-Z]*\s+)*--no-preserve-root", "rm --no-preserve-root"),
+    (r"(^|[;&|(`\n]\s*)sudo\b", "sudo: the agent never escalates privileges"),
+    (r"\bmkfs(\.\w+)?\b", "formatting a disk"),
+    (r"\bdd\s+.*\bof=/dev/(?!null\b|zero\b|std)", "dd writing straight to a device"),
+    (r"\bchmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)+0?777\s+/(\s|$)", "chmod -R 777 on /"),
+    (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
+    (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
+    (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+]
+
+
+def check_dangerous(command):
+    """Return why a command is refused, or None when it may run."""
+    for pattern, why in DANGEROUS:
+        if re.search(pattern, command):
+            return why
+    return None
+
+
+def clip(text, limit=MAX_OUTPUT):
+    """Keep the head of long output with a visible marker saying what was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+def run_bash(command, timeout=None):
+    """Run one shell command in the workspace; stdout+stderr merged, clipped.
+
+    Exit status 1 is ordinary (grep found nothing, diff found a difference),
+    so only status >= 2 or a timeout counts as a tool error (seed rule).
+    """
+    if why := check_dangerous(command):
+        raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
+                        f"find a safe way or ask the user to run it.")
+    timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
+    # Output goes to a file, not a pipe: a background job (`server &`) would hold
+    # a pipe open and the call would wait for it. Own process group, so a
+    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    with tempfile.TemporaryFile() as sink:
+        p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            sink.seek(0)
+            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
+                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
+        sink.seek(0)
+        raw = sink.read()
+    out = clip(raw.decode("utf-8", "replace"), KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
+    if p.returncode >= 2 or p.returncode < 0:
+        raise ToolError(f"{out}\n[exit status {p.returncode}]")
+    return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
+
+
+TOOLS = [{
+    "name": "bash",
+    "description": (
+        "Run a shell command in the project directory and return its combined "
+        "stdout and stderr. Use it to list, inspect, build, test and change files. "
+        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "(head, grep). Commands that wait for input or run forever time out; "
+        "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command to run."},
+            "timeout": {"type": "integer", "description": "Seconds before it is killed (default 120)."},
+        },
+        "required": ["command"],
+    },
+}]
+
+TOOL_HANDLERS = {
+    "bash": lambda command, timeout=None: run_bash(command, timeout),
+}
+
+def run_tool(block):
+    """Execute one tool_use block and always return a tool_result block."""
+    try:
+        if block.name not in TOOL_HANDLERS:
+            raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
+        if problem := check_input(block.name, block.input):  # s02: schema check first
+            raise ToolError(f"Invalid input for {block.name}: {problem}. Fix the call and retry.")
+        content, is_error = TOOL_HANDLERS[block.name](**block.input), False
+    except ToolError as e:
+        content, is_error = str(e), True
+    except Exception as e:  # a handler bug must not kill the loop
+        content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
+    content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
+    say(preview(result["content"], is_error))
+    return result | ({"is_error": True} if is_error else {})
+
+
+def preview(content, is_error=False):
+    """One line of what the tool returned, for the human watching."""
+    lines = str(content).strip().splitlines() or [""]
+    more = f"  (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+    return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
+
+# --- s02: tool system ---
+# The registry is three tables keyed by tool name: TOOLS (what the model sees),
+# TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
+# register() call; the loop never changes.
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+GREP_LIMIT = 250            # result lines returned by grep
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
+
+
+def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    TOOLS.append({"name": name, "description": description, "input_schema": schema})
+    TOOL_HANDLERS[name] = handler
+    TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
+
+
+def params(required, **fields):
+    """JSON schema for an object: fields are name=(type, description)."""
+    props = {k: {"type": t, "description": d} for k, (t, d) in fields.items()}
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+JSON_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list,
+              "object": dict, "number": (int, float)}
+
+
+def check_input(name, args):
+    """Required keys present, no unknown keys, simple types right; else say which."""
+    schema = next(t["input_schema"] for t in TOOLS if t["name"] == name)
+    props = schema.get("properties", {})
+    if not isinstance(args, dict):
+        return "input must be a JSON object"
+    for key in schema.get("required", []):
+        if key not in args:
+            return f"missing required field '{key}'"
+    for key, value in args.items():
+        if key not in props:
+            return f"unknown field '{key}' (allowed: {', '.join(props)})"
+        want = JSON_TYPES.get(props[key].get("type"))
+        if want and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            return f"field '{key}' must be of type {props[key]['type']}"
+    return None
+
+# Path sandbox (seed: second line of defence). resolve() follows every symlink on
+# the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
+# resolve outside and are refused; a path that does not exist yet is judged by
+# its resolved parent.
+def safe_path(p):
+    root = agent_state().workdir
+    try:
+        path = (root / os.path.expanduser(p)).resolve()
+    except (OSError, RuntimeError) as e:  # symlink loops
+        raise ToolError(f"Cannot resolve {p}: {e}.")
+    if not path.is_relative_to(root):
+        raise ToolError(f"{p} is outside the workspace ({root}). Only paths inside it "
+                        f"can be used; pass a relative path.")
+    return path
+
+
+def rel(path):
+    return path.relative_to(agent_state().workdir).as_posix() or "."
+
+
+def stamp(path):
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_size)
+
+
+def check_fresh(path, shown):
+    """Edits need a read first, and the file must not have changed since."""
+    seen = agent_state().files.get(str(path))
+    if seen is None:
+        raise ToolError(f"Read {shown} with read_file before changing it.")
+    if seen != stamp(path):
+        raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
+
+
+def read_file(path, offset=1, limit=None):
+    f = skill_file(path) or safe_path(path)  # s05: skill folders are readable too
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use glob to find the right path.")
+    with open(f, "rb") as fh:
+        if b"\0" in fh.read(BINARY_SNIFF):
+            raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
+    # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
+    lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
+    lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
+    agent_state().files[str(f)] = stamp(f)
+    if not lines:
+        return f"({path} is empty)"
+    start = max(offset, 1) - 1
+    if start >= len(lines):
+        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
+    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
+    for n in range(start, end):
+        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
+        if size + len(row) > MAX_OUTPUT and out:
+            end = n
+            break
+        out.append(row)
+        size += len(row) + 1
+    if end < len(lines):  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+                   f"offset={end + 1}, or grep for what you need]")
+    return "\n".join(out)
+
+
+def write_file(path, content):
+    f = safe_path(path)
+    if f.is_dir():
+        raise ToolError(f"{path} is a directory; give a file path.")
+    if f.exists():
+        check_fresh(f, path)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode("utf-8")
+    f.write_bytes(data)
+    agent_state().files[str(f)] = stamp(f)
+    return f"Wrote {len(data)} bytes to {rel(f)}"
+
+
+def edit_file(path, old_string, new_string, replace_all=False):
+    if old_string == new_string:
+        raise ToolError("old_string and new_string are identical; there is nothing to change.")
+    if not old_string:
+        raise ToolError("old_string is empty. To create a file use write_file.")
+    f = safe_path(path)
+    if not f.is_file():
+        raise ToolError(f"{path} is not a file. Use write_file to create it.")
+    check_fresh(f, path)
+    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    if "\r\n" in text and old_string not in text:  # copied from read_file, which hides CR
+        old_string, new_string = (s.replace("\n", "\r\n") for s in (old_string, new_string))
+    count = text.count(old_string)
+    if count == 0:
+        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
+                        f"read_file output (without line numbers), whitespace included.")
+    if count > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
+                        f"lines to make it unique, or set replace_all to change every one.")
+    text = text.replace(old_string, new_string, -1 if replace_all else 1)
+    f.write_bytes(text.encode("utf-8", "surrogateescape"))
+    agent_state().files[str(f)] = stamp(f)
+    return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
+
+# Glob patterns and .gitignore rules share one translation: * and ? stay inside
+# a path segment, ** spans any number of segments, {a,b} is alternation.
+def glob_regex(pattern):
+    out, i, depth = "", 0, 0
+    while i < len(pattern):
+        c, step = pattern[i], 1
+        if pattern.startswith("**/", i):
+            piece, step = "(?:.*/)?", 3
+        elif pattern.startswith("**", i):
+            piece, step = ".*", 2
+        elif c == "[" and "]" in pattern[i + 2:]:
+            body = pattern[i + 1:pattern.index("]", i + 2)]
+            piece, step = "[" + re.sub(r"^!", "^", body).replace("\\", "\\\\") + "]", len(body) + 2
+        elif c == "{":
+            piece, depth = "(?:", depth + 1
+        elif c == "}" and depth:
+            piece, depth = ")", depth - 1
+        elif c == "," and depth:
+            piece = "|"
+        elif c == "\\" and i + 1 < len(pattern):
+            piece, step = re.escape(pattern[i + 1]), 2  # \# \! \* \? stand for themselves
+        else:
+            piece = {"*": "[^/]*", "?": "[^/]"}.get(c) or re.escape(c)
+        out, i = out + piece, i + step
+    return re.compile(out + ")" * depth)
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    try:
+        text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rules = []
+    for line in text.splitlines():
+        line = re.sub(r"(?<!\\)\s+$", "", line)  # trailing spaces go unless escaped ("\ ")
+        if not line or line.startswith("#"):
+            continue
+        negated, line = line.startswith("!"), line.lstrip("!")
+        dir_only, line = line.endswith("/"), line.rstrip("/")
+        anchored = "/" in line  # a slash before the end anchors to this directory
+        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
+                      negated, dir_only))
+    return rules
+
+
+def is_ignored(path, is_dir, rules):
+    ignored = False  # the last matching rule wins, as in git
+    for base, rx, negated, dir_only in rules:
+        if (is_dir or not dir_only) and path.is_relative_to(base):
+            if rx.fullmatch(path.relative_to(base).as_posix()):
+                ignored = not negated
+    return ignored
+
+
+def repo_root(path):
+    """The nearest folder at or above path holding .git; its .gitignore rules apply."""
+    return next((d for d in [path, *path.parents] if (d / ".git").exists()), None)
+
+
+def walk_files(root):
+    """Regular files under root, minus .git, .gitignored paths and symlinks (never
+    followed). Rules come from the repository root down, as git applies them; a
+    nested repository starts with its own."""
+    top = repo_root(root) or agent_state().workdir
+    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
+                    for r in read_gitignore(d)]}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        inherited = rules.pop(here)
+        nested = here != root and (here / ".git").exists()  # a repository inside: own rules
+        active = ([] if nested else inherited) + read_gitignore(here)
+        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
+                and not is_ignored(here / d, True, active)]
+        dirnames[:] = keep
+        rules.update({here / d: active for d in keep})
+        for name in sorted(filenames):
+            f = here / name  # a .git file (worktree, submodule) is git's, not the project's
+            if name != ".git" and f.is_file() and not f.is_symlink() \
+                    and not is_ignored(f, False, active):
+                yield f
+
+
+def check_pattern(pattern):
+    if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+        raise ToolError("The pattern must be relative, without '..'; pass the directory "
+                        "to search as path instead (it must be inside the workspace).")
+
+
+def glob_files(pattern, path="."):
+    root = safe_path(path)
+    if not root.is_dir():
+        raise ToolError(f"{path} is not a directory.")
+    check_pattern(pattern)
+    rx = glob_regex(pattern.removeprefix("./"))
+    hits = [f for f in walk_files(root) if rx.fullmatch(f.relative_to(root).as_posix())]
+    if not hits:
+        return f"No files match {pattern!r} under {rel(root)!r}."
+    hits.sort(key=lambda f: f.stat().st_mtime_ns, reverse=True)
+    shown = [rel(f) for f in hits[:GLOB_LIMIT]]
+    if len(hits) > GLOB_LIMIT:
+        shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
+    return "\n".join(shown)
+
+# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
+# in Python. Both produce records that one formatter turns into identical text.
+GREP_MODES = ("files_with_matches", "content", "count")
+
+
+def grep_rg(pattern, root, glob, ignore_case, mode):
+    # --no-config: a user's ripgreprc (say, --follow) must not widen the sandbox;
+    # only .gitignore files count, as in the Python walk.
+    cmd = ["rg", "--no-config", "--null", "--with-filename", "--line-number", "--no-heading",
+           "--color=never", "--hidden", "--no-require-git", "--no-ignore-dot",
+           "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
+    cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
+    cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
+    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
+    if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
+        raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
+    out = p.stdout.decode("utf-8", "replace")
+    if mode == "files_with_matches":  # -l --null: names end with NUL, no newline
+        rows = [(name, "") for name in out.split("\0") if name]
+    else:  # a row without NUL is rg's "stopped searching binary file" note
+        binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
+        rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
+        rows = [(name, rest) for name, rest in rows if name not in binary]
+    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
+    for name, rest in rows:
+        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
+            path = Path(name).relative_to(top).as_posix()
+            records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
+    return records
+
+
+def glob_filter(glob, root):
+    """grep's glob: a bare name pattern matches the file name, else the path under
+    root; a leading ! excludes instead."""
+    if not glob:
+        return lambda f: True
+    exclude, glob = glob.startswith("!"), glob.lstrip("!").removeprefix("./")
+    rx = glob_regex(glob)
+    def keep(f):
+        name = f.name if "/" not in glob else f.relative_to(root).as_posix()
+        return (rx.fullmatch(name) is None) == exclude
+    return keep
+
+
+def grep_python(pattern, root, glob, ignore_case, mode):
+    try:
+        rx = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise ToolError(f"Invalid regex {pattern!r}: {e}.")
+    keep = glob_filter(glob, root)
+    records = []
+    for f in [root] if root.is_file() else walk_files(root):
+        if not keep(f):
+            continue
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue  # unreadable: skipped, as ripgrep does
+        if b"\0" in data:
+            continue  # binary, as ripgrep skips it
+        lines = data.decode("utf-8", "replace").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the text after a final newline is not a line
+        hits = [(str(n), line) for n, line in enumerate(lines, 1) if rx.search(line)]
+        if hits and mode == "content":
+            records += [(rel(f), *h) for h in hits]
+        elif hits:
+            records.append((rel(f), str(len(hits))) if mode == "count" else (rel(f),))
+    return records
+
+
+def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_with_matches"):
+    if output_mode not in GREP_MODES:
+        raise ToolError(f"output_mode must be one of {', '.join(GREP_MODES)}.")
+    root = safe_path(path)
+    if not root.exists():
+        raise ToolError(f"{path} does not exist.")
+    if glob:
+        check_pattern(glob.lstrip("!"))
+    search = grep_rg if shutil.which("rg") else grep_python
+    records = sorted(search(pattern, root, glob, ignore_case, output_mode),
+                     key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
+    if not records:
+        return f"No matches for {pattern!r}."
+    lines = [":".join(r) for r in records]
+    if len(lines) > GREP_LIMIT:
+        lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
+                                      f"the pattern, path or glob]"]
+    return clip("\n".join(lines))
+
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
+    "use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+register("grep", (
+    "Search file contents with a regular expression (ripgrep syntax) and list matching "
+    "files, matching lines with line numbers (output_mode 'content'), or match counts "
+    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
+    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    params(["pattern"], pattern=("string", "Regular expression to search for."),
+           path=("string", "File or directory to search (default: the workspace root)."),
+           glob=("string", "Only search files matching this glob, e.g. '*.py'."),
+           ignore_case=("boolean", "Case-insensitive search (default false)."),
+           output_mode=("string", "files_with_matches (default), content or count.")),
+    grep, read_only=True, concurrency_safe=True)
+
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
+    if len(batch) <= 1:
+        results.extend(run_tool(b) for b in batch)
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:
+                results.append(f.result())
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+# --- s03: todo plan ---
+# The plan is the agent's own state (AgentState.plan), kept beside `messages`,
+# not inside it: the model rewrites it whole with todo_write, the human sees it
+# as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
+# items, at most one in_progress. Not persisted: a new session starts without one.
+MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+TODO_STATUSES = ("pending", "in_progress", "completed")
+TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
+TODO_FIELDS = ("content", "status", "active_form")
+
+
+def check_plan(items):
+    """Return the plan as clean dicts, or raise ToolError naming the broken rule."""
+    if not isinstance(items, list):
+        raise ToolError("items must be a list of {content, status, active_form?} objects.")
+    if len(items) > MAX_TODOS:
+        raise ToolError(f"A plan holds at most {MAX_TODOS} items; you sent {len(items)}. "
+                        f"Merge small steps into bigger ones and send the whole plan again.")
+    plan = [check_item(n, item) for n, item in enumerate(items, 1)]
+    busy = [str(n) for n, item in enumerate(plan, 1) if item["status"] == "in_progress"]
+    if len(busy) > 1:
+        raise ToolError(f"Only one item may be in_progress at a time (items {', '.join(busy)} "
+                        f"are). Finish one first: mark it completed, or set the others to pending.")
+    return plan
+
+
+def check_item(n, item):
+    if not isinstance(item, dict):
+        raise ToolError(f"Item {n} must be an object {{content, status, active_form?}}.")
+    if extra := [k for k in item if k not in TODO_FIELDS]:
+        raise ToolError(f"Item {n} has unknown field '{extra[0]}' "
+                        f"(allowed: {', '.join(TODO_FIELDS)}).")
+    content, status = item.get("content"), item.get("status")
+    if not isinstance(content, str) or not content.strip():
+        raise ToolError(f"Item {n} needs a non-empty content string saying what the step is.")
+    if status not in TODO_STATUSES:
+        raise ToolError(f"Item {n} has unknown status {status!r}; use one of: "
+                        f"{', '.join(TODO_STATUSES)}.")
+    form = item.get("active_form", "")
+    if not isinstance(form, str):
+        raise ToolError(f"Item {n}: active_form must be a string, e.g. 'Running the tests'.")
+    return {"content": content.strip(), "status": status, "active_form": form.strip()}
+
+
+def plan():
+    """The running agent's plan: {"items": [...], "rounds_since_update": n}."""
+    return agent_state().plan
+
+
+def plan_lines():
+    """One checklist line per item; the current one says what is happening now."""
+    lines = []
+    for item in plan()["items"]:
+        line = f"{TODO_MARKS[item['status']]} {item['content']}"
+        if item["status"] == "in_progress" and item["active_form"]:
+            line += f" ({item['active_form']})"
+        lines.append(line)
+    return lines
+
+
+def plan_summary():
+    items = plan()["items"]
+    return f"({sum(item['status'] == 'completed' for item in items)}/{len(items)} completed)"
+
+
+def plan_text():
+    """What the model gets back: the checklist as plain text plus a count."""
+    if not plan()["items"]:
+        return "The plan is empty."
+    return "\n".join(plan_lines() + [plan_summary()])
+
+
+def show_plan():
+    """The same checklist for the human, on stderr (stdout carries only answers).
+
+    Text(), not markup strings: "[x]" or a "[bold]" inside an item would
+    otherwise be read as rich markup and vanish.
+    """
+    out = Text()
+    for item, line in zip(plan()["items"], plan_lines()):
+        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+    out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
+    Console(stderr=True, highlight=False).print(out)
+
+
+def todo_write(items):
+    # a new list: the old one is never edited in place
+    plan().update(items=check_plan(items), rounds_since_update=0)
+    show_plan()
+    return plan_text()
+
+
+def has_open_items():
+    return any(item["status"] != "completed" for item in plan()["items"])
+
+
+def plan_reminder(calls, results):
+    """Count one tool round; return the reminder blocks to append after its results.
+
+    A round with a successful todo_write is an update (the handler already reset
+    the counter). Otherwise the count grows, and every PLAN_REMINDER_INTERVAL-th
+    round, while the plan has unfinished items, the model gets a nudge. Text
+    after the tool_result blocks keeps the request valid (results come first).
+    """
+    ok = {r["tool_use_id"] for r in results if not r.get("is_error")}
+    if any(b.name == "todo_write" and b.id in ok for b in calls):
+        return []
+    plan()["rounds_since_update"] += 1
+    rounds = plan()["rounds_since_update"]
+    if not has_open_items() or rounds % PLAN_REMINDER_INTERVAL:
+        return []
+    say(f"[plan reminder: {rounds} tool rounds without todo_write]")
+    return [{"type": "text", "text": (
+        f"<system-reminder>\nThe plan has not been updated for {rounds} tool rounds. "
+        f"Refresh it with todo_write before continuing: mark finished items completed, "
+        f"mark the item you are working on in_progress, and change the plan if the work "
+        f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
+        f"{plan_text()}\n</system-reminder>")}]
+
+
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+# --- s04: subagents ---
+# A subagent is a tool whose handler runs the same agent_loop on a new message
+# list: its own history, a narrower tool list (never `agent`, so no recursion),
+# a turn cap and its own system prompt. The parent gets one tool_result: the
+# child's final text. Every step in between stays in the child and is dropped.
+SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+
+SUBAGENT_SYSTEM = (
+    "You are a subagent: another agent gave you one self-contained task. Work on your own "
+    "with the tools (nobody will answer questions), stay within the task, and finish with "
+    "a concise report of what you found or changed, naming files and lines: that report "
+    "is the only thing the other agent will see.")
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# s07's sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+# Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
+# history, system prompt and tools (minus agent). Every call still open in the
+# parent's last reply, this agent call included, gets a placeholder result so
+# the inherited history stays valid; the task comes last, wrapped in rules.
+# Unlike the seed's forks it runs in the foreground (background work is s10),
+# and it loses `agent` like any child; Claude Code keeps the identical tool
+# list instead, so the fork's prompt prefix can reuse the parent's cache.
+FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
+                    "the fork does not get its result)")
+FORK_BOILERPLATE = """<fork_boilerplate>
+You are a forked worker, not the main agent. The conversation above is the main
+agent's, shared with you as context.
+Rules (not negotiable):
+1. Do not fork or start other agents.
+2. Do not chat, ask questions or wait for confirmation.
+3. Use the tools directly: read files, search code, make changes.
+4. Stay strictly within the task below.
+5. Keep the final report under 500 words and begin it with "Scope:".
+</fork_boilerplate>
+
+Task: {task}"""
+
+AGENT_TOOL_HELP = (
+    "Delegate a self-contained task to a subagent: it works in a fresh context with its "
+    "own tool calls and you get back only its final report. Use it for investigations "
+    "or chores that need many searches and reads whose details you do not need to keep "
+    "(e.g. 'find where X is configured and how it is used'), so your own context stays "
+    "small. The subagent sees none of this conversation and cannot ask you questions, so "
+    "write prompt as a complete brief: the goal, where to look, what to report. Do not "
+    "use it for a single read or search (call that tool yourself), and do not start an "
+    "agent from inside a subagent (it has no agent tool). fork: true instead runs a copy "
+    "of you that inherits this conversation (not combinable with agent_type).\n"
+    "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
+
+
+def warn_once(text):
+    if text not in WARNED:
+        WARNED.add(text)
+        say(text)
+
+
+def name_list(meta, field):
+    """A tools field: a YAML list or a comma-separated string; None when absent."""
+    value = meta.get(field)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if value is not None and not (isinstance(value, list)
+                                  and all(isinstance(v, str) for v in value)):
+        raise ValueError(f"{field} must be a list of tool names")
+    return value
+
+
+def split_frontmatter(text):
+    """(meta dict, body) of a markdown file with a YAML head; ValueError says what is wrong."""
+    match = FRONTMATTER.fullmatch(text.lstrip("\ufeff").replace("\r\n", "\n"))
+    if not match:
+        raise ValueError("no YAML frontmatter (the file must start with a --- block)")
+    try:
+        meta = yaml.safe_load(match[1] or "") or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad YAML frontmatter: {' '.join(str(e).split())[:200]}")
+    if not isinstance(meta, dict):
+        raise ValueError("the frontmatter must be a mapping of key: value lines")
+    return meta, (match[2] or "").strip()
+
+
+def parse_agent_file(path):
+    """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
+    meta, body = split_frontmatter(path.read_text(encoding="utf-8"))
+    meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
+    # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
+    # tools it was meant to lose, so an unknown field rejects the whole file.
+    if unknown := sorted(set(map(str, meta)) - AGENT_FIELDS):
+        raise ValueError(f"unknown field {unknown[0]!r} (known: {', '.join(sorted(AGENT_FIELDS))})")
+    name, description = meta.get("name", path.stem), meta.get("description")
+    if not isinstance(name, str) or not AGENT_NAME.match(name):
+        raise ValueError("name must be 1-64 letters, digits, '-' or '_'")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("description is required: it tells the model when to use this agent")
+    turns, model = meta.get("max_turns", SUBAGENT_MAX_TURNS), meta.get("model")
+    if type(turns) is not int or turns < 1:
+        raise ValueError("max_turns must be a positive integer")
+    if model is not None and not isinstance(model, str):
+        raise ValueError("model must be a model id, or 'inherit'")
+    return {"name": name, "description": " ".join(description.split()),
+            "tools": name_list(meta, "tools"),
+            "disallowed_tools": name_list(meta, "disallowed_tools") or [],
+            "max_turns": turns, "model": None if model == "inherit" else model,
+            "system": body or SUBAGENT_SYSTEM}
+
+
+def agent_dirs():
+    """User level first, project last: a later definition of the same name wins."""
+    return [Path.home() / ".agent" / "agents", agent_state().workdir / ".agent" / "agents"]
+
+
+def load_agents():
+    """Every agent type by name: built-in < user < project. Bad files are skipped."""
+    agents = dict(BUILTIN_AGENTS)
+    for folder in agent_dirs():
+        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+            try:
+                spec = parse_agent_file(path)
+            except Exception as e:  # a bad file never stops the loop
+                warn_once(f"[skipped agent definition {path}: {e}]")
+                continue
+            agents[spec["name"]] = spec
+    return agents
+
+
+def describe_agents(agents):
+    """The agent tool's description: fixed help, then one line per type, sorted."""
+    return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
+
+
+def prepare_agent_tool(client, messages, tools):
+    """At every agent_loop start: note the loop on its agent, refresh the agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from the running agent's state. The
+    description is rebuilt here, sorted, not per call: it is part of the prompt
+    prefix and changes only when a definition file does. Only the main agent
+    (tools None) rewrites it: a child has no agent tool.
+    """
+    state = agent_state()
+    state.client, state.messages, state.tools = client, messages, tools
+    if tools is None:
+        desc = describe_agents(load_agents())
+        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools, results):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run and are answered first; normalize_messages
+    puts every result back in call order for the API.
+    """
+    if tools is not None:
+        names = allowed_names(tools)
+        results += [refused(b, tools) for b in calls if b.name not in names]
+        calls = [b for b in calls if b.name in names]
+    return run_tools(calls, results)
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task.
+
+    The parent's last message holds the results its current reply has so far
+    (the loop appends it before the calls run): those stay, real results.
+    """
+    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
+    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
+    last = history[-1] if history else {"role": "user", "content": ""}
+    answered = {b.get("tool_use_id") for b in done}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting).
+    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
+                       + (u.cache_creation_input_tokens or 0))
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
+        return report  # s06
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
+    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def child_state(fork):
+    """A subagent's own AgentState: the same workspace, a plan of its own, and
+    file-read records of its own (a fork starts from a copy of the parent's).
+
+    File-read records are runtime state, not infrastructure (seed): a fresh
+    child must read a file before editing it, and when the child changes a file
+    the parent read, the parent's stamp no longer matches, so it must re-read.
+    """
+    parent = agent_state()
+    child = AgentState(parent.workdir)
+    if fork:
+        child.files = dict(parent.files)
+    child.session = parent.session  # s06: one bill for the whole session
+    return child
+
+
+def run_child(client, history, fork, settings):
+    """agent_loop for a child, run as its own agent: nothing of the parent's
+    state is swapped out or has to be restored."""
+    with acting_as(child_state(fork)):
+        return agent_loop(client, history, **settings)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def pick_agent(agent_type, fork):
+    """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
+    if fork and agent_type:
+        raise ToolError("fork and agent_type cannot be combined: a fork is a copy of you. "
+                        "Drop one of them.")
+    agents = load_agents()
+    if agent_type and agent_type not in agents:
+        raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
+                        f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
+    return agents.get(agent_type, {})
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = agent_state().client
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = description or " ".join(prompt.split())[:40]  # one line on the terminal
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(agent_state().messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, fork, settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+register("agent", describe_agents(BUILTIN_AGENTS), params(
+    ["prompt"], prompt=("string", "The complete task: goal, where to look, what to report back."),
+    description=("string", "A 3-5 word label for the task, shown to the user."),
+    agent_type=("string", "One of the agent types listed above; omit for a general-purpose agent."),
+    fork=("boolean", "Run a copy of you that inherits this conversation (default false).")),
+    run_subagent)
+
+# --- s05: skills and slash commands ---
+# A skill is a folder holding SKILL.md (YAML frontmatter + Markdown body) and any
+# files the body links to: the open Agent Skills format, so a public skill folder
+# copied into .agent/skills/ works unchanged. Progressive disclosure: only
+# "- name: description" lines sit in the system prompt; a body enters the context
+# when the model calls load_skill or the human types /name. The folders are
+# scanned on every model call (a few small reads), so a skill written mid-session
+# is usable at once, and the list is sorted so the prompt stays byte-identical
+# while nothing changes on disk (prompt caching needs a stable prefix).
+MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
+DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
+HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
+SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
+PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
+COMMANDS = {}               # name -> command dict, filled by command()
+
+
+def skill_dirs():
+    """Where skills live, lowest precedence first: a later source wins a name."""
+    return [("built-in", Path(__file__).parent / "skills"),
+            ("user", Path.home() / ".agent" / "skills"),
+            ("project", agent_state().workdir / ".agent" / "skills")]
+
+
+def has_tool(spec, name):
+    return any(t["name"] == name for t in child_tools(spec))
+
+
+def hint_text(hint):
+    """argument-hint: [issue-number] is YAML for a list; show it as the user wrote it."""
+    return f"[{', '.join(map(str, hint))}]" if isinstance(hint, list) else str(hint or "")
+
+
+def flag(meta, key, default):
+    """A yes/no frontmatter field; YAML gives a bool, hand-written ones may be strings."""
+    value = meta.get(key)
+    if value is None:
+        return default
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "1")
+
+
+def parse_skill(folder, source):
+    """One skill as a plain dict; unknown frontmatter keys are kept, never refused."""
+    meta, body = split_frontmatter((folder / "SKILL.md").read_text("utf-8", "replace"))
+    name, description = str(meta.get("name") or folder.name), meta.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("no description (it tells the model what the skill does and when)")
+    if not SKILL_NAME.fullmatch(name):
+        raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
+    return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
+            "body": body, "path": folder.resolve(), "source": source, "meta": meta,
+            "arg_hint": hint_text(meta.get("argument-hint")),
+            "model": not flag(meta, "disable-model-invocation", False),
+            "user": flag(meta, "user-invocable", True)}
+
+
+def discover_skills():
+    """name -> skill from every source. A broken SKILL.md is skipped with a warning."""
+    skills = {}
+    for source, root in skill_dirs():
+        try:
+            folders = sorted(root.iterdir()) if root.is_dir() else []
+        except OSError as e:  # an unreadable folder must not stop the session
+            warn_once(f"[skills: cannot read {root}: {e}]")
+            folders = []
+        for folder in folders:
+            if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
+                continue
+            try:
+                skill = parse_skill(folder, source)
+            except (OSError, ValueError) as e:
+                warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
+                continue
+            skills[skill["name"]] = skill
+    return skills
+
+
+def skills_prompt():
+    """The system prompt's skill list: names and descriptions only, sorted by name."""
+    lines = [f"- {name}: {s['description']}" for name, s in sorted(discover_skills().items())
+             if s["model"]]
+    if not lines:
+        return ""
+    return ("\n\nSkills (call load_skill with the name before a task that matches one, "
+            "then follow what it says):\n" + "\n".join(lines))
+
+
+def substitute(body, args):
+    """$ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) = shell-like words.
+
+    A body without any placeholder gets the arguments appended, so they are never lost.
+    """
+    try:
+        words = shlex.split(args)
+    except ValueError:  # an unbalanced quote: plain words are good enough
+        words = args.split()
+
+    def one(m):
+        index = m[1] or m[2]
+        if index is None:
+            return args
+        return words[int(index)] if int(index) < len(words) else ""
+    if PLACEHOLDER.search(body):
+        return PLACEHOLDER.sub(one, body)  # one pass: inserted text is never re-expanded
+    return f"{body}\n\nARGUMENTS: {args}" if args.strip() else body
+
+
+def run_dynamic(text):
+    """Replace each !`cmd` with its output, via run_bash: blocklist and timeout apply."""
+    def one(m):
+        say(f"> !{m[1]}")
+        try:
+            return clip(run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
+        except ToolError as e:
+            return f"[command `{m[1]}` failed: {e}]"
+    return DYNAMIC.sub(one, text)
+
+
+def render_skill(skill, args=None):
+    """The body as the model sees it; path lets it read the files the body links to."""
+    body = skill["body"] if args is None else substitute(skill["body"], args)
+    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{run_dynamic(body)}\n</skill>'
+
+
+def load_skill(name, arguments=None):
+    skills = discover_skills()
+    visible = sorted(n for n, s in skills.items() if s["model"])
+    if name not in skills:
+        raise ToolError(f"Unknown skill '{name}'. Available skills: "
+                        f"{', '.join(visible) or '(none)'}. Use one of these names exactly.")
+    if not skills[name]["model"]:
+        raise ToolError(f"Skill '{name}' can only be started by the user (as /{name}); "
+                        f"carry on without it.")
+    return render_skill(skills[name], arguments)
+
+
+def skill_file(path):
+    """An absolute path inside a skill folder (built-in, user, project), else None.
+
+    read_file uses it so a loaded skill's linked files can be read although the
+    built-in and user folders lie outside the workspace. Only reads: writes
+    still go through safe_path alone. Symlinks are resolved before the check.
+    """
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute():
+        return None
+    try:
+        p = p.resolve()
+    except (OSError, RuntimeError):
+        return None
+    roots = [root.resolve() for _, root in skill_dirs() if root.is_dir()]
+    return p if any(p.is_relative_to(root) for root in roots) else None
+
+
+register("load_skill", (
+    "Load a skill: the full instructions of one of the skills listed under 'Skills' in "
+    "the system prompt. Call it first when a task matches a skill's description, then "
+    "follow the instructions it returns. Files the skill mentions are relative to the "
+    "path attribute of the returned <skill> tag; read them with read_file when the "
+    "instructions say so. Pass arguments (a path, a git range, a topic) when the skill "
+    "works on something specific. Do not call it for names that are not listed."),
+    params(["name"], name=("string", "The skill's name exactly as listed."),
+           arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
+    load_skill, read_only=True)
+
+# Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
+# by the command registry before anything reaches the model. kind "local": the
+# handler does the work and the model never sees it; kind "prompt": the handler
+# returns the text that is sent to the model as the user's message. ctx carries
+# what handlers may need (client, history) and gets "error" when a command fails.
+def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
+    """Register /name; a later chapter adds its command with one call."""
+    COMMANDS[name] = {"name": name, "description": description, "handler": handler,
+                      "aliases": tuple(aliases), "arg_hint": arg_hint, "kind": kind}
+
+
+def skill_command(skill):
+    return {"name": skill["name"], "description": skill["description"], "aliases": (),
+            "arg_hint": skill["arg_hint"], "kind": "prompt",
+            "handler": lambda args, ctx: render_skill(skill, args)}
+
+
+def all_commands():
+    """Registered commands, then every user-invocable skill whose name is still free."""
+    cmds = dict(COMMANDS)
+    taken = set(cmds) | {a for c in COMMANDS.values() for a in c["aliases"]}
+    for name, skill in sorted(discover_skills().items()):
+        if skill["user"] and name not in taken:
+            cmds[name] = skill_command(skill)
+    return cmds
+
+
+def parse_slash(line):
+    """'/name  some args' -> ('name', 'some args')."""
+    name, args = (line.strip()[1:].split(None, 1) + ["", ""])[:2]
+    return name, args.strip()
+
+
+def handle_slash(line, ctx):
+    """Run a /command. Returns the text to send to the model, or None when done here."""
+    name, args = parse_slash(line)
+    cmds = all_commands()
+    cmd = next((c for c in cmds.values() if name in (c["name"], *c["aliases"])), None)
+    if cmd is None and name:
+        names = list(cmds) + [a for c in cmds.values() for a in c["aliases"]]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean /{close[0]}?" if close else ""
+        ctx["error"] = f"Unknown command /{name}.{hint}"
+        say(ctx["error"] + " Type /help for the list.")
+        return None
+    try:
+        out = (cmd or COMMANDS["help"])["handler"](args, ctx)
+    except KeyboardInterrupt:  # Ctrl+C during a slow !`cmd`: cancel the command only
+        ctx["error"] = f"/{name} cancelled"
+        say(f"\n[{ctx['error']}]")
+        return None
+    except Exception as e:  # a broken command must not end the session
+        ctx["error"] = f"/{name} failed: {type(e).__name__}: {e}"
+        say(ctx["error"])
+        return None
+    return (out or None) if cmd and cmd["kind"] == "prompt" else None
+
+
+def clip_row(text, width=HELP_DESCRIPTION):
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def show_help(args, ctx):
+    """Every command, aligned, with its argument hint and aliases."""
+    rows = []
+    for c in all_commands().values():
+        aliases = f" (/{', /'.join(c['aliases'])})" if c["aliases"] else ""
+        usage = f"/{c['name']} {c['arg_hint']}".rstrip()
+        rows.append((usage, clip_row(c["description"]) + aliases))
+    width = max(len(usage) for usage, _ in rows)
+    print("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows))
+    print("  Anything else is sent to the model; q or exit quits.")
+
+
+def show_skills(args, ctx):
+    """Every skill with its source and who may start it."""
+    skills = discover_skills()
+    if not skills:
+        print("No skills. Add one as .agent/skills/<name>/SKILL.md in the project.")
+        return
+    width = max(len(name) for name in skills)
+    for name, s in sorted(skills.items()):
+        who = "+".join(w for w, on in (("model", s["model"]), ("user", s["user"])) if on)
+        print(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
+              f"{clip_row(s['description'])}")
+
+
+def run_slash_once(client, line):
+    """One-shot mode with a slash command: run it, and the agent loop if it made a prompt."""
+    history = []
+    ctx = {"client": client, "history": history}
+    text = handle_slash(line, ctx)
+    if text is None:
+        return 1 if ctx.get("error") else 0
+    add_user_text(history, text)
+    return 0 if agent_loop(client, history) == "end_turn" else 1
+
+
+command("help", "List commands and skills (skills send their instructions to the model)",
+        show_help, aliases=("h", "?"))
+command("skills", "List skills: where each comes from and who may start it", show_skills)
+
+# --- s06: context compaction ---
+# A 200K window fills fast, and ~85% of it is tool output (file dumps, logs,
+# search hits) that goes stale once the model has read it. From free to costly:
+#   layer 1  a huge result goes to disk the moment it enters the history; the
+#            model keeps a preview and the path, so nothing is lost
+#   clear    old results become placeholders: in one batch, only after the
+#            model has seen them, only past WORKING_BUDGET or on a cold cache
+#   layer 2  near the window the model summarises the old turns (9 sections,
+#            transcript saved first); the recent tail stays verbatim
+#   recover  max_tokens, prompt too long, overload and cut streams each get a
+#            bounded, named way out; anything else ends the turn in one line
+#
+# Clearing versus caching. The API caches the request prefix up to each
+# cache_control breakpoint; a cache read costs 0.1x the input price, a write
+# 1.25x. Clearing an old result changes the prefix from that result on, so all
+# that follows is written again. Clearing every turn keeps the context small
+# but breaks the prefix every turn, so the cache cannot help; clearing in
+# batches lets each turn read what the last one wrote and pays the rewrite
+# once per batch. tests/bench_s06_context.py (100 turns, each reading a new
+# 12 KB file; tokens = chars/4; list prices):
+#   policy                                 input tokens  peak context  est. input cost
+#   (a) no management                        17,962,723       353,248  $53.89 (> window)
+#   (b) clear every turn, keep 3, no cache    1,607,650        19,471   $4.82
+#   (c) batches past 50K, keep 3, cache       3,125,131        49,526   $2.48 = 0.52 x (b)
+# (c) sends twice the tokens of (b), but 86% are cache reads. (b) repeats 36% of
+# the previous request, (c) 100% between its 9 batch clears. The budget is a
+# flat optimum (40K: 0.52, 60K: 0.53, 80K: 0.57 of (b)); keeping 2 results
+# gives 0.47-0.48 at 30-50K, keeping 5 0.59-0.66 at 40-80K (but 0.91 at 30K:
+# a budget too tight clears every 2-3 turns). Every file reached the model.
+# A batch must also free CLEAR_MIN_SHARE of the budget: when what cannot be
+# cleared (tool inputs, long replies) alone stays over budget, clearing each
+# result as it ages out would break the prefix every turn for a few hundred
+# tokens; it waits for a batch worth a rewrite instead.
+CONTEXT_WINDOW = 200_000    # tokens the model can attend to
+OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
+SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
+AUTO_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - SAFETY_MARGIN  # 167K: compact from here
+FORCE_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - 3_000  # 177K: compact even with the breaker open
+MAX_COMPACT_FAILURES = 3    # failed compactions in a row before auto-compact stops trying
+KEEP_TAIL_TOKENS = 10_000   # a compaction keeps the newest messages verbatim up to this...
+KEEP_TAIL_MESSAGES = 5      # ...or this many messages, whichever is reached first
+REATTACH_FILES = 5          # recently read files re-read into the history after a compaction
+REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
+SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
+PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
+MESSAGE_BUDGET_CHARS = 90_000  # results of one message together; the largest go to disk first
+PERSIST_EXEMPT = ("read_file",)  # capped already; reading a saved file must not save it again
+PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
+KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
+WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
+KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
+CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
+CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
+MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
+MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
+RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
+RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
+RETRY_JITTER = 0.25         # share of a backoff that is random, so clients spread out
+RETRY_STATUSES = (408, 409, 429)  # plus every 5xx (529 = overloaded)
+PRICE_INPUT = 3.00          # USD per million input tokens (list price, default model)
+PRICE_OUTPUT = 15.00        # USD per million output tokens
+CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
+CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
+EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
+
+SUMMARY_PROMPT = """\
+Do NOT call any tool. Reply with plain text only.
+
+Write a detailed summary of the conversation so far; the work will continue from \
+your summary alone, so keep every fact needed to carry on.
+
+First, inside <analysis> tags, go through the conversation in order: what the user \
+asked for, what you did and found, the files and code involved, the errors and how \
+they were fixed. This is your draft; it will be thrown away.
+
+Then write the summary inside <summary> tags, with these 9 sections:
+1. Primary request and intent: what the user really wants, in detail.
+2. Key technical concepts: the technologies, ideas and decisions discussed.
+3. Files and code sections: each file read, changed or created, why it matters, \
+and the key code snippets verbatim.
+4. Errors and fixes: each error met and how it was fixed, with the user's feedback.
+5. Problem solving: how problems were approached and what was solved.
+6. All user messages: every message the user wrote that is not a tool result, \
+quoted verbatim; they carry the intent most precisely.
+7. Pending tasks: everything asked for that is not done yet.
+8. Current work: exactly what was being done right before this summary, with file \
+names and code. Make this section the most detailed.
+9. Possible next step: the next step, in line with the user's latest request; quote \
+the latest messages so it is clear where the work stopped.
+
+Only the <summary> block is kept. Remember: plain text only, no tool calls."""
+
+CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly where it "
+                   "stopped: no apology, no recap. Split the remaining work into smaller steps.")
+
+
+# Layer 1. It runs once per result, as the result enters the history, so the
+# text the model sees never changes afterwards (a byte-stable prefix).
+def persist_output(block):
+    """Save a result's full text to disk; the block keeps a preview and the path."""
+    text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
+    path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    preview = text[:PREVIEW_CHARS]
+    if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
+        preview = preview[:cut]  # end on a whole line
+    block["content"] = (
+        f"<persisted-output>\nOutput too large ({len(text):,} characters). Full output saved "
+        f"to: {rel(path)}\nRead it with read_file (offset/limit) or search it with grep.\n\n"
+        f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-output>")
+
+
+def persist_large_results(calls, results):
+    """Results above PERSIST_CHARS go to disk, then the largest ones until the
+    message fits MESSAGE_BUDGET_CHARS (many mid-size results add up too)."""
+    names = {c.id: c.name for c in calls}
+    movable = [b for b in results if isinstance(b.get("content"), str)
+               and names.get(b["tool_use_id"]) not in PERSIST_EXEMPT]
+    for b in movable:
+        if len(b["content"]) > PERSIST_CHARS:
+            persist_output(b)
+    for b in sorted(movable, key=lambda b: len(b["content"]), reverse=True):
+        if sum(len(str(r.get("content", ""))) for r in results) <= MESSAGE_BUDGET_CHARS:
+            break
+        if not b["content"].startswith("<persisted-output>"):
+            persist_output(b)
+    return results
+
+
+# Old results. The history itself keeps every result; a cleared one is only
+# shown as a placeholder in the copy sent to the API. Private "_" keys never
+# leave the process (normalize_messages drops them): _sent = a request that
+# carried it got an answer, _cleared = show the placeholder.
+def tool_results(messages):
+    return [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
+            for b in m["content"] if b["type"] == "tool_result"]
+
+
+def placeholder(block):
+    content = str(block.get("content"))  # only layer 1's own note names a saved file
+    saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
+    where = f"the full output is in {saved[1]}" if saved else "run the tool again if you need it"
+    return {**block, "content": f"[old tool result cleared to save context; {where}]"}
+
+
+def clear_old_results(messages, min_tokens=0):
+    """One batch: every result the model has seen, except the newest few, becomes
+    a placeholder. Returns how many were cleared (the prefix breaks once).
+
+    A batch that would free less than min_tokens clears nothing: when content
+    that cannot be cleared (big tool inputs, long replies) keeps the context
+    over budget, clearing each result as it ages out would break the cached
+    prefix every turn to save a few hundred tokens. It waits until it pays.
+    """
+    results = tool_results(messages)
+    old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
+    fresh = [b for b in old if b.get("_sent") and not b.get("_cleared")
+             and len(str(b.get("content"))) > len(placeholder(b)["content"])]
+    if sum(estimate_tokens(b["content"]) - estimate_tokens(placeholder(b)["content"])
+           for b in fresh) < min_tokens:
+        return 0
+    for b in fresh:
+        b["_cleared"] = True
+    return len(fresh)
+
+
+def shown(m):
+    """One message with its cleared results as placeholders."""
+    if isinstance(m["content"], str):
+        return m
+    return {**m, "content": [placeholder(b) if b.get("_cleared") else b for b in m["content"]]}
+
+
+def shown_messages(messages):
+    """The history as the API sees it: normalised, cleared results as placeholders."""
+    return normalize_messages([shown(m) for m in messages])
+
+
+# Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
+# (at most 4): end of tools, end of system, the message the previous request
+# ended with (its cache entry is read back) and the newest one (written for the
+# next request). They go on copies, never into TOOLS or the history.
+def cached(prefix):
+    """A copy of the system prompt or the tool list with a breakpoint at its end."""
+    if isinstance(prefix, str):
+        return [{"type": "text", "text": prefix, "cache_control": EPHEMERAL}]
+    return prefix[:-1] + [{**prefix[-1], "cache_control": EPHEMERAL}] if prefix else prefix
+
+
+def request_messages(messages):
+    out = shown_messages(messages)
+    for m in out[-1:-4:-2]:  # newest message, and the previous request's last one
+        m["content"][-1] = {**m["content"][-1], "cache_control": EPHEMERAL}
+    return out
+
+
+# Context size. The API's own count for the last request (input + cache read
+# + cache write) plus its reply (output) is exact; only the change since is
+# estimated, at ~4 characters per token. The anchor sits on the last message
+# of the request as "_usage"; a compaction drops it with the old messages.
+def estimate_tokens(obj):
+    return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
+
+
+def last_usage(messages):
+    return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
+
+
+def context_tokens(messages):
+    """Tokens the next request will carry, or None before any reported usage."""
+    anchor = last_usage(messages)
+    if anchor is None:
+        return None
+    return max(0, anchor["tokens"] + estimate_tokens(shown_messages(messages)) - anchor["estimate"])
+
+
+def loop_prefix(options=None):
+    """(model, system, tools) of the loop being managed: a child's own, else the
+    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
+    options = options or {}
+    tools = TOOLS if options.get("tools") is None else options["tools"]
+    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
+
+
+def request_tokens(client, messages, options=None):
+    """context_tokens, or without usage a guess; count_tokens when the guess matters."""
+    if (known := context_tokens(messages)) is not None:
+        return known
+    model, system, tools = loop_prefix(options)
+    view = shown_messages(messages)
+    guess = estimate_tokens(view) + estimate_tokens([system, tools])
+    if guess < WORKING_BUDGET:
+        return guess
+    try:  # exact, and free; a guess is still better than failing the turn
+        return client.messages.count_tokens(model=model, system=system,
+                                            tools=tools, messages=view).input_tokens
+    except Exception as e:
+        if not is_api_failure(e):
+            raise
+        return guess
+
+
+def after_call(messages, message):
+    """Mark what the model has now seen, anchor the size, print the status line."""
+    for b in tool_results(messages):
+        b["_sent"] = True
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    total = u.input_tokens + read + write + u.output_tokens
+    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": estimate_tokens(
+        shown_messages(messages)) + estimate_tokens(assistant_message(message))}
+    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + u.output_tokens * PRICE_OUTPUT) / 1e6
+    agent_state().session["cost"] += cost
+    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | input {u.input_tokens:,}, cache read "
+        f"{read:,}, cache write {write:,}, output {u.output_tokens:,} | ~${cost:.4f}, "
+        f"session ~${agent_state().session['cost']:.4f}]")
+
+
+# Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
+# separates a tool_use from its tool_result: the tail may not start with a
+# user message that answers calls made before it. The newest message is always
+# kept: a lone message (a first prompt) leaves nothing older to summarise.
+def tail_start(messages):
+    """Index of the first message kept verbatim; everything before is summarised
+    (0: nothing to summarise)."""
+    start, tokens = len(messages), 0
+    while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
+        start -= 1
+        tokens += estimate_tokens(shown(messages[start]))
+    if start == len(messages):
+        return 0  # one message (or none): it is the tail itself
+    while start > 0 and tool_results([messages[start]]):
+        start -= 1  # take the assistant message that made the calls too
+    return start
+
+
+def save_transcript(messages):
+    """Everything, before anything is summarised away: one message per JSON line."""
+    folder = agent_state().workdir / ".agent" / "transcripts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
+    path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                            for m in messages), encoding="utf-8")
+    return path
+
+
+def summarize(client, older, focus=None, options=None):
+    """One call with the 9-section prompt; only the <summary> block is kept.
+
+    The API wants tools defined whenever the history holds tool blocks, so the
+    same (cached) tools go along, with tool_choice none: none can be called.
+    Too long even for that: drop the oldest fifth of the turns and try again.
+    """
+    prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
+    model, system, tools = loop_prefix(options)
+    for attempt in range(MAX_COMPACT_FAILURES):
+        try:
+            reply = client.messages.create(
+                model=model, max_tokens=SUMMARY_MAX_TOKENS, system=cached(system),
+                tools=cached(tools), tool_choice={"type": "none"},
+                messages=shown_messages(older + [{"role": "user", "content": prompt}]))
+            break
+        except anthropic.APIStatusError as e:
+            if not is_prompt_too_long(e) or attempt + 1 == MAX_COMPACT_FAILURES:
+                raise
+            older = older[max(1, len(older) // 5):]
+    text = "".join(b.text for b in reply.content if b.type == "text")
+    found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
+    summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
+    if not summary:
+        raise ValueError("the model returned an empty summary")
+    return summary
+
+
+def reattach_files(messages, start):
+    """Re-read (fresh from disk) up to REATTACH_FILES files read before the cut."""
+    in_tail = {b["input"].get("path") for m in messages[start:] for b in as_blocks(m["content"])
+               if b["type"] == "tool_use"}
+    paths = [b["input"].get("path") for m in reversed(messages[:start]) for b in
+             reversed(as_blocks(m["content"])) if b["type"] == "tool_use" and b["name"] == "read_file"]
+    blocks = []
+    for p in dict.fromkeys(p for p in paths if isinstance(p, str) and p not in in_tail):
+        try:
+            text = clip(read_file(p), REATTACH_CHARS)
+        except ToolError:
+            continue  # deleted or moved since: the summary still names it
+        blocks.append({"type": "text", "text": f"Re-read after compaction (current content) "
+                       f"of {p}:\n{text}"})
+        if len(blocks) == REATTACH_FILES:
+            break
+    return blocks
+
+
+def compact(client, messages, focus=None, why="auto", options=None):
+    """Replace the old part of the history, in place, by a summary; True if done.
+    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
+    state, start = agent_state().compaction, tail_start(messages)
+    if start == 0:
+        say("[nothing to compact yet]")
+        return False
+    path = save_transcript(messages)
+    try:
+        summary = summarize(client, messages[:start], focus, options)
+    except Exception as e:
+        if not (is_api_failure(e) or isinstance(e, ValueError)):
+            raise
+        state["failures"] += 1
+        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
+        return False
+    head = [{"type": "text", "text": (
+        f"This session continues from an earlier conversation that was compacted to free "
+        f"context. The full transcript is saved in {rel(path)}; read it if you need an exact "
+        f"detail.\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+    tail = messages[start:]
+    for m in tail:
+        m.pop("_usage", None)  # sizes measured before the cut mean nothing now
+    messages[:] = [{"role": "user", "content": head}] + tail
+    state["failures"] = 0
+    say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
+        f"transcript in {rel(path)}]")
+    return True
+
+
+def compact_now(client, messages, focus=None):
+    """/compact [focus]: compact at once, whatever the size and the breaker say.
+
+    Mutates `messages` in place (the caller's list stays the history) and
+    returns it. Ctrl+C cancels the compaction, not the session.
+    """
+    try:
+        compact(client, messages, focus, "requested")
+    except KeyboardInterrupt:
+        say("[compaction cancelled]")
+    return messages
+
+
+def request_compaction(focus=None):
+    agent_state().compaction.update(requested=True, focus=focus)
+    return "Compaction scheduled: the history is summarised before your next step."
+
+
+register("compact", (
+    "Summarise the conversation so far and continue from the summary, which frees "
+    "context. Use it when a phase of work is done and the details of earlier steps are "
+    "no longer needed, or when the user asks for it. Pass focus to name what the summary "
+    "must keep in detail. Do not use it in the middle of an edit: older tool output is "
+    "gone afterwards (recent messages stay verbatim, the transcript is saved on disk)."),
+    params([], focus=("string", "What the summary should preserve in detail (optional).")),
+    request_compaction, read_only=True)
+
+
+def manage_context(client, messages, options=None):
+    """Before every request: a requested compaction, else a batch clear when over
+    budget (if it frees enough) or when the cache went cold (a cold prefix is
+    written again anyway, so any clear is free), then auto-compaction near the
+    window. `options`: the loop's call_model keywords."""
+    state = agent_state().compaction
+    if state["requested"]:
+        state["requested"] = False
+        compact(client, messages, state["focus"], "requested by the model", options)
+        return
+    tokens = request_tokens(client, messages, options)
+    anchor = last_usage(messages)
+    cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
+    least = 0 if cold else CLEAR_MIN_SHARE * WORKING_BUDGET
+    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(messages, least)):
+        why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
+        say(f"[cleared {n} old tool result(s) in one batch: {why}]")
+        tokens = request_tokens(client, messages, options)
+    if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
+                                      state["failures"] < MAX_COMPACT_FAILURES):
+        compact(client, messages, None, f"{tokens:,} tokens", options)
+
+
+# Error recovery (seed: classify, then a bounded way out per kind).
+def is_prompt_too_long(e):
+    return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
+        e.status_code == 400 and re.search(r"prompt is too long", str(e), re.I) is not None))
+
+
+def is_transient(e):
+    """Worth waiting for: rate limits, overload, 5xx, lost connections, cut streams."""
+    if isinstance(e, anthropic.APIStatusError):
+        return e.status_code in RETRY_STATUSES or e.status_code >= 500 or "overloaded" in str(e)
+    # A stream cut mid-reply raises the HTTP library's own TransportError, not an
+    # SDK error; matching the class name works whichever httpx the SDK ships.
+    return isinstance(e, (anthropic.APIConnectionError, ConnectionError, TimeoutError)) or any(
+        c.__name__ == "TransportError" for c in type(e).__mro__)
+
+
+def is_api_failure(e):
+    return isinstance(e, anthropic.APIError) or is_transient(e)
+
+
+def backoff_delay(attempt, error):
+    """Exponential backoff with jitter; a server's retry-after wins when it gives one."""
+    headers = getattr(getattr(error, "response", None), "headers", None) or {}
+    try:
+        delay = float(headers.get("retry-after"))
+    except (TypeError, ValueError):
+        delay = RETRY_BASE_DELAY * 2 ** attempt * (1 - RETRY_JITTER * random.random())
+    return min(max(delay, 0.0), RETRY_MAX_DELAY)
+
+
+class PromptTooLarge(Exception):
+    """Prompt too long with nothing older to summarise: the newest message alone is."""
+
+
+class LineWatch:
+    """Stands in for call_model's `out` (None: stdout) and notes whether the text
+    printed so far ends mid-line: a stream cut mid-reply leaves such a line."""
+
+    def __init__(self, out):
+        self.out, self.open = out, False
+
+    def write(self, text):
+        self.open = not text.endswith("\n") if text else self.open
+        return (self.out or sys.stdout).write(text)
+
+    def flush(self):
+        (self.out or sys.stdout).flush()
+
+    def close(self):
+        """End an unfinished line; True if there was one."""
+        was, self.open = self.open, False
+        if was:
+            print(file=self.out)
+        return was
+
+
+def whole_reply(messages):
+    """The final reply with the parts max_tokens cut before it: the text of every
+    assistant message after the last user message that is not a continue
+    prompt ("" when the history ends with a user message)."""
+    parts = []
+    for m in reversed(messages):
+        if m["role"] == "user" and m["content"] != CONTINUE_PROMPT:
+            break
+        if m["role"] == "assistant":  # continued exactly where it stopped: no separator
+            parts.insert(0, "\n".join(b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"))
+    return "".join(parts).strip()
+
+
+def compact_to_retry(client, messages, error, options):
+    """Prompt too long: compact so the same turn can be retried; True if done.
+    With nothing older than the newest message, the prompt itself is too big."""
+    if tail_start(messages) == 0:
+        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
+            messages.pop()  # never accepted: kept, it would fail every later turn too
+        raise PromptTooLarge("the prompt itself is too large for the context window and was "
+                             "not kept: shorten it, or save the long part to a file and ask "
+                             "for it to be read") from error
+    say("[prompt too long: compacting, then retrying the turn]")
+    return compact(client, messages, None, "prompt too long", options)
+
+
+def call_with_recovery(client, messages, **options):
+    """call_model with the context managed first and every recoverable failure
+    handled: transient errors back off and retry (MAX_RETRIES), a prompt that is
+    too long is compacted and retried once, a reply cut by max_tokens is
+    continued (MAX_CONTINUATIONS). Anything else propagates to agent_loop,
+    which ends the turn with one line and a valid history. `options` go to
+    call_model unchanged."""
+    manage_context(client, messages, options)
+    retries = continuations = 0
+    compacted = False
+    line = LineWatch(options.get("out"))
+    while True:
+        try:
+            message = call_model(client, messages, **{**options, "out": line})
+        except Exception as e:
+            cut = line.close()  # a reply cut mid-line ends before anything else is said
+            if is_prompt_too_long(e) and not compacted:
+                compacted = True
+                if compact_to_retry(client, messages, e, options):
+                    continue
+            if not is_transient(e) or retries >= MAX_RETRIES:
+                raise
+            if cut:  # the retried reply is printed again from its start
+                say("[stream cut: retrying the reply]")
+            retries, delay = retries + 1, backoff_delay(retries, e)
+            say(f"[{getattr(e, 'status_code', None) or type(e).__name__}: retry "
+                f"{retries}/{MAX_RETRIES} in {delay:.1f}s]")
+            time.sleep(delay)
+            continue
+        after_call(messages, message)
+        if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
+            return message
+        continuations += 1
+        say(f"[reply hit max_tokens: asking it to continue ({continuations}/{MAX_CONTINUATIONS})]")
+        partial = assistant_message(message)
+        partial["content"] = [b for b in partial["content"] if b["type"] == "text"]  # a cut call is broken
+        if partial["content"]:
+            messages.append(partial)
+        add_user_text(messages, CONTINUE_PROMPT)
+command("compact", "Summarise the conversation now to free context (optional focus)",
+        lambda args, ctx: compact_now(ctx["client"], ctx["history"], args or None) and None,
+        arg_hint="[focus]")
+
+# --- s07: permissions ---
+# (overview: work in progress)
+
+# --- s07.1: the blocklist, parsed ---
+# (work in progress: subcommands, blocked_command)
+
+# --- s07.2: rules, config and workspace trust ---
+# (work in progress)
+
+# --- s07.3: the decision ---
+# (work in progress)
+
+# --- s07.4: OS sandbox ---
+# (work in progress: sandbox_available, sandbox_argv, child_env)
+
+# --- agent loop ---
+def say(text):
+    """Progress for the human goes to stderr so stdout carries only the answer."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_tools(calls, results):
+    """Run one reply's tool calls; exactly one result per call, in call order.
+
+    Each result joins `results` (already in the history) the moment its call
+    finishes, so Ctrl+C never reports a call that ran as cancelled.
+    """
+    batch = []  # s02: neighbouring concurrency-safe calls, run together
+    for block in calls:
+        say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
+        if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
+            batch.append(block)
+            continue
+        batch = run_parallel(batch, results)  # s02: the gathered ones first
+        results.append(run_tool(block))
+    run_parallel(batch, results)  # s02
+    return results
+
+
+def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
+    """One streamed model call; text is printed the moment it arrives."""
+    tools = TOOLS if tools is None else tools  # s04: None = the main agent's
+    model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
+    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=cached(system),  # s06: cache
+                                tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
+        for text in stream.text_stream:
+            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
+        message = stream.get_final_message()
+    if any(b.type == "text" for b in message.content):
+        print(flush=True, file=out)  # s04
+    add_usage(usage, message)  # s04: a child's token bill
+    return message
+
+
+# What a reply block keeps in the history: thinking blocks (and their signature)
+# must go back unchanged in later requests; citations and the like are dropped.
+BLOCK_FIELDS = {"type", "text", "id", "name", "input", "thinking", "signature", "data"}
+
+
+def assistant_message(message):
+    """The reply as plain dicts, minus empty text blocks the API would reject."""
+    blocks = [b.model_dump(exclude_none=True, include=BLOCK_FIELDS) for b in message.content]
+    return {"role": "assistant",
+            "content": [b for b in blocks if b["type"] != "text" or b["text"].strip()]}
+
+
+def close_open_calls(messages, note="cancelled by the user"):
+    """After Ctrl+C or a failure mid-tools, answer every call that has no result
+    yet, so the history stays valid; the results of calls that ran are kept."""
+    last = messages[-1] if messages else None
+    if last and last["role"] == "assistant":
+        if not last["content"]:
+            messages.pop()
+            return
+        if any(b["type"] == "tool_use" for b in last["content"]):
+            messages.append({"role": "user", "content": []})
+    if len(messages) < 2 or messages[-2]["role"] != "assistant" \
+            or not isinstance(messages[-1]["content"], list):
+        return
+    done = {b.get("tool_use_id") for b in messages[-1]["content"]}
+    messages[-1]["content"] += [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": f"({note})", "is_error": True}
+        for b in messages[-2]["content"] if b["type"] == "tool_use" and b["id"] not in done]
+
+
+def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04: for a child
+    """Run model and tools until the model stops asking; return the stop reason.
+
+    Invariant: on return, `messages` is a valid history (every tool_use has
+    its tool_result), so the next user prompt can simply be appended.
+    """
+    unknown = 0
+    try:
+        prepare_agent_tool(client, messages, tools)  # s04: the agent tool needs this loop
+        for _ in range(max_turns or turn_limit()):  # s04: a child has its own cap
+            message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
+            messages.append(assistant_message(message))
+            calls = [b for b in message.content if b.type == "tool_use"]
+            if not calls:
+                if not messages[-1]["content"]:
+                    messages.pop()  # an empty reply adds nothing the API would accept
+                return "end_turn"
+            results = []  # in the history before any call runs: Ctrl+C keeps what finished
+            messages.append({"role": "user", "content": results})
+            run_allowed(calls, tools, results)  # s04
+            persist_large_results(calls, results)  # s06: big ones to disk
+            results += plan_reminder(calls, results)  # s03: plan nudge
+            for block in calls:
+                unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
+            if unknown >= MAX_UNKNOWN_TOOLS:
+                say(f"[stopped: {MAX_UNKNOWN_TOOLS} unknown-tool calls in a row]")
+                return "unknown_tools"
+        say(f"[stopped: {max_turns or turn_limit()} turns without finishing]")  # s04
+        return "max_turns"
+    except KeyboardInterrupt:
+        close_open_calls(messages)
+        say("\n[interrupted: turn cancelled, you can keep typing]")
+        return "interrupted"
+    except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
+        close_open_calls(messages, "the turn failed before this ran")
+        say(f"[API error: {type(e).__name__}: {e}]")
+        return "api_error"
+
+# --- REPL / main ---
+def add_user_text(messages, text):
+    """Append a user prompt; after a failed turn, merge into the trailing user message."""
+    if messages and messages[-1]["role"] == "user":
+        content = messages[-1]["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        messages[-1]["content"] = content + [{"type": "text", "text": text}]
+    else:
+        messages.append({"role": "user", "content": text})
+
+
+def read_line(prompt):
+    """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
+    holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if sys.stdin.isatty():
+        return input(prompt)
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return input()
+
+
+def repl(client, prompt):
+    history = []
+    while True:
+        try:
+            line = read_line(prompt)
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line.strip() in ("q", "exit"):
+            return 0
+        if line.startswith("/"):  # s05: slash commands run here or become the prompt
+            line = handle_slash(line, {"client": client, "history": history}) or ""
+        if line.strip():
+            add_user_text(history, line)
+            agent_loop(client, history)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    client = make_client()
+    if client is None:
+        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        return 2
+    try:
+        turn_limit()
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
+    if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
+        return run_slash_once(client, " ".join(argv))
+    if argv:
+        history = [{"role": "user", "content": " ".join(argv)}]
+        return 0 if agent_loop(client, history) == "end_turn" else 1
+    return repl(client, f"{CHAPTER} >> ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
