@@ -67,6 +67,11 @@ class AgentState:
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
         self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
         self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
+        self.mode, self.mode_before_plan = "default", "default"  # s07: the permission mode
+        self.permissions = {"rules": [], "additional_directories": [],  # s07: from the config
+                            "sandbox": dict(SANDBOX_DEFAULTS)}  # s07: files, shared with subagents
+        self.denials, self.decided, self.approved = 0, {}, set()  # s07: see permit()
+        self.run_id, self.label = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", ""  # s07
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -226,6 +231,8 @@ def run_tool(block):
             raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
         if problem := check_input(block.name, block.input):  # s02: schema check first
             raise ToolError(f"Invalid input for {block.name}: {problem}. Fix the call and retry.")
+        if denial := permit(block):  # s07: decide before running
+            raise ToolError(denial)  # s07
         content, is_error = TOOL_HANDLERS[block.name](**block.input), False
     except ToolError as e:
         content, is_error = str(e), True
@@ -299,7 +306,7 @@ def safe_path(p):
         path = (root / os.path.expanduser(p)).resolve()
     except (OSError, RuntimeError) as e:  # symlink loops
         raise ToolError(f"Cannot resolve {p}: {e}.")
-    if not path.is_relative_to(root):
+    if not path.is_relative_to(root) and not inside(path, agent_state()):  # s07: allowed outside
         raise ToolError(f"{p} is outside the workspace ({root}). Only paths inside it "
                         f"can be used; pass a relative path.")
     return path
@@ -683,6 +690,7 @@ def run_parallel(batch, results):
     if len(batch) <= 1:
         results.extend(run_tool(b) for b in batch)
         return []
+    decide_batch(batch)  # s07: every question first, one at a time
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
@@ -1106,6 +1114,7 @@ def child_state(fork):
     if fork:
         child.files = dict(parent.files)
     child.session = parent.session  # s06: one bill for the whole session
+    child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     return child
 
 
@@ -1986,13 +1995,665 @@ command("compact", "Summarise the conversation now to free context (optional foc
 # (work in progress: subcommands, blocked_command)
 
 # --- s07.2: rules, config and workspace trust ---
-# (work in progress)
+# Rules come from three YAML files, lowest scope first: ~/.agent/config.yaml
+# (user), .agent/config.yaml (project, shared in git) and .agent/config.local.yaml
+# (local, git-ignored):
+#     permissions:
+#       allow: ["bash(git *)", "read_file(src/**)"]
+#       deny:  ["bash(git push --force*)", "read_file(**/.env)"]
+#       ask:   ["edit_file(**/*.lock)"]
+#       additional_directories: [~/notes]     # outside the workspace, but usable
+#       default_mode: acceptEdits
+#     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
+# A cloned repository ships the project file (and can ship a "local" one), so
+# both may only tighten until the human trusts them: their deny and ask rules
+# always apply; their allow rules, directories, sandbox and mode keys count
+# only once the file's sha256 is recorded in ~/.agent/trusted.yaml for this
+# workspace. A changed file has a new hash, so it asks again.
+CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
+RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
+PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
+SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
+                    "fail_if_unavailable": False}
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
+TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
+                "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Task": "agent",
+                "TodoWrite": "todo_write"}  # Claude Code's names, so copied rules work
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used. The agent refuses to start: a deny rule
+    dropped because its file was broken is worse than a refusal."""
+
+
+def config_files(workdir):
+    return {"user": Path.home() / ".agent" / "config.yaml",
+            "project": workdir / ".agent" / "config.yaml",
+            "local": workdir / ".agent" / "config.local.yaml"}
+
+
+def parse_rule(text):
+    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed."""
+    m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if not m or (m[2] is not None and not m[2].strip()):
+        raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
+    return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
+
+
+def check_config(path, data):
+    """Raise ConfigError naming the file and key of the first problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the file must be a mapping of key: value lines")
+    perms, sandbox = data.get("permissions") or {}, data.get("sandbox") or {}
+    for key, value, kind in (("permissions", perms, dict), ("sandbox", sandbox, dict)):
+        if not isinstance(value, kind):
+            raise ConfigError(f"{path}: {key} must be a mapping")
+    if unknown := sorted(set(map(str, perms)) - PERMISSION_KEYS):
+        raise ConfigError(f"{path}: unknown key permissions.{unknown[0]} "
+                          f"(known: {', '.join(sorted(PERMISSION_KEYS))})")
+    for key in ("allow", "deny", "ask", "additional_directories"):
+        items = perms.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{path}: permissions.{key} must be a list of strings")
+    for effect in RULE_EFFECTS:
+        for text in perms.get(effect) or []:
+            try:
+                parse_rule(text)
+            except ValueError as e:
+                raise ConfigError(f"{path}: permissions.{effect}: {e}")
+    if perms.get("default_mode") not in (None, *PERMISSION_MODES):
+        raise ConfigError(f"{path}: permissions.default_mode must be one of {', '.join(PERMISSION_MODES)}")
+    for key, value in sandbox.items():
+        if key not in SANDBOX_DEFAULTS or not isinstance(value, bool):
+            raise ConfigError(f"{path}: sandbox.{key}: known keys are {', '.join(SANDBOX_DEFAULTS)}, "
+                              f"each true or false")
+
+
+def read_config(path):
+    """One config file as a dict ({} when there is none); ConfigError when broken."""
+    try:
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        data = yaml.safe_load(text) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot be read as YAML: {' '.join(str(e).split())[:200]}")
+    check_config(path, data)
+    return data
+
+
+def loosens(data):
+    """Does this file hold anything that widens what the agent may do?"""
+    perms = data.get("permissions") or {}
+    return bool(perms.get("allow") or perms.get("additional_directories")
+                or perms.get("default_mode") or data.get("sandbox"))
+
+
+def file_trusted(workdir, path, trust_all=False):
+    """A project-scope file counts in full only once the human said yes to this
+    exact content (its hash); --trust-workspace says yes for a run without a human."""
+    if is_trusted(workdir, path):
+        return True
+    if not trust_all:
+        answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions. "
+                           f"Trust this file? [y/N] ")
+        trust_all = answer.strip().lower() in ("y", "yes")
+    if trust_all:
+        record_trust(workdir, path)
+    return trust_all
+
+
+def load_permissions(workdir, trust_all=False):
+    """The effective settings of every config file; ConfigError when one is broken."""
+    settings = {"rules": [], "additional_directories": [], "default_mode": None,
+                "sandbox": dict(SANDBOX_DEFAULTS)}
+    for scope, path in config_files(workdir).items():
+        data = read_config(path)
+        full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
+        if not full:
+            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and mode "
+                f"settings are ignored; its deny and ask rules apply]")
+        perms = data.get("permissions") or {}
+        for effect in RULE_EFFECTS if full else ("deny", "ask"):
+            settings["rules"] += [parse_rule(t) | {"effect": effect, "scope": scope, "file": str(path)}
+                                  for t in perms.get(effect) or []]
+        if full:
+            settings["additional_directories"] += [
+                Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
+            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
+            settings["sandbox"].update(data.get("sandbox") or {})
+    return settings
+
+
+def rule_regex(pattern):
+    """A bash pattern as Claude Code reads it: * is any text, and a trailing ' *'
+    (or ':*') is a word boundary, so 'git *' matches 'git' and 'git log' but not 'gitk'."""
+    head, bounded = re.subn(r"(?: |:)\*$", "", pattern)
+    body = ".*".join(re.escape(part) for part in head.split("*"))
+    return re.compile(body + ("(?: .*)?" if bounded else ""), re.S)
+
+
+def path_rule_matches(pattern, path, workdir):
+    """File rules are gitignore-style globs over the resolved path: relative to the
+    workspace, '//abs/...' absolute, '~/...' under the home directory."""
+    if pattern.startswith("//"):
+        base, pattern = Path("/"), pattern[2:]
+    elif pattern.startswith("~/"):
+        base, pattern = Path.home().resolve(), pattern[2:]
+    else:
+        base, pattern = workdir, pattern.removeprefix("./").removeprefix("/")
+    if not path.is_relative_to(base):
+        return False
+    rx = glob_regex(pattern if "/" in pattern.rstrip("/") else "**/" + pattern)
+    target = path.relative_to(base).as_posix()
+    return bool(rx.fullmatch(target) or rx.fullmatch(target + "/") or
+                (pattern.endswith("/**") and target == pattern[:-3].rstrip("/")))
+
+
+def rule_matches(rule, name, args, paths, workdir):
+    if not fnmatch_tool(rule["tool"], name):
+        return False
+    if rule["pattern"] is None:
+        return True
+    if name == "bash":
+        return bash_rule_matches(rule["pattern"], args.get("command", ""))
+    if paths:
+        return all(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
+    value = str(args.get(RULE_FIELDS.get(name, ""), ""))
+    return bool(rule_regex(rule["pattern"]).fullmatch(value))
+
+
+def fnmatch_tool(pattern, name):
+    """'mcp__github__*' names a group of tools; other names are exact."""
+    return bool(re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), name))
+
+
+RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
+
+
+def bash_rule_matches(pattern, command):
+    """A compound command matches only if every subcommand does: `git status && rm
+    -rf x` is not allowed by bash(git *). Unparseable commands match nothing."""
+    try:
+        parts = [" ".join(words) for words in subcommands(command)]
+    except ValueError:
+        return False
+    rx = rule_regex(pattern)
+    return bool(parts) and all(rx.fullmatch(p) for p in parts)
+
+
+def bash_rule_hits(pattern, command):
+    """For deny and ask rules: one matching subcommand is enough."""
+    try:
+        parts = [" ".join(words) for words in subcommands(command)]
+    except ValueError:
+        return False
+    rx = rule_regex(pattern)
+    return any(rx.fullmatch(p) for p in parts)
+
+
+def first_rule(rules, effect, name, args, paths, workdir):
+    for rule in rules:
+        if rule["effect"] != effect or not fnmatch_tool(rule["tool"], name):
+            continue
+        if effect != "allow" and name == "bash" and rule["pattern"] is not None:
+            hit = bash_rule_hits(rule["pattern"], args.get("command", ""))
+        elif effect != "allow" and paths and rule["pattern"] is not None:
+            hit = any(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
+        else:
+            hit = rule_matches(rule, name, args, paths, workdir)
+        if hit:
+            return rule
+    return None
 
 # --- s07.3: the decision ---
-# (work in progress)
+# decide() is a pure function of (tool, input, the agent's mode and rules):
+#   blocklist (bash) -> protected path (writes) -> deny rules -> outside the
+#   workspace -> plan mode (writes) -> sandboxed bash -> ask rules -> allow rules
+#   -> the mode's table -> ask the human
+# Only the last step talks to anyone. Protected paths are the rule "nothing the
+# agent writes may later run outside its control, or loosen its own limits".
+WRITE_TOOLS = ("write_file", "edit_file")
+PATH_TOOLS = ("read_file", "write_file", "edit_file", "glob", "grep")
+STATE_TOOLS = ("agent", "exit_plan_mode")  # judged elsewhere: a child's calls, the plan's approval
+MAX_DENIALS = 3             # denials in a row before the model is told to stop and ask
+PROTECTED_FILES = (".agent/config.yaml", ".agent/config.local.yaml", ".mcp.json",
+                   ".git/config")
+PROTECTED_DIRS = (".agent/hooks", ".agent/skills", ".agent/agents", ".git/hooks",
+                  ".claude/skills", ".claude/agents")
+PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
+HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
+
+
+def protected_paths(workdir):
+    """Every protected path that has a fixed name (for the sandbox's read-only binds)."""
+    home = Path.home() / ".agent"
+    paths = [workdir / p for p in PROTECTED_FILES + PROTECTED_DIRS]
+    paths += [Path(__file__).resolve().parent / "skills", home, hooks_path(workdir)]
+    return [p for p in paths if p is not None]
+
+
+def hooks_path(workdir):
+    """The folder git's core.hooksPath names (it runs what is there), or None."""
+    try:
+        out = subprocess.run(["git", "config", "--get", "core.hooksPath"], cwd=workdir,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (workdir / os.path.expanduser(out)).resolve() if out else None
+
+
+def protected(path, workdir):
+    """Why the agent may never write `path` (resolved), or None."""
+    home = (Path.home() / ".agent").resolve()
+    if path.is_relative_to(home) and path.relative_to(home).parts[:1] not in [(p,) for p in HOME_WRITABLE]:
+        return "the agent's own user config, skills and agents"
+    if path.is_relative_to(Path(__file__).resolve().parent / "skills"):
+        return "the built-in skills"
+    if path.is_relative_to(workdir):
+        relpath = path.relative_to(workdir).as_posix()
+        if relpath in PROTECTED_FILES or any(Path(relpath).match(g) for g in PROTECTED_GLOBS) \
+                or any(relpath == d or relpath.startswith(d + "/") for d in PROTECTED_DIRS):
+            return "it configures the agent or git, or holds code they run"
+    if (hooks := hooks_path(workdir)) and path.is_relative_to(hooks):
+        return "git runs the hooks in core.hooksPath"
+    return None
+
+
+def call_paths(name, args, workdir):
+    """The resolved paths a file tool would touch ([] for other tools)."""
+    if name not in PATH_TOOLS:
+        return []
+    raw = args.get("path", ".")
+    if not isinstance(raw, str):
+        return []
+    try:
+        return [(workdir / os.path.expanduser(raw)).resolve()]
+    except (OSError, RuntimeError):
+        return []
+
+
+def inside(path, state):
+    """In the workspace, an additional directory, or a path the human allowed."""
+    roots = [state.workdir, *state.permissions["additional_directories"], *state.approved]
+    return any(path.is_relative_to(r) for r in roots)
+
+
+def is_plan_file(path, state):
+    return path == (state.workdir / ".agent" / "plans" / f"{state.run_id}.md").resolve()
+
+
+def decide(name, args, state):
+    """(effect, layer, reason): effect is allow, deny or ask."""
+    rules, mode, ws = state.permissions["rules"], state.mode, state.workdir
+    if name == "bash" and (why := blocked_command(str(args.get("command", "")))):
+        return "deny", "blocklist", why
+    paths = call_paths(name, args, ws)
+    if name in WRITE_TOOLS:
+        for p in paths:
+            if why := protected(p, ws):
+                return "deny", "protected path", f"{p} is protected ({why}); no mode allows writing it"
+    if rule := first_rule(rules, "deny", name, args, paths, ws):
+        return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
+    if outside := [p for p in paths if not inside(p, state)  # skill files are readable (s05)
+                   and not (name == "read_file" and skill_file(str(p)))]:
+        if mode == "bypassPermissions":
+            return "deny", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
+        return "ask", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
+    if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
+        return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
+                                     f".agent/plans/{state.run_id}.md")
+    if name == "bash" and sandboxed(state) and state.permissions["sandbox"]["auto_allow_bash"] \
+            and not first_rule(rules, "ask", name, args, paths, ws):
+        return "allow", "sandbox", "runs inside the OS sandbox"
+    if rule := first_rule(rules, "ask", name, args, paths, ws):
+        return "ask", "rule", f"{rule['text']} in {rule['file']} asks first"
+    if rule := first_rule(rules, "allow", name, args, paths, ws):
+        return "allow", "rule", f"allowed by {rule['text']} in {rule['file']}"
+    return mode_decision(name, args, paths, state)
+
+
+def mode_decision(name, args, paths, state):
+    """The mode's table: reads allowed; writes ask (acceptEdits: allowed; plan: only
+    the plan file); bash and everything else ask; bypassPermissions allows."""
+    mode = state.mode
+    if name in STATE_TOOLS or (TOOL_FLAGS.get(name, {}).get("read_only") and name != "bash"):
+        return "allow", "mode", "reads and the agent's own state are always allowed"
+    if name == "load_skill" and not skill_commands(args.get("name")):
+        return "allow", "mode", "the skill runs no command"
+    if mode == "bypassPermissions":
+        return "allow", "mode", "bypassPermissions"
+    if name in WRITE_TOOLS and mode == "acceptEdits":
+        return "allow", "mode", "acceptEdits allows edits in the workspace"
+    if name in WRITE_TOOLS and mode == "plan":
+        return "allow", "mode", "the plan file"
+    return "ask", "mode", f"{mode} mode asks before {name}"
+
+
+def skill_commands(name):
+    """The !`command`s a skill would run when loaded ([] for unknown skills)."""
+    skill = discover_skills().get(name) if isinstance(name, str) else None
+    return DYNAMIC.findall(skill["body"]) if skill else []
 
 # --- s07.4: OS sandbox ---
 # (work in progress: sandbox_available, sandbox_argv, child_env)
+
+# --- s07.5: the human, the verdict, plan mode ---
+# permit() is what run_tool calls: decide(), then, for "ask", one question to
+# the human. y = this call, a = always (the narrowest allow rule, written to the
+# local config), n or any other text = no, and that text goes to the model as
+# the reason. End of input answers no. A parallel batch is decided before any
+# of it runs, one question at a time (decide_batch).
+ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
+RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
+
+PLAN_MODE_REMINDER = """<system-reminder>
+Plan mode is active. You must not make any change: do not edit files, do not commit, \
+do not change configuration. The only file you may write is the plan file: {plan_file}
+
+Your workflow:
+1. Explore the code with read_file, grep, glob and read-only bash commands.
+2. Analyse what the user asked for and design how to do it.
+3. Write the plan into the plan file.
+4. Call exit_plan_mode with the plan and wait for the user's approval before you change anything.
+</system-reminder>"""
+
+DENIAL_REMINDER = """<system-reminder>
+{n} tool calls in a row were denied. Do not keep trying variations of the same action. \
+Ask the user what they want instead, or suggest switching to plan mode (/plan) to agree \
+on an approach first.
+</system-reminder>"""
+
+
+def show_request(name, args):
+    """What the human needs to judge the call: a diff for edits, the head of new files."""
+    if name == "edit_file" and isinstance(args.get("old_string"), str):
+        diff = difflib.unified_diff(str(args["old_string"]).splitlines(),
+                                    str(args.get("new_string", "")).splitlines(),
+                                    f"a/{args.get('path')}", f"b/{args.get('path')}", lineterm="")
+        text = Text()
+        for line in diff:
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+            text.append(line + "\n", style=style)
+        Console(stderr=True, highlight=False).print(text, end="")
+    elif name == "write_file" and isinstance(args.get("content"), str):
+        lines = args["content"].splitlines()
+        say(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines")
+        say("\n".join("  | " + line for line in lines[:ASK_PREVIEW_LINES]))
+        if len(lines) > ASK_PREVIEW_LINES:
+            say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
+    else:
+        say(f"  {name} {json.dumps(args, ensure_ascii=False)[:400]}")
+
+
+def narrow_rule(name, args, state):
+    """The narrowest sensible allow rule for an "always": bash(npm run test *), not bash."""
+    if name == "bash":
+        try:
+            parts = subcommands(str(args.get("command", "")))
+        except ValueError:
+            return None
+        rules = []
+        for words in parts:
+            keep = []
+            for w in words[:RULE_WORDS]:
+                if "/" in w or "*" in w:
+                    break
+                keep.append(w)
+            rules.append(f"bash({' '.join(keep or words[:1])} *)")
+        return list(dict.fromkeys(rules)) or None
+    if paths := call_paths(name, args, state.workdir):
+        p = paths[0]
+        where = p.relative_to(state.workdir).as_posix() if p.is_relative_to(state.workdir) else f"/{p}"
+        return [f"{name}({where})"]
+    return [name]
+
+
+def remember_rules(rules, state):
+    """Append allow rules to the local config and trust that one file's new hash."""
+    path = config_files(state.workdir)["local"]
+    data = read_config(path)
+    perms = data.setdefault("permissions", {})
+    perms["allow"] = list(dict.fromkeys((perms.get("allow") or []) + rules))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)
+    ignore = path.parent / ".gitignore"  # the local file is personal: keep it out of git
+    if "config.local.yaml" not in (ignore.read_text() if ignore.is_file() else ""):
+        with open(ignore, "a", encoding="utf-8") as fh:
+            fh.write("config.local.yaml\n")
+    record_trust(state.workdir, path)
+    state.permissions["rules"] += [parse_rule(r) | {"effect": "allow", "scope": "local", "file": str(path)}
+                                   for r in rules]
+    say(f"[always allowed: {', '.join(rules)} (written to {rel(path)})]")
+
+
+def ask_permission(name, args, reason, state):
+    """None when the human says yes, else the denial text."""
+    who = f"[{state.label}] " if state.label else ""
+    say(f"{who}permission needed: {reason}")
+    show_request(name, args)
+    answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
+    word = answer.strip()
+    if word.lower() in ("y", "yes"):
+        return None
+    if word.lower() in ("a", "always"):
+        if rules := narrow_rule(name, args, state):
+            try:
+                remember_rules(rules, state)
+            except (OSError, ConfigError) as e:
+                say(f"[could not save the rule: {e}; allowed this once]")
+        return None
+    if word.lower() in ("", "n", "no"):
+        return "the user said no"
+    return f"the user said no: {word}"
+
+
+def judge(block):
+    """None when the call may run, else the denial the model gets."""
+    state, args = agent_state(), block.input if isinstance(block.input, dict) else {}
+    effect, layer, reason = decide(block.name, args, state)
+    if effect == "ask":
+        refusal = ask_permission(block.name, args, reason, state)
+        if refusal is None:
+            state.approved.update(p for p in call_paths(block.name, args, state.workdir)
+                                  if not inside(p, state))  # for this call, see run_tool
+            effect = "allow"
+        else:
+            layer, reason = "the user", refusal
+    if effect == "allow":
+        state.denials = 0
+        return None
+    state.denials += 1
+    return (f"Permission denied ({layer}): {reason}. Do not retry the same call; "
+            f"do something else, or ask the user.")
+
+
+def permit(block):
+    """run_tool's gate: a batch's verdicts were taken before it ran (decide_batch)."""
+    decided = agent_state().decided
+    return decided.pop(block.id) if block.id in decided else judge(block)
+
+
+def decide_batch(batch):
+    """Judge a parallel batch first, one question at a time, before any of it runs."""
+    if len(batch) > 1:
+        agent_state().decided.update({b.id: judge(b) for b in batch})
+
+
+def denial_reminder():
+    """After MAX_DENIALS denials in a row, one nudge to stop and ask."""
+    n = agent_state().denials
+    if n < MAX_DENIALS or n % MAX_DENIALS:
+        return []
+    say(f"[{n} denials in a row: reminding the model to ask the user]")
+    return [{"type": "text", "text": DENIAL_REMINDER.format(n=n)}]
+
+
+def plan_file(state):
+    return state.workdir / ".agent" / "plans" / f"{state.run_id}.md"
+
+
+def set_mode(mode, history=None):
+    """Switch the running agent's mode; entering plan mode tells the model the rules."""
+    state = agent_state()
+    if mode not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
+    if mode == "plan" and state.mode != "plan":
+        state.mode_before_plan = state.mode
+        if history is not None:
+            add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
+    state.mode = mode
+    say(f"[permission mode: {mode}]")
+
+
+def toggle_plan(args, ctx):
+    """/plan: enter plan mode, or leave it for the mode before."""
+    state = agent_state()
+    set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
+
+
+def mode_command(args, ctx):
+    """/mode [MODE]: show or set the permission mode."""
+    if not args:
+        print(f"permission mode: {agent_state().mode} (one of {', '.join(PERMISSION_MODES)})")
+        return
+    try:
+        set_mode(args.strip(), ctx.get("history"))
+    except ValueError as e:
+        ctx["error"] = str(e)
+        say(str(e))
+
+
+def show_permissions(args, ctx):
+    """/permissions: the effective rules, each with the file it came from."""
+    state = agent_state()
+    print(f"mode: {state.mode}; sandbox: {sandbox_summary(state)}")
+    rules = state.permissions["rules"]
+    for effect in RULE_EFFECTS:
+        for r in (r for r in rules if r["effect"] == effect):
+            print(f"  {effect:<5}  {r['text']:<40}  {r['file']}")
+    if not rules:
+        print("  no rules: every call follows the mode")
+    for d in state.permissions["additional_directories"]:
+        print(f"  additional directory: {d}")
+
+
+def exit_plan_mode(plan):
+    """Show the plan and ask for approval: approve -> acceptEdits or default."""
+    state = agent_state()
+    if state.mode != "plan":
+        raise ToolError("Plan mode is not active; carry on with the task.")
+    say(f"\nProposed plan:\n{plan}\n")
+    answer = ask_human("Approve the plan? [a] approve and accept edits / [y] approve, ask "
+                       "before edits / anything else: keep planning (your words go to the model): ")
+    word = answer.strip().lower()
+    if word in ("a", "y", "yes"):
+        set_mode("acceptEdits" if word == "a" else "default")
+        return f"The user approved the plan; permission mode is now {state.mode}. Carry it out."
+    raise ToolError("The user did not approve the plan; plan mode stays on. "
+                    + (f"Their feedback: {answer.strip()}" if answer.strip() else "Ask what to change."))
+
+
+register("exit_plan_mode", (
+    "Present your plan to the user for approval and leave plan mode. Call it only in plan "
+    "mode, once the plan is written to the plan file and complete: the goal, the files to "
+    "change, the steps, and how you will verify them. If the user approves, plan mode ends "
+    "and you carry out the plan; if not, you get their feedback and stay in plan mode."),
+    params(["plan"], plan=("string", "The plan, in Markdown, as you wrote it to the plan file.")),
+    exit_plan_mode)
+def pop_flag(argv, name, takes_value):
+    """Remove --name [value] or --name=value from argv; return the value, True, or None."""
+    for i, arg in enumerate(argv):
+        if arg == name or arg.startswith(name + "="):
+            del argv[i]
+            if not takes_value:
+                return True
+            if "=" in arg:
+                return arg.split("=", 1)[1]
+            if i >= len(argv):
+                raise ValueError(f"{name} needs a value: one of {', '.join(PERMISSION_MODES)}")
+            return argv.pop(i)
+    return None
+
+
+def start_permissions(argv):
+    """At start-up: the flags, the config files (trust asked here), the sandbox check.
+    Returns argv without the flags; ValueError or ConfigError is one line and exit 2."""
+    argv = list(argv)
+    mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
+    state = agent_state()
+    state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    mode = mode or state.permissions["default_mode"] or "default"
+    if mode not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
+    state.mode = state.mode_before_plan = mode
+    check_sandbox(state)
+    say(f"[permission mode: {mode} | sandbox: {sandbox_summary(state)} | "
+        f"{len(state.permissions['rules'])} rule(s); /permissions lists them]")
+    return argv
+
+
+command("plan", "Enter plan mode (read-only, the model writes a plan), or leave it", toggle_plan)
+command("mode", "Show or set the permission mode (default, acceptEdits, plan, bypassPermissions)",
+        mode_command, arg_hint="[mode]")
+command("permissions", "List the effective permission rules and where each comes from",
+        show_permissions)
+
+# --- TEMPORARY STUBS (replaced when the parsed blocklist, sandbox and trust land) ---
+def subcommands(command):
+    return [shlex.split(part) for part in re.split(r"&&|\|\||;|\||\n", command) if part.strip()]
+
+
+def blocked_command(command):
+    return check_dangerous(command)
+
+
+def sandboxed(state):
+    return False
+
+
+def sandbox_summary(state):
+    return "off"
+
+
+def check_sandbox(state):
+    return None
+
+
+def ask_human(question):
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input()
+    except (EOFError, OSError):
+        return ""
+
+
+def trust_file():
+    return Path.home() / ".agent" / "trusted.yaml"
+
+
+def is_trusted(workdir, path):
+    try:
+        data = yaml.safe_load(trust_file().read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    want = (data.get("workspaces") or {}).get(str(workdir), {}).get(path.relative_to(workdir).as_posix())
+    import hashlib
+    return want == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def record_trust(workdir, path):
+    import hashlib
+    try:
+        data = yaml.safe_load(trust_file().read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        data = {}
+    data.setdefault("workspaces", {}).setdefault(str(workdir), {})[path.relative_to(workdir).as_posix()] = \
+        hashlib.sha256(path.read_bytes()).hexdigest()
+    trust_file().parent.mkdir(parents=True, exist_ok=True)
+    trust_file().write_text(yaml.safe_dump(data))
+# --- END TEMPORARY STUBS ---
 
 # --- agent loop ---
 def say(text):
@@ -2086,6 +2747,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
             run_allowed(calls, tools, results)  # s04
             persist_large_results(calls, results)  # s06: big ones to disk
             results += plan_reminder(calls, results)  # s03: plan nudge
+            results += denial_reminder()  # s07: after 3 denials in a row
             for block in calls:
                 unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
             if unknown >= MAX_UNKNOWN_TOOLS:
@@ -2153,6 +2815,11 @@ def main(argv=None):
         print(e, file=sys.stderr)
         return 2
     CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
+    try:
+        argv = start_permissions(argv)  # s07: flags, config files, workspace trust, sandbox
+    except (ValueError, ConfigError) as e:  # s07
+        print(e, file=sys.stderr)  # s07
+        return 2  # s07
     if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
         return run_slash_once(client, " ".join(argv))
     if argv:
