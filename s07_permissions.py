@@ -1,19 +1,38 @@
 #!/usr/bin/env python3
-"""s07_permissions.py - one decision point before every tool call: a parsed
-blocklist, the path sandbox and protected paths, allow/ask/deny rules, a
-permission mode, and the human; bash inside an OS sandbox (bubblewrap).
+"""s07_permissions.py - one decision before every tool call: a parsed blocklist,
+protected paths, allow/ask/deny rules, a permission mode, then the human; bash
+runs inside an OS sandbox (bubblewrap) when the machine has one.
 
-New since s06: (work in progress)
+New since s06: decide, permit, subcommands, blocked_command, load_permissions,
+parse_rule, protected, ask_permission, narrow_rule, plan mode (/plan,
+exit_plan_mode, PLAN_MODE_REMINDER), /mode, /permissions, sandbox_argv,
+child_env, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
+
+    tool_use --> decide(tool, input, mode, rules)
+      1 blocklist (bash, parsed per subcommand) ........ deny
+      2 protected path (writes) ........................ deny, in every mode
+      3 deny rules (user, project, local: any wins) .... deny
+        outside the workspace .......................... ask (bypass: deny)
+        plan mode, a write that is not the plan file ... deny
+        bash inside the sandbox ........................ allow
+        ask rules, then allow rules .................... ask | allow
+      4 the mode's table ............................... allow | ask
+      5 ask the human: y | n | a (always: a narrow rule in config.local.yaml)
+    denied -> is_error result naming the layer; 3 in a row -> a reminder
 
 Run:
-    python s07_permissions.py                 # REPL, prompt "s07 >> "
-    python s07_permissions.py "task"          # one task, then exit
-    python tests/demo.py s07                  # offline, no key: scripted model
+    python s07_permissions.py                        # REPL, prompt "s07 >> "
+    python s07_permissions.py --permission-mode plan "how would you add a --json flag?"
+    printf 'n\n' | python s07_permissions.py "make x.txt"   # the answer comes from the pipe
+    python tests/demo.py s07                         # offline, no key: scripted model
 
 Try:
-    (work in progress)
+    (real model) add a test for the parser, then run it   (answer y, n, a, or say why not)
+    /plan, then (real model) plan a refactor of one function; approve with exit_plan_mode
+    python -c "import s07_permissions as s; print(s.blocked_command('cd / && rm -rf *'))"
 
-Key insight: prompts are soft limits; the permission system is the hard one.
+Key insight: a prompt is a soft limit and the permission system the hard one;
+what the model must never do is refused by code (and by the kernel), not asked.
 """
 
 # --- imports ---
@@ -1989,7 +2008,12 @@ command("compact", "Summarise the conversation now to free context (optional foc
         arg_hint="[focus]")
 
 # --- s07: permissions ---
-# (overview: work in progress)
+# The model proposes, this section disposes. Three threat models (seed): prompt
+# injection (a file that says "ignore your instructions"), overreach (a model
+# too eager to help), and leaks (a .env quoted in a reply). Prompts only ask the
+# model to behave; every layer below is code that runs before the tool does,
+# and the OS sandbox is the kernel's own refusal. A denial is never fatal: it
+# goes back to the model as an is_error result that says which layer refused.
 
 # --- s07.1: the blocklist, parsed ---
 # (work in progress: subcommands, blocked_command)
