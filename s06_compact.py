@@ -160,6 +160,12 @@ DANGEROUS = [
     (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
     (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
     (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+    (r"(^|[;&|(`\n]\s*)(\S*/)?(shutdown|reboot|halt|poweroff)(\s|[;&|)]|$)",
+     "shutting down or rebooting the machine"),
+    (r"(^|[;&|(`\n]\s*)(tel)?init\s+[06](\s|[;&|)]|$)", "shutting down or rebooting the machine"),
+    (r"\bsystemctl\s+(-\S+\s+)*(poweroff|reboot|halt|kexec)\b", "shutting down or rebooting"),
+    (r"\bcd(\s+[\"']?(/|~|\$HOME|\$\{HOME\})/?[\"']?)?\s*(;|&&|\n)\s*rm\s+(-\S+\s+)*[\"']?(\./)?\.?\*",
+     "deleting everything in / or the home directory (cd there, then a glob)"),
 ]
 
 

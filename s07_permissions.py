@@ -168,15 +168,18 @@ DANGEROUS = [
     (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
     (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
     (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+    (r"(^|[;&|(`\n]\s*)(\S*/)?(shutdown|reboot|halt|poweroff)(\s|[;&|)]|$)",
+     "shutting down or rebooting the machine"),
+    (r"(^|[;&|(`\n]\s*)(tel)?init\s+[06](\s|[;&|)]|$)", "shutting down or rebooting the machine"),
+    (r"\bsystemctl\s+(-\S+\s+)*(poweroff|reboot|halt|kexec)\b", "shutting down or rebooting"),
+    (r"\bcd(\s+[\"']?(/|~|\$HOME|\$\{HOME\})/?[\"']?)?\s*(;|&&|\n)\s*rm\s+(-\S+\s+)*[\"']?(\./)?\.?\*",
+     "deleting everything in / or the home directory (cd there, then a glob)"),
 ]
 
 
 def check_dangerous(command):
     """Return why a command is refused, or None when it may run."""
-    for pattern, why in DANGEROUS:
-        if re.search(pattern, command):
-            return why
-    return None
+    return blocked_command(command)  # s07: parsed, not matched
 
 
 def clip(text, limit=MAX_OUTPUT):
@@ -2016,7 +2019,523 @@ command("compact", "Summarise the conversation now to free context (optional foc
 # goes back to the model as an is_error result that says which layer refused.
 
 # --- s07.1: the blocklist, parsed ---
-# (work in progress: subcommands, blocked_command)
+# s01's blocklist matches regexes against the raw text, so it refuses
+# `echo 'never run rm -rf / here'` (that is only an argument) and misses
+# `cd / && rm -rf *` (no `/` after the rm). From s07 on a command line is read
+# the way the shell reads it, then judged one simple command at a time:
+#
+#   lex()              characters -> words (quotes removed) and operators
+#   pipelines()        words -> simple commands, wrappers peeled off; the lines
+#                      inside $(...), `...`, <(...), here-documents, bash -c
+#                      and eval are read as command lines of their own
+#   blocked_command()  each command word judged with its arguments, the
+#                      working directory followed through cd
+#
+# Python's shlex is close but not enough: it reads the `#` inside `a#b` as a
+# comment (hiding a `; sudo ...` after it), and it knows no $(...), backticks
+# or here-documents. So lex() reads the characters itself, by the same rules.
+# It is still a seatbelt: what a line computes at run time ($X, the output of
+# a $(...)) is unknown here, and reading errs toward refusing. The wall is the
+# OS sandbox (s07.4).
+MAX_NESTING = 20            # levels of $(...), bash -c, eval read before giving up
+SPLIT_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")  # longest first
+PIPES = ("|", "|&")         # the operators that keep a pipeline going
+REDIRECT_OPERATORS = ("&>>", "&>", "<<<", "<<-", "<<", "<>", ">>", ">|", ">&", "<&", ">", "<")
+METACHARS = " \t\r\n;&|()<>"  # characters that end an unquoted word
+# A redirection's parts: fd, operator, target. The lookahead reads `< <(cmd)`
+# ("<<(cmd)") as < from a process substitution, not as a here-document.
+REDIRECT = re.compile(r"(\d*)(&>>|&>|>>|>\||>&|<&|<>|<<<|<<-|<<|<|>)(?!\()(.*)", re.S)
+ASSIGNMENT = re.compile(r"[A-Za-z_]\w*\+?=")  # VAR=x before a command
+KEYWORDS = {"!", "{", "}", "if", "then", "elif", "else", "fi", "while", "until", "do", "done",
+            "esac"}                       # grammar words in front of a command: peeled off
+# Commands that run another command: name -> (their options that take the next
+# word as a value, how many words come between the options and the command).
+WRAPPERS = {
+    "env": ({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}, 0),
+    "timeout": ({"-s", "--signal", "-k", "--kill-after"}, 1),  # the 1: its duration
+    "nice": ({"-n", "--adjustment"}, 0),
+    "nohup": (set(), 0),
+    "xargs": ({"-a", "--arg-file", "-d", "--delimiter", "-E", "-I", "-L", "--max-lines",
+               "-n", "--max-args", "-P", "--max-procs", "-s", "--max-chars"}, 0),
+    "command": (set(), 0),
+    "exec": ({"-a"}, 0),
+    "time": ({"-f", "--format", "-o", "--output"}, 0),
+    "stdbuf": ({"-i", "-o", "-e", "--input", "--output", "--error"}, 0),
+    "ionice": ({"-c", "--class", "-n", "--classdata"}, 0),
+    "builtin": (set(), 0),
+}
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
+RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument
+DOWNLOADERS = {"curl", "wget"}
+PRIVILEGE = {"sudo", "doas", "su", "pkexec"}      # never peeled off: refused themselves
+POWER_COMMANDS = {"shutdown", "reboot", "halt", "poweroff"}
+POWER_VERBS = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
+               "soft-reboot"}                     # systemctl VERB, loginctl VERB
+RUNLEVELS = {"0", "6"}                            # init / telinit: halt, reboot
+FORMATTERS = {"mkfs", "mke2fs", "mkswap", "wipefs"}  # and every mkfs.<type>
+OWNERSHIP = {"chmod", "chown", "chgrp"}           # refused with -R on / or ~
+HOME_SPELLINGS = ("~", "$HOME", "${HOME}")        # quotes are gone by now: "$HOME" too
+GLOB = re.compile(r"[*?[{]")                      # a pattern (or brace list), not one name
+# Block devices: writing to one destroys the filesystem on it. /dev/null, /dev/stderr ... are fine.
+DISK_DEVICE = re.compile(r"/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|loop|md|dm-|mapper/|root$)")
+# A function that pipes itself into itself, in the background: :(){ :|:& };:
+# It does not read as ordinary words, so it is matched on the raw text.
+FORK_BOMB = re.compile(r"(?<![\w.:-])(?:function\s+)?([\w.:-]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
+                       r"(?<![\w.:-])\1\s*\|&?\s*\1(?![\w.:-])")
+
+
+def starting(line, i, operators):
+    """The operator that line[i:] starts with, or None."""
+    return next((op for op in operators if line.startswith(op, i)), None)
+
+
+def line_end(line, i):
+    """Where the line holding line[i] ends: its newline, or the end of the text."""
+    end = line.find("\n", i)
+    return len(line) if end < 0 else end
+
+
+def word_starts(line, i):
+    """Does a word (or a <(...)) start at line[i]?"""
+    return i < len(line) and (line[i] not in METACHARS or line.startswith(("<(", ">("), i))
+
+
+def lex(line, i=0, depth=0, closing=False):
+    """Read line[i:] into tokens, the way the shell does; return (tokens, end).
+
+    A token is [kind, text, inner]: kind "op" (; && || | & ( ) newline ...),
+    "word" (quotes removed, $(...) kept as written) or "redirect" (operator
+    glued to its target: ">out.txt", "2>&1", "<<EOF"); inner lists the command
+    lines found inside it. closing: this is the inside of a $(...), so reading
+    stops after the ")" that closes it.
+    """
+    if depth > MAX_NESTING:
+        raise ValueError("nested too deeply to read")
+    tokens, heredocs, parens, cases = [], [], 0, 0
+    while i < len(line):
+        c = line[i]
+        if c in " \t\r" or line.startswith("\\\n", i):  # blanks; a \ at a line end joins lines
+            i += 2 if c == "\\" else 1
+        elif c == "#":                                 # a comment runs to the newline
+            i = line_end(line, i)
+        elif word_starts(line, i):
+            first = not tokens or tokens[-1][0] == "op"  # in command position
+            text, inner, _, i = read_word(line, i, depth)
+            tokens.append(["word", text, inner])
+            if first and text in ("case", "esac"):
+                cases += 1 if text == "case" else -1  # the `a)` of a case closes no $(
+        elif starting(line, i, REDIRECT_OPERATORS):
+            token, heredoc, i = read_redirect(line, i, depth, tokens)
+            tokens.append(token)
+            heredocs += [heredoc] if heredoc else []  # its body starts on the next line
+        else:
+            op = starting(line, i, SPLIT_OPERATORS)
+            i += len(op)
+            if op == ")" and closing and parens == 0 and cases <= 0:
+                return tokens, i
+            parens = max(0, parens + (op == "(") - (op == ")"))
+            tokens.append(["op", op, []])
+            if op == "\n" and heredocs:
+                i, heredocs = skip_heredocs(line, i, heredocs, depth), []
+    if closing:
+        raise ValueError("no closing ) for a $(")
+    return tokens, i
+
+
+def read_redirect(line, i, depth, tokens):
+    """The redirection at line[i]: (token, heredoc, end). The token glues the
+    operator to its target, and to the fd digits right before it (`2>x`);
+    heredoc is (delimiter, strip_tabs, quoted, inner) for << and <<-, else None."""
+    op, fd = starting(line, i, REDIRECT_OPERATORS), ""
+    if tokens and tokens[-1][0] == "word" and tokens[-1][1].isdigit() and line[i - 1].isdigit():
+        fd = tokens.pop()[1]
+    i += len(op)
+    while line[i:i + 1] in (" ", "\t"):
+        i += 1
+    target, inner, quoted = "", [], False
+    if word_starts(line, i):
+        target, inner, quoted, i = read_word(line, i, depth)
+    heredoc = (target, op == "<<-", quoted, inner) if op in ("<<", "<<-") else None
+    return ["redirect", fd + op + target, inner], heredoc, i
+
+
+def read_word(line, i, depth):
+    """One word at line[i]: (text, inner, quoted, end). Quotes are removed;
+    $(...) and `...` stay in the text as written, their command lines go to inner."""
+    text, inner, quoted, start = [], [], False, i
+    while i < len(line):
+        c = line[i]
+        if line.startswith(("$(", "`"), i) or (i == start and line.startswith(("<(", ">("), i)):
+            i = read_substitution(line, i, depth, text, inner)
+        elif c == "'" or line.startswith("$'", i):
+            i, quoted = read_single(line, i, text), True
+        elif c == '"':
+            i, quoted = read_double(line, i + 1, depth, text, inner), True
+        elif c == "\\":                                # \x is x; \<newline> joins lines
+            text.append(line[i + 1:i + 2].replace("\n", ""))
+            i += 2
+        elif c in METACHARS:
+            break
+        else:
+            text.append(c)
+            i += 1
+    return "".join(text), inner, quoted, i
+
+
+def read_single(line, i, text):
+    """'...' is taken literally; $'...' decodes backslash escapes ($'\\x73udo' is sudo)."""
+    ansi = line[i] == "$"
+    i = end = i + (2 if ansi else 1)
+    while end < len(line) and line[end] != "'":
+        end += 2 if ansi and line[end] == "\\" else 1
+    if end >= len(line):
+        raise ValueError("no closing ' quote")
+    text.append(ansi_c(line[i:end]) if ansi else line[i:end])
+    return end + 1
+
+
+def ansi_c(body):
+    """Decode the escapes of $'...': \\n \\t \\e, \\xHH \\uHHHH, \\NNN (octal); any other \\c is c."""
+    named = {"n": "\n", "t": "\t", "r": "\r", "e": "\x1b", "E": "\x1b", "a": "\a", "b": "\b",
+             "f": "\f", "v": "\v"}
+
+    def one(m):
+        s = m[1]
+        if s[0] in "xuU" and len(s) > 1:
+            return chr(int(s[1:], 16))
+        return chr(int(s, 8)) if s[0] in "01234567" else named.get(s, s)
+    return re.sub(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|.)", one, body,
+                  flags=re.S)
+
+
+def read_double(line, i, depth, text, inner):
+    """The inside of "...": $(...) and `...` still run; \\ escapes only $ ` " \\ and newline."""
+    while i < len(line) and line[i] != '"':
+        if line.startswith(("$(", "`"), i):
+            i = read_substitution(line, i, depth, text, inner)
+        elif line[i] == "\\" and line[i + 1:i + 2] in ("$", "`", '"', "\\", "\n"):
+            text.append(line[i + 1].replace("\n", ""))
+            i += 2
+        else:
+            text.append(line[i])
+            i += 1
+    if i >= len(line):
+        raise ValueError('no closing " quote')
+    return i + 1
+
+
+def read_substitution(line, i, depth, text, inner):
+    """$(...), $((...)), <(...), >(...) or `...` at line[i]: kept as written in
+    text, the command line inside added to inner; returns the index after it."""
+    if line[i] == "`":
+        end = i + 1
+        while end < len(line) and line[end] != "`":
+            end += 2 if line[end] == "\\" else 1
+        if end >= len(line):
+            raise ValueError("no closing ` quote")
+        inner.append(re.sub(r"\\([\\`$])", r"\1", line[i + 1:end]))
+        end += 1
+    else:
+        tokens, end = lex(line, i + 2, depth + 1, closing=True)
+        if line.startswith("$((", i):  # arithmetic: only the $(...) inside it run
+            inner += [cmd for token in tokens for cmd in token[2]]
+        else:
+            inner.append(line[i + 2:end - 1])
+    text.append(line[i:end])
+    return end
+
+
+def skip_heredocs(line, i, heredocs, depth):
+    """Step over the bodies of the here-documents opened on the line just ended.
+    A body is data, not commands; with an unquoted delimiter its $(...) still run."""
+    for delimiter, strip_tabs, quoted, inner in heredocs:
+        start = body_end = i
+        while i < len(line):
+            end = line_end(line, i)
+            row, body_end, i = line[i:end], i, end + 1
+            if (row.lstrip("\t") if strip_tabs else row) == delimiter:
+                break
+        else:
+            body_end = len(line)  # no delimiter: the body runs to the end, as in bash
+        if not quoted:
+            inner += body_substitutions(line[start:body_end], depth)
+    return min(i, len(line))
+
+
+def body_substitutions(body, depth):
+    """The command lines of the $(...) and `...` in an unquoted here-document body."""
+    text, inner, i = [], [], 0
+    while i < len(body):
+        if body.startswith(("$(", "`"), i):
+            i = read_substitution(body, i, depth, text, inner)
+        else:
+            i += 2 if body[i] == "\\" else 1
+    return inner
+
+
+def split_pipelines(tokens):
+    """The tokens between operators are simple commands, {"words", "redirects",
+    "inner"}; commands joined by | make a pipeline. ( and ) only group, so
+    `(curl x) | sh` stays one pipeline."""
+    found, pipeline, cmd, previous = [], [], {"words": [], "redirects": [], "inner": []}, ""
+    for kind, text, inner in tokens + [["op", "", []]]:  # "": the end of the line
+        if kind != "op":
+            cmd["words" if kind == "word" else "redirects"].append(text)
+            cmd["inner"] += inner
+        elif text == "\n" and previous in PIPES + ("&&", "||"):
+            continue  # a line may end in | && ||: the command goes on below
+        else:
+            if cmd["words"] or cmd["redirects"]:
+                pipeline.append(cmd)
+                cmd = {"words": [], "redirects": [], "inner": []}
+            if text not in PIPES + ("(", ")") and pipeline:
+                found.append(pipeline)
+                pipeline = []
+        previous = text if kind == "op" else ""
+    return found
+
+
+def unwrapped(words):
+    """The words of the command that really runs: keywords (if, then, !, {),
+    VAR=x assignments and wrappers (env, timeout, nohup, ...) peeled off."""
+    while words:
+        if words[0] in KEYWORDS or ASSIGNMENT.match(words[0]):
+            words = words[1:]
+        elif words[0] == "function":  # function NAME { body }: judge the body
+            words = words[2:]
+        elif os.path.basename(words[0]) in WRAPPERS and (inner := wrapped(words)):
+            words = inner
+        else:
+            break
+    return words
+
+
+def wrapped(words):
+    """The command a wrapper runs (what follows its options), or None if it runs none."""
+    name = os.path.basename(words[0])
+    takes_value, skip = WRAPPERS[name]
+    if name == "command" and words[1:2] in (["-v"], ["-V"]):
+        return None  # `command -v x` only looks x up
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "--":
+            i += 1
+            break
+        i += 2 if words[i] in takes_value else 1
+    return words[i + skip:] or None
+
+
+def scripts(words):
+    """Command lines passed as arguments: bash -c SCRIPT (also -lc, -ec ...; sh,
+    zsh, dash, ksh) and eval ARGS."""
+    name = os.path.basename(words[0]) if words else ""
+    if name == "eval":
+        return [" ".join(words[1:])]
+    if name in SHELLS:
+        for option, script in zip(words[1:], words[2:]):
+            if option.startswith("-") and not option.startswith("--") and "c" in option:
+                return [script]
+    return []
+
+
+def pipelines(command, depth=0):
+    """The line as pipelines of simple commands (see split_pipelines), wrappers
+    peeled off. The command lines inside a command follow its pipeline as
+    pipelines of their own. ValueError when the line cannot be read."""
+    tokens, _ = lex(command, 0, depth)
+    found = []
+    for pipeline in split_pipelines(tokens):
+        for cmd in pipeline:
+            cmd["words"] = unwrapped(cmd["words"])
+        found.append([cmd for cmd in pipeline if cmd["words"] or cmd["redirects"]])
+        for cmd in pipeline:
+            for line in cmd["inner"] + scripts(cmd["words"]):
+                found += pipelines(line, depth + 1)
+    return [p for p in found if p]
+
+
+def subcommands(command):
+    """The simple commands of a command line, in order, each as a list of words.
+
+    The contract (permission rules are matched against these entries):
+    - the line is split on ; && || | & newlines and ( ); quotes are removed:
+      `git commit -m "a b"` is ["git", "commit", "-m", "a b"];
+    - words[0] is the program that really runs: wrappers (WRAPPERS: env,
+      timeout 5, nice -n 1, nohup, xargs -0, command, exec, time, ...), VAR=x
+      assignments and keywords (if, then, do, !, {) are peeled off, so
+      `env A=1 timeout 5 git log` is ["git", "log"]; sudo, doas and su stay;
+    - the command lines inside $(...), `...`, <(...), unquoted here-documents,
+      `bash -c SCRIPT` (sh, zsh, dash, ksh) and eval follow as entries of their
+      own; in the outer word they stay as written: ["echo", "$(date)"], ["date"];
+    - a redirection is one word, its operator glued to its target, after the
+      arguments: `ls >out 2>&1` is ["ls", ">out", "2>&1"]; a here-document is
+      "<<EOF" (its body is data, not an entry); an entry can be redirections
+      only (`> log` empties log). A quoted argument that looks like one
+      (echo '>x') stays in its place among the arguments; pipelines() keeps
+      words and redirections apart for a judge that must tell them apart.
+    A line that cannot be read (a quote or a $( never closed) raises ValueError:
+    bash would reject it too, and no caller may guess what it does, so it
+    refuses or asks.
+    """
+    return [cmd["words"] + cmd["redirects"] for pipeline in pipelines(command) for cmd in pipeline]
+
+
+def split_options(args):
+    """(options, operands): words starting with - before a `--`. GNU tools take
+    options anywhere, so `rm / -rf` is recursive too."""
+    options, operands, ended = [], [], False
+    for a in args:
+        if a == "--" and not ended:
+            ended = True
+        elif a.startswith("-") and len(a) > 1 and not ended:
+            options.append(a)
+        else:
+            operands.append(a)
+    return options, operands
+
+
+def has_option(options, letters, long):
+    """A short cluster holding one of letters (-rf, -fR), or the long option or
+    any prefix of it (GNU takes any unambiguous prefix: --rec, --no-pres)."""
+    return any((len(o) > 2 and long.startswith(o)) if o.startswith("--")
+               else bool(set(o[1:]) & set(letters)) for o in options)
+
+
+def place(word, cwd):
+    """Where a path word points: "/..." or "~..." (~ is the home directory),
+    normalised; None when the judge cannot tell (relative to the workspace, a
+    variable). cwd is such a place too: None stands for the workspace."""
+    for home in HOME_SPELLINGS:
+        if word == home or word.startswith(home + "/"):
+            word = "~" + word[len(home):]
+            break
+    if word.startswith("~") and word != "~" and not word.startswith("~/"):
+        return None  # ~user, ~+, ~-
+    if not word.startswith(("/", "~")):
+        if cwd is None or "$" in word or "`" in word:
+            return None
+        word = f"{cwd}/{word}"
+    if word.startswith("~"):
+        path = os.path.normpath("/" + word[1:].lstrip("/"))  # ~/a/.. is ~; ~/.. counts as ~ too
+        return "~" if path == "/" else "~" + path
+    return os.path.normpath("/" + word.lstrip("/"))  # //, /usr/.. and /. are /
+
+
+def root_or_home(word, cwd):
+    """Does this path word name / or ~ itself, or a pattern right inside it (/*, ~/.*, $HOME/*)?"""
+    where = place(word, cwd)
+    if where is None:
+        return False
+    parent, name = os.path.split(where)
+    return where in ("/", "~") or (parent in ("/", "~") and bool(GLOB.search(name)))
+
+
+def next_cwd(words, cwd):
+    """Where the shell stands after this command: cd and pushd move it (no
+    argument: home); to a place the judge cannot tell (`cd -`, `cd $X`): None."""
+    if not words or os.path.basename(words[0]) not in ("cd", "pushd"):
+        return cwd
+    _, operands = split_options(words[1:])
+    if not operands:
+        return "~"
+    return None if operands[0] == "-" else place(operands[0], cwd)
+
+
+def program(cmd):
+    """The command's program name: /usr/bin/sudo is sudo; "" for redirections only."""
+    return os.path.basename(cmd["words"][0]) if cmd["words"] else ""
+
+
+def onto_disk(redirect):
+    """Does this redirection write to a disk device (> /dev/sda, &>> /dev/nvme0n1)?"""
+    _, op, target = REDIRECT.fullmatch(redirect).groups()
+    writes = op in (">", ">>", ">|", "&>", "&>>", "<>") or (op == ">&" and not target.isdigit())
+    return writes and is_disk(target)
+
+
+def is_disk(path):
+    """/dev/sda, /dev/nvme0n1p2, /dev/disk/by-id/...: a block device, not /dev/null."""
+    return path.startswith("/") and bool(DISK_DEVICE.match(os.path.normpath(path)))
+
+
+def powers_off(name, args):
+    """shutdown, reboot, halt, poweroff; init/telinit 0 or 6; systemctl or loginctl poweroff ..."""
+    verbs = [a for a in args if not a.startswith("-")]
+    if name in ("init", "telinit"):
+        return bool(verbs) and verbs[0] in RUNLEVELS
+    if name in ("systemctl", "loginctl"):
+        return bool(verbs) and verbs[0] in POWER_VERBS
+    return name in POWER_COMMANDS
+
+
+def rm_refusal(args, cwd):
+    """rm --no-preserve-root, or a recursive rm of / or ~ (or a pattern right in them)."""
+    options, targets = split_options(args)
+    if has_option(options, "", "--no-preserve-root"):
+        return "rm --no-preserve-root"
+    if has_option(options, "rR", "--recursive") and any(root_or_home(t, cwd) for t in targets):
+        return "deleting / or the home directory" + (f" (run in {cwd})" if cwd else "")
+    return None
+
+
+def refusal(cmd, cwd):
+    """Why one simple command (from pipelines) is refused, or None."""
+    if any(map(onto_disk, cmd["redirects"])):
+        return "overwriting a disk device"
+    if not cmd["words"]:
+        return None
+    name, rest = program(cmd), cmd["words"][1:]
+    if name in PRIVILEGE:
+        return f"{name}: the agent never escalates privileges"
+    if name in FORMATTERS or name.startswith("mkfs."):
+        return "formatting a disk"
+    if powers_off(name, rest):
+        return "shutting down or rebooting the machine"
+    if name == "dd" and any(a.startswith("of=") and is_disk(a[3:]) for a in rest):
+        return "dd writing straight to a device"
+    if name in OWNERSHIP:
+        options, targets = split_options(rest)
+        if has_option(options, "R", "--recursive") and any(root_or_home(t, cwd) for t in targets):
+            return f"{name} -R on / or the home directory"
+    return rm_refusal(rest, cwd) if name == "rm" else None
+
+
+def fetches(cmd):
+    """Does this command download: it is curl or wget, or a $(...) or <(...) in it runs one?"""
+    inside = [c for line in cmd["inner"] for p in pipelines(line) for c in p]
+    return program(cmd) in DOWNLOADERS or any(map(fetches, inside))
+
+
+def runs_download(pipeline):
+    """A shell reading code from a download: curl ... | sh, bash <(curl ...), sh -c "$(curl ...)"."""
+    return any(program(cmd) in RUNS_CODE
+               and (fetches(cmd) or any(map(fetches, pipeline[:n])))
+               for n, cmd in enumerate(pipeline))
+
+
+def blocked_command(command):
+    """Why the blocklist refuses a command line, or None when it may run.
+
+    Every simple command is judged by its command word and arguments, so text
+    that is only an argument (`echo "rm -rf /"`) runs. The working directory is
+    followed through cd, so `cd / && rm -rf *` is refused. A line that cannot
+    be read is refused too: bash would reject it, and the judge must not guess.
+    """
+    if FORK_BOMB.search(command):
+        return "fork bomb"
+    try:
+        lines = pipelines(command)
+    except ValueError as e:
+        return f"cannot read it as shell: {e}"
+    cwd = None  # None: the workspace, or a place the judge cannot tell
+    for pipeline in lines:
+        for cmd in pipeline:
+            if why := refusal(cmd, cwd):
+                return why
+            cwd = next_cwd(cmd["words"], cwd)
+        if runs_download(pipeline):
+            return "piping a download into a shell"
+    return None
 
 # --- s07.2: rules, config and workspace trust ---
 # Rules come from three YAML files, lowest scope first: ~/.agent/config.yaml
