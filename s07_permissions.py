@@ -3144,14 +3144,6 @@ command("permissions", "List the effective permission rules and where each comes
         show_permissions)
 
 # --- TEMPORARY STUBS (replaced when the parsed blocklist, sandbox and trust land) ---
-def subcommands(command):
-    return [shlex.split(part) for part in re.split(r"&&|\|\||;|\||\n", command) if part.strip()]
-
-
-def blocked_command(command):
-    return check_dangerous(command)
-
-
 def sandboxed(state):
     return False
 
