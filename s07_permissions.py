@@ -2697,8 +2697,6 @@ def rule_matches(rule, name, args, paths, workdir):
         return False
     if rule["pattern"] is None:
         return True
-    if name == "bash":
-        return bash_rule_matches(rule["pattern"], args.get("command", ""))
     if paths:
         return all(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
     value = str(args.get(RULE_FIELDS.get(name, ""), ""))
@@ -2713,28 +2711,32 @@ def fnmatch_tool(pattern, name):
 RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
 
 
-def bash_rule_matches(pattern, command):
-    """A compound command matches only if every subcommand does: `git status && rm
-    -rf x` is not allowed by bash(git *). Unparseable commands match nothing."""
+def command_parts(command):
+    """Each simple command as one line of words; None when it cannot be read as shell."""
     try:
-        parts = [" ".join(words) for words in subcommands(command)]
+        return [" ".join(words) for words in subcommands(command)]
     except ValueError:
-        return False
-    rx = rule_regex(pattern)
-    return bool(parts) and all(rx.fullmatch(p) for p in parts)
+        return None
 
 
 def bash_rule_hits(pattern, command):
     """For deny and ask rules: one matching subcommand is enough."""
-    try:
-        parts = [" ".join(words) for words in subcommands(command)]
-    except ValueError:
-        return False
     rx = rule_regex(pattern)
-    return any(rx.fullmatch(p) for p in parts)
+    return any(rx.fullmatch(p) for p in command_parts(command) or [])
+
+
+def bash_allow_rule(rules, command):
+    """A compound command is allowed only if every subcommand matches an allow rule:
+    bash(git *) does not allow `git status && rm -rf x`. Unreadable commands never are."""
+    allow = [r for r in rules if r["effect"] == "allow" and fnmatch_tool(r["tool"], "bash")]
+    hits = [next((r for r in allow if r["pattern"] is None or rule_regex(r["pattern"]).fullmatch(p)),
+                 None) for p in command_parts(command) or [None]]
+    return hits[0] if hits and None not in hits else None
 
 
 def first_rule(rules, effect, name, args, paths, workdir):
+    if effect == "allow" and name == "bash":
+        return bash_allow_rule(rules, str(args.get("command", "")))
     for rule in rules:
         if rule["effect"] != effect or not fnmatch_tool(rule["tool"], name):
             continue
