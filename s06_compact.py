@@ -184,6 +184,17 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
+# The agent's own credentials. No child process gets them: a command the model
+# runs, or a script in a cloned repository, has no business reading the key.
+# load_dotenv puts .env values into os.environ, so one filter covers both.
+AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+def child_env():
+    """The environment of every process the agent starts: its own, minus its credentials."""
+    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -199,7 +210,8 @@ def run_bash(command, timeout=None):
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
-                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=child_env())
         try:
             p.wait(timeout=timeout)
         except BaseException as e:
@@ -529,7 +541,7 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
            "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
-    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
+    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True, env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")

@@ -39,6 +39,7 @@ what the model must never do is refused by code (and by the kernel), not asked.
 import difflib
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import random
@@ -56,6 +57,7 @@ from pathlib import Path
 import anthropic
 import yaml
 from dotenv import load_dotenv
+from dotenv import find_dotenv
 from rich.console import Console
 from rich.text import Text
 
@@ -189,6 +191,17 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
+# The agent's own credentials. No child process gets them: a command the model
+# runs, or a script in a cloned repository, has no business reading the key.
+# load_dotenv puts .env values into os.environ, so one filter covers both.
+AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+def child_env():
+    """The environment of every process the agent starts: its own, minus its credentials."""
+    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -199,12 +212,14 @@ def run_bash(command, timeout=None):
         raise ToolError(f"Refused by the blocklist ({why}). Do not retry it; "
                         f"find a safe way or ask the user to run it.")
     timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
+    args, shell = bash_process(command)  # s07: inside the OS sandbox when it is on
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
-        p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
-                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=child_env())
         try:
             p.wait(timeout=timeout)
         except BaseException as e:
@@ -219,6 +234,7 @@ def run_bash(command, timeout=None):
         sink.seek(0)
         raw = sink.read()
     out = clip(raw.decode("utf-8", "replace"), KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
+    out += "" if shell else sandbox_note(out, p.returncode)  # s07: a refused write says why
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
@@ -536,7 +552,7 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
            "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
-    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True)
+    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True, env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -2880,7 +2896,137 @@ def skill_commands(name):
     return DYNAMIC.findall(skill["body"]) if skill else []
 
 # --- s07.4: OS sandbox ---
-# (work in progress: sandbox_available, sandbox_argv, child_env)
+# The blocklist and the rules read a command's text; the OS sandbox limits what
+# it can do however it is written. On Linux, bash runs inside bubblewrap: the
+# whole filesystem read-only (HOME too), the workspace and any extra
+# directories from the config writable, a private /tmp, no network, its own
+# process tree, no capabilities. Inside the workspace the files that steer the
+# agent or that other programs execute (its config, hooks, skills, git hooks
+# and config, editor tasks) are bound read-only again, so a command cannot plant
+# instructions for the next session. A protected path that does not exist yet
+# cannot be bound (bwrap would create it in the user's tree): the trust hash of
+# s07.2 is what catches a command creating one. Two differences from the plain
+# shell: the command runs under bash, not /bin/sh, and a background job
+# (`server &`) ends with the command, because its process tree ends with it.
+BWRAP = "bwrap"               # bubblewrap; found on PATH
+SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sandbox works
+SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
+                    "fail_if_unavailable": False, "writable": ()}  # writable: extra directories
+SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
+    ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
+    ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
+    ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
+    ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
+    ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
+# Host daemons listen on sockets here (docker, dbus, databases), and connect()
+# works on a read-only mount, so --unshare-net alone would not keep them out.
+SANDBOX_HIDDEN = ["/run", "/var/run"]
+SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" means the path is outside the writable "
+                      "area. Commands may write only in the workspace (not its protected config: "
+                      ".agent config, hooks and skills, .git/hooks, .git/config), in extra "
+                      "directories from the config, and in /tmp, which is private and discarded "
+                      "after each command. Write inside the workspace, or ask the user.]")
+
+
+def sandbox_settings():
+    """The sandbox part of the config; for now the defaults."""
+    return dict(SANDBOX_DEFAULTS)
+
+
+def sandbox_paths(workdir):
+    """(protected, masked) for a workspace: paths bound read-only, and paths
+    hidden from reads. The agent's own .env (the one make_client loads) is
+    masked: it holds the key that child_env keeps out of the environment."""
+    protected = [str(Path(workdir) / p) for p in SANDBOX_PROTECTED]
+    return protected, [p for p in [find_dotenv()] if p]
+
+
+@functools.cache  # a fact about the machine, not per-agent state: decided once per process
+def sandbox_available():
+    """(True, "") when bwrap can build the sandbox here, else (False, why).
+    Decided by a trial run of the real argv, not by finding the binary: user
+    namespaces may be disabled, or a container may forbid mounting /proc."""
+    if sys.platform != "linux":
+        return False, f"the OS sandbox uses bubblewrap, which needs Linux (this is {sys.platform})"
+    with tempfile.TemporaryDirectory() as trial:
+        try:
+            p = subprocess.run(sandbox_argv("true", trial), stdin=subprocess.DEVNULL,
+                               capture_output=True, env=child_env(), timeout=SANDBOX_TRIAL_TIMEOUT)
+        except FileNotFoundError:
+            return False, f"{BWRAP} is not installed (the package is called bubblewrap)"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"the trial run of {BWRAP} failed: {e}"
+    if p.returncode != 0:
+        lines = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        return False, f"the trial run of {BWRAP} failed: {lines[-1] if lines else p.returncode}"
+    return True, ""
+
+
+def pinned_dirs(paths, roots):
+    """The directories between a writable root and each path, parents first.
+    Bound onto themselves they become mount points, which cannot be renamed
+    or removed: without that, `mv .git x && cp -r x .git` would swap a
+    protected .git/hooks for a writable copy."""
+    pinned = set()
+    for path in map(Path, paths):
+        for root in map(Path, roots):
+            if path != root and path.is_relative_to(root):
+                pinned |= {str(d) for d in path.parents if d != root and d.is_relative_to(root)}
+    return sorted(pinned, key=len)
+
+
+def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writable=()):
+    """The argv that runs `bash -c command` inside bwrap. A list, never a shell
+    line: paths with spaces or quotes pass as they are. bwrap applies mounts in
+    order, each on top of the ones before, so the order below is the policy."""
+    workdir = os.path.realpath(workdir)
+    roots = [workdir] + [os.path.realpath(d) for d in writable if os.path.isdir(d)]
+    protected = [os.path.realpath(p) for p in protected if os.path.exists(p)]
+    masked = [os.path.realpath(p) for p in masked if os.path.exists(p)]
+    argv = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    hidden = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_HIDDEN if os.path.isdir(d)))
+    for d in hidden:
+        argv += ["--tmpfs", d]
+    resolver = os.path.dirname(os.path.realpath("/etc/resolv.conf"))  # systemd puts it in /run
+    if network and any(Path(resolver).is_relative_to(d) for d in hidden):
+        argv += ["--ro-bind", resolver, resolver]
+    for d in roots + pinned_dirs(protected + masked, roots):  # after /tmp: a root may be in it
+        argv += ["--bind", d, d]
+    for p in protected:
+        argv += ["--ro-bind", p, p]
+    for p in masked:  # an empty read-only directory, or /dev/null (unreadable: nodev)
+        argv += ["--tmpfs", p, "--remount-ro", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
+    argv += [] if network else ["--unshare-net"]
+    # --cap-drop ALL: run by root, bwrap keeps every capability, and with
+    # CAP_SYS_ADMIN a command could simply remount / read-write.
+    argv += ["--unshare-pid", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+             "--setenv", "TMPDIR", "/tmp", "--chdir", workdir, "bash", "-c", "--", command]
+    return argv
+
+
+def bash_process(command):
+    """How run_bash starts a command: (args, shell). Inside bwrap when the
+    sandbox is enabled and works here; else the plain shell, unless the
+    settings forbid running bash unsandboxed."""
+    settings = sandbox_settings()
+    if not settings["enabled"]:
+        return command, True
+    ok, why = sandbox_available()
+    if not ok and settings["fail_if_unavailable"]:
+        raise ToolError(f"bash is off: the OS sandbox is required but unavailable ({why}). "
+                        f"Use the file tools, or ask the user to fix the sandbox.")
+    if not ok:
+        warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
+        return command, True
+    root = agent_state().workdir
+    protected, masked = sandbox_paths(root)
+    return sandbox_argv(command, root, protected, masked, settings["network"],
+                        settings["writable"]), False
+
+
+def sandbox_note(out, returncode):
+    """A write the sandbox refused says why, not just EROFS."""
+    return f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
 
 # --- s07.5: the human, the verdict, plan mode ---
 # permit() is what run_tool calls: decide(), then, for "ask", one question to
