@@ -2572,8 +2572,6 @@ def blocked_command(command):
 CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
 RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
 PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
-SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
-                    "fail_if_unavailable": False}
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
 RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
 TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
@@ -2785,14 +2783,6 @@ PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
 HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
 
 
-def protected_paths(workdir):
-    """Every protected path that has a fixed name (for the sandbox's read-only binds)."""
-    home = Path.home() / ".agent"
-    paths = [workdir / p for p in PROTECTED_FILES + PROTECTED_DIRS]
-    paths += [Path(__file__).resolve().parent / "skills", home, hooks_path(workdir)]
-    return [p for p in paths if p is not None]
-
-
 def hooks_path(workdir):
     """The folder git's core.hooksPath names (it runs what is there), or None."""
     try:
@@ -2911,7 +2901,8 @@ def skill_commands(name):
 BWRAP = "bwrap"               # bubblewrap; found on PATH
 SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sandbox works
 SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
-                    "fail_if_unavailable": False, "writable": ()}  # writable: extra directories
+                    "fail_if_unavailable": False}  # the config's sandbox: keys
+MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
@@ -2929,8 +2920,50 @@ SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" means the path is out
 
 
 def sandbox_settings():
-    """The sandbox part of the config; for now the defaults."""
-    return dict(SANDBOX_DEFAULTS)
+    """The running agent's sandbox: config keys, and its additional directories,
+    which are writable inside too (they were allowed for the file tools)."""
+    perms = agent_state().permissions
+    return dict(SANDBOX_DEFAULTS) | perms["sandbox"] | {"writable": perms["additional_directories"]}
+
+
+def sandboxed(state):
+    """Does bash run inside the sandbox for this agent?"""
+    return state.permissions["sandbox"]["enabled"] and sandbox_available()[0]
+
+
+def sandbox_summary(state):
+    if not state.permissions["sandbox"]["enabled"]:
+        return "off (sandbox.enabled: false)"
+    ok, why = sandbox_available()
+    net = "network on" if state.permissions["sandbox"]["network"] else "no network"
+    return f"bubblewrap, {net}" if ok else f"unavailable ({why})"
+
+
+def check_sandbox(state):
+    """At start-up: a required sandbox that cannot run stops the agent."""
+    settings = state.permissions["sandbox"]
+    ok, why = sandbox_available()
+    if settings["enabled"] and not ok and settings["fail_if_unavailable"]:
+        raise ValueError(f"the OS sandbox is required (sandbox.fail_if_unavailable) but "
+                         f"unavailable: {why}")
+
+
+def masked_paths(state):
+    """Files that read-deny rules hide from read_file, hidden from bash too: the
+    model must not `cat` what it may not read. Found by a bounded walk."""
+    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
+            and r["tool"] == "read_file" and r["pattern"]]
+    found, seen = [], 0
+    for dirpath, dirnames, filenames in os.walk(state.workdir):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames + dirnames:
+            seen += 1
+            path = Path(dirpath) / name
+            if any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny):
+                found.append(str(path))
+        if seen > MASK_SCAN_LIMIT:
+            break
+    return found if deny else []
 
 
 def sandbox_paths(workdir):
@@ -2938,6 +2971,7 @@ def sandbox_paths(workdir):
     hidden from reads. The agent's own .env (the one make_client loads) is
     masked: it holds the key that child_env keeps out of the environment."""
     protected = [str(Path(workdir) / p) for p in SANDBOX_PROTECTED]
+    protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     return protected, [p for p in [find_dotenv()] if p]
 
 
@@ -2975,7 +3009,7 @@ def pinned_dirs(paths, roots):
     return sorted(pinned, key=len)
 
 
-def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writable=()):
+def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writable=(), late=()):
     """The argv that runs `bash -c command` inside bwrap. A list, never a shell
     line: paths with spaces or quotes pass as they are. bwrap applies mounts in
     order, each on top of the ones before, so the order below is the policy."""
@@ -2996,6 +3030,8 @@ def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writa
         argv += ["--ro-bind", p, p]
     for p in masked:  # an empty read-only directory, or /dev/null (unreadable: nodev)
         argv += ["--tmpfs", p, "--remount-ro", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
+    for p in late:  # writable again on top of a read-only workspace (plan mode's plan file)
+        argv += ["--bind", p, p]
     argv += [] if network else ["--unshare-net"]
     # --cap-drop ALL: run by root, bwrap keeps every capability, and with
     # CAP_SYS_ADMIN a command could simply remount / read-write.
@@ -3018,10 +3054,17 @@ def bash_process(command):
     if not ok:
         warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
         return command, True
-    root = agent_state().workdir
-    protected, masked = sandbox_paths(root)
-    return sandbox_argv(command, root, protected, masked, settings["network"],
-                        settings["writable"]), False
+    state = agent_state()
+    protected, masked = sandbox_paths(state.workdir)
+    masked += masked_paths(state)
+    late = []
+    if state.mode == "plan":  # the workspace read-only, but for the plan file
+        plan = plan_file(state)
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        plan.touch()
+        protected, late = [str(state.workdir)] + protected, [str(plan)]
+    return sandbox_argv(command, state.workdir, protected, masked, settings["network"],
+                        settings["writable"], late), False
 
 
 def sandbox_note(out, returncode):
@@ -3291,52 +3334,6 @@ command("mode", "Show or set the permission mode (default, acceptEdits, plan, by
 command("permissions", "List the effective permission rules and where each comes from",
         show_permissions)
 
-# --- TEMPORARY STUBS (replaced when the parsed blocklist, sandbox and trust land) ---
-def sandboxed(state):
-    return False
-
-
-def sandbox_summary(state):
-    return "off"
-
-
-def check_sandbox(state):
-    return None
-
-
-def ask_human(question):
-    print(question, end="", file=sys.stderr, flush=True)
-    try:
-        return input()
-    except (EOFError, OSError):
-        return ""
-
-
-def trust_file():
-    return Path.home() / ".agent" / "trusted.yaml"
-
-
-def is_trusted(workdir, path):
-    try:
-        data = yaml.safe_load(trust_file().read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return False
-    want = (data.get("workspaces") or {}).get(str(workdir), {}).get(path.relative_to(workdir).as_posix())
-    import hashlib
-    return want == hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def record_trust(workdir, path):
-    import hashlib
-    try:
-        data = yaml.safe_load(trust_file().read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        data = {}
-    data.setdefault("workspaces", {}).setdefault(str(workdir), {})[path.relative_to(workdir).as_posix()] = \
-        hashlib.sha256(path.read_bytes()).hexdigest()
-    trust_file().parent.mkdir(parents=True, exist_ok=True)
-    trust_file().write_text(yaml.safe_dump(data))
-# --- END TEMPORARY STUBS ---
 
 # --- agent loop ---
 def say(text):
