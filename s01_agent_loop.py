@@ -23,12 +23,16 @@ Run:
     export ANTHROPIC_API_KEY=...          # or put it in .env
     python s01_agent_loop.py              # REPL, prompt "s01 >> "
     python s01_agent_loop.py "task"       # one task, then exit
-    python tests/demo.py s01              # offline, no key: scripted model
+    python tests/demo.py s01 --show-requests   # offline, no key: scripted model
+  The agent reads and writes the current directory: start it in a scratch
+  folder, not in this repository: cd "$(mktemp -d)" && python <repo>/s01_agent_loop.py
 
 Try:
-    make hello.txt containing hi, then show me its size
-    what python version is installed here, and where?
-    delete everything under /        (the blocklist refuses it)
+    make hello.txt containing hi, show me its size, then make root its owner
+                        (the demo runs this one: the blocklist refuses sudo)
+    what python version is installed here, and where?            (real model)
+    python -c "import s01_agent_loop as s; print(s.check_dangerous('rm -rf /'))"
+                        (offline: why the blocklist refuses it; nothing runs)
 
 Key insight: the model never runs anything. It asks; the loop runs the tool
 and feeds the observation back, until the model stops asking.
@@ -44,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import anthropic
@@ -56,6 +61,8 @@ MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrid
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+BASH_OUTPUT_CAP = 8_000_000  # bytes a command may print before it is stopped: `yes` fills 1 GB in 3 s
+BASH_POLL = 0.05            # seconds between checks of a running command's output size
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
@@ -126,7 +133,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
@@ -135,8 +142,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -183,6 +190,44 @@ def child_env():
     return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
+def read_head(fh, limit=MAX_OUTPUT):
+    """The start of an open binary file as text, clipped to `limit` characters.
+
+    Reads at most 4 bytes per character kept (UTF-8's longest), never the whole
+    file, so memory stays bounded whatever a command printed.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(0)
+    data = fh.read(4 * limit)
+    text = data.decode("utf-8", "replace")
+    if len(data) == size:
+        return clip(text, limit)
+    return text[:limit] + f"\n... [truncated: {size} bytes in all, the first {limit} characters shown]"
+
+
+def watch_command(p, sink, timeout):
+    """Wait for a command, checking its output file as it grows; kill its process
+    group past `timeout`, once the file passes BASH_OUTPUT_CAP, or on Ctrl+C.
+    Returns None when it ended by itself, else a note saying why it was stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+            if p.returncode is not None:
+                return None
+            if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
+                return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
+                        f"to a file and read parts of it")
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout}s: run it in smaller steps or pass a larger timeout"
+    finally:
+        if p.returncode is None:  # stopped or interrupted: the whole pipeline goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -195,25 +240,14 @@ def run_bash(command, timeout=None):
     timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
-    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        try:
-            p.wait(timeout=timeout)
-        except BaseException as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            sink.seek(0)
-            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
-                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
-        sink.seek(0)
-        raw = sink.read()
-    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+        if stopped := watch_command(p, sink, timeout):
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        out = read_head(sink) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
@@ -253,7 +287,6 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -264,9 +297,25 @@ def preview(content, is_error=False):
     return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -277,7 +326,7 @@ def run_tools(calls, results):
     """
     for block in calls:
         say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     return results
 
 
@@ -286,10 +335,10 @@ def call_model(client, messages):
     with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
                                 tools=TOOLS, messages=messages) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True)
+            show_text(text)
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True)
+        show_text("\n")
     return message
 
 

@@ -20,12 +20,14 @@ check_plan, plan_lines, plan_text, show_plan, plan_reminder.
 Run:
     python s03_todo.py                    # REPL, prompt "s03 >> "
     python s03_todo.py "task"             # one task, then exit
-    python tests/demo.py s03              # offline, no key: scripted model
+    python tests/demo.py s03 --show-requests   # offline, no key: scripted model
 
 Try:
-    add a --verbose flag to every script here, then update the README to match
-    create a tiny python package with a module, a test and a README, step by step
-    what is 2 + 2?                 (one step: the model should not make a plan)
+    Create a tiny greeting module with a test and a README.
+                        (the demo runs this one: plan, checklist, reminder)
+    write three small python scripts, then add a --verbose flag to each and
+    document it in a README                                      (real model)
+    what is 2 + 2?      (real model; one step: the model should not make a plan)
 
 Key insight: a plan the model must write down and tick off survives long turns;
 a plan it only "thinks" drifts. The loop's job is just to notice when it goes stale.
@@ -42,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +60,8 @@ MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrid
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+BASH_OUTPUT_CAP = 8_000_000  # bytes a command may print before it is stopped: `yes` fills 1 GB in 3 s
+BASH_POLL = 0.05            # seconds between checks of a running command's output size
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
@@ -129,7 +134,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}"
 
 # --- tools ---
@@ -138,8 +143,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -186,6 +191,44 @@ def child_env():
     return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
+def read_head(fh, limit=MAX_OUTPUT):
+    """The start of an open binary file as text, clipped to `limit` characters.
+
+    Reads at most 4 bytes per character kept (UTF-8's longest), never the whole
+    file, so memory stays bounded whatever a command printed.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(0)
+    data = fh.read(4 * limit)
+    text = data.decode("utf-8", "replace")
+    if len(data) == size:
+        return clip(text, limit)
+    return text[:limit] + f"\n... [truncated: {size} bytes in all, the first {limit} characters shown]"
+
+
+def watch_command(p, sink, timeout):
+    """Wait for a command, checking its output file as it grows; kill its process
+    group past `timeout`, once the file passes BASH_OUTPUT_CAP, or on Ctrl+C.
+    Returns None when it ended by itself, else a note saying why it was stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+            if p.returncode is not None:
+                return None
+            if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
+                return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
+                        f"to a file and read parts of it")
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout}s: run it in smaller steps or pass a larger timeout"
+    finally:
+        if p.returncode is None:  # stopped or interrupted: the whole pipeline goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -198,25 +241,14 @@ def run_bash(command, timeout=None):
     timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
-    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        try:
-            p.wait(timeout=timeout)
-        except BaseException as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            sink.seek(0)
-            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
-                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
-        sink.seek(0)
-        raw = sink.read()
-    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+        if stopped := watch_command(p, sink, timeout):
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        out = read_head(sink) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
@@ -258,7 +290,6 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -277,11 +308,16 @@ MAX_LINE = 2_000            # characters shown per line; longer lines are cut
 BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
 GLOB_LIMIT = 200            # paths returned by glob, newest first
 GREP_LIMIT = 250            # result lines returned by grep
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
 MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
+# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    """Add a tool. read_only: it changes no file (the permission chapter lets such
+    calls run without asking); concurrency_safe: it may run beside other safe calls."""
     TOOLS.append({"name": name, "description": description, "input_schema": schema})
     TOOL_HANDLERS[name] = handler
     TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
@@ -314,6 +350,7 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
+# --- s02.2: the path sandbox ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -334,6 +371,7 @@ def rel(path):
     return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
+# --- s02.3: read, write and edit ---
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -348,6 +386,31 @@ def check_fresh(path, shown):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
 
 
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
 def read_file(path, offset=1, limit=None):
     f = safe_path(path)
     if not f.is_file():
@@ -355,25 +418,28 @@ def read_file(path, offset=1, limit=None):
     with open(f, "rb") as fh:
         if b"\0" in fh.read(BINARY_SNIFF):
             raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
-    # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
-    lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
-    lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
+    total = count_lines(f)
     agent_state().files[str(f)] = stamp(f)
-    if not lines:
+    if not total:
         return f"({path} is empty)"
     start = max(offset, 1) - 1
-    if start >= len(lines):
-        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
-    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
-    for n in range(start, end):
-        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
-        if size + len(row) > MAX_OUTPUT and out:
-            end = n
-            break
-        out.append(row)
-        size += len(row) + 1
-    if end < len(lines):  # large file: say how to get the rest instead of dumping it
-        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+    if start >= total:
+        raise ToolError(f"offset {offset} is past the end: {path} has {total} lines.")
+    out, size, end = [], 0, min(total, start + (limit or READ_LINES))
+    with open(f, encoding="utf-8", errors="replace", newline="\n") as fh:  # streamed, up to end
+        for n in range(end):
+            line, cut = next_line(fh)
+            if n < start:
+                continue
+            row = f"{n + 1:6}\t{line}" + (f" [line cut: {cut} more characters; read them with "
+                                          f"bash, e.g. cut -c{MAX_LINE + 1}-]" if cut else "")
+            if size + len(row) > MAX_OUTPUT and out:
+                end = n
+                break
+            out.append(row)
+            size += len(row) + 1
+    if end < total:  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
 
@@ -391,6 +457,24 @@ def write_file(path, content):
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
 
+def to_crlf(text):
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def not_found(path, data):
+    """Why old_string matched nothing. read_file shows bytes that are not UTF-8 as
+    U+FFFD, so a copy of such a line can never match: say so, and what works."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"old_string was not found in {path}, which is not valid UTF-8 (byte "
+                f"0x{data[e.start]:02x} at offset {e.start}): read_file shows such bytes as "
+                f"\ufffd, which matches nothing. Change it with bash (sed, or python on the "
+                f"bytes), or replace the whole file with write_file (it is saved as UTF-8).")
+    return (f"old_string was not found in {path}. Copy it exactly from read_file output "
+            f"(without line numbers), whitespace included.")
+
+
 def edit_file(path, old_string, new_string, replace_all=False):
     if old_string == new_string:
         raise ToolError("old_string and new_string are identical; there is nothing to change.")
@@ -400,13 +484,16 @@ def edit_file(path, old_string, new_string, replace_all=False):
     if not f.is_file():
         raise ToolError(f"{path} is not a file. Use write_file to create it.")
     check_fresh(f, path)
-    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    data = f.read_bytes()
+    text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 survive the edit
+    crlf = text.count("\r\n") > text.count("\n") / 2  # most lines end in CRLF
     if "\r\n" in text and old_string not in text:  # copied from read_file, which hides CR
-        old_string, new_string = (s.replace("\n", "\r\n") for s in (old_string, new_string))
+        old_string, crlf = to_crlf(old_string), True
+    if crlf:  # new lines end as the file's lines do
+        new_string = to_crlf(new_string)
     count = text.count(old_string)
     if count == 0:
-        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
-                        f"read_file output (without line numbers), whitespace included.")
+        raise ToolError(not_found(path, data))
     if count > 1 and not replace_all:
         raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
                         f"lines to make it unique, or set replace_all to change every one.")
@@ -415,6 +502,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
+# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
 # a path segment, ** spans any number of segments, {a,b} is alternation.
 def glob_regex(pattern):
@@ -442,8 +530,8 @@ def glob_regex(pattern):
     return re.compile(out + ")" * depth)
 
 
-def read_gitignore(directory):
-    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+def gitignore_patterns(directory):
+    """Rules of directory/.gitignore as (negated, pattern, dir_only)."""
     try:
         text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -455,10 +543,19 @@ def read_gitignore(directory):
             continue
         negated, line = line.startswith("!"), line.lstrip("!")
         dir_only, line = line.endswith("/"), line.rstrip("/")
-        anchored = "/" in line  # a slash before the end anchors to this directory
-        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
-                      negated, dir_only))
+        rules.append((negated, line, dir_only))
     return rules
+
+
+def anchor(pattern):
+    """A slash before the end anchors a pattern to its folder; else it matches at any depth."""
+    return pattern.lstrip("/") if "/" in pattern else "**/" + pattern
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    return [(directory, glob_regex(anchor(pattern)), negated, dir_only)
+            for negated, pattern, dir_only in gitignore_patterns(directory)]
 
 
 def is_ignored(path, is_dir, rules):
@@ -475,20 +572,28 @@ def repo_root(path):
     return next((d for d in [path, *path.parents] if (d / ".git").exists()), None)
 
 
-def walk_files(root):
-    """Regular files under root, minus .git, .gitignored paths and symlinks (never
-    followed). Rules come from the repository root down, as git applies them; a
-    nested repository starts with its own."""
+def ignore_parents(root):
+    """The folders above root whose .gitignore applies inside it, outermost first:
+    from the repository root down, as git reads them; with no repository, from
+    the workspace down (a .gitignore above the workspace is someone else's)."""
     top = repo_root(root) or agent_state().workdir
-    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
-                    for r in read_gitignore(d)]}
+    return [d for d in reversed(root.parents) if d.is_relative_to(top)]
+
+
+def walk_files(root):
+    """Regular files under root, minus .git, .gitignored paths, symlinks (never
+    followed) and the agent's own folder (unless root is inside it). Rules come
+    from the repository root down, as git applies them; a nested repository
+    starts with its own."""
+    own = agent_state().workdir / AGENT_DIR
+    rules = {root: [r for d in ignore_parents(root) for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         inherited = rules.pop(here)
         nested = here != root and (here / ".git").exists()  # a repository inside: own rules
         active = ([] if nested else inherited) + read_gitignore(here)
-        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
-                and not is_ignored(here / d, True, active)]
+        keep = [d for d in sorted(dirnames) if d != ".git" and here / d != own
+                and not (here / d).is_symlink() and not is_ignored(here / d, True, active)]
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
@@ -519,20 +624,58 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
+# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
 # grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
 # in Python. Both produce records that one formatter turns into identical text.
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
+def rooted(folder, top):
+    """folder as a gitignore pattern anchored at top, ending in "/" (glob characters escaped)."""
+    where = folder.relative_to(top).as_posix()
+    return "/" if where == "." else "/" + re.sub(r"([][*?{}\\!])", r"\\\1", where) + "/"
+
+
+@contextlib.contextmanager
+def rg_walk_args(root):
+    """rg's arguments to search the files walk_files yields, run in the workspace.
+
+    In a repository rg's own reading of the .gitignore files above root is
+    git's when git is required (rg's default): it stops at the repository root,
+    and a nested repository has its own rules. Outside one it would read them
+    up to /, so it reads none (--no-ignore-parent); the rules of the workspace's
+    folders above root come in an --ignore-file instead, rewritten relative to
+    the workspace. rg anchors those to its working folder, and places them
+    right only when root is given relative to it too.
+    """
+    workdir = agent_state().workdir
+    args = ["-g", f"!/{AGENT_DIR}/"] if root == workdir else []  # as walk_files skips it
+    if repo_root(root):
+        yield args + ["--", str(root)]
+        return
+    lines = ["!" * negated + rooted(d, workdir) + anchor(pattern) + "/" * dir_only
+             for d in ignore_parents(root) for negated, pattern, dir_only in gitignore_patterns(d)]
+    with tempfile.NamedTemporaryFile("w", suffix=".gitignore", encoding="utf-8") as rules:
+        rules.write("\n".join(lines) + "\n")
+        rules.flush()
+        yield args + ["--no-require-git", "--no-ignore-parent", "--ignore-file", rules.name,
+                      "--", rel(root)]
+
+
 def grep_rg(pattern, root, glob, ignore_case, mode):
     # --no-config: a user's ripgreprc (say, --follow) must not widen the sandbox;
-    # only .gitignore files count, as in the Python walk.
+    # only .gitignore files count, as in the Python walk. A line longer than
+    # --max-columns bytes comes back as its head (enough for MAX_LINE characters).
+    workdir = agent_state().workdir
     cmd = ["rg", "--no-config", "--null", "--with-filename", "--line-number", "--no-heading",
-           "--color=never", "--hidden", "--no-require-git", "--no-ignore-dot",
-           "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
+           "--color=never", "--hidden", "--no-ignore-dot", "--no-ignore-global",
+           "--no-ignore-exclude", "--no-messages", "-g", "!.git",
+           "--max-columns", str(4 * MAX_LINE + 4), "--max-columns-preview"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
-    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True, env=child_env())
+    with rg_walk_args(root) as args:
+        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True,
+                           env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -542,10 +685,11 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
         binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
         rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
         rows = [(name, rest) for name, rest in rows if name not in binary]
-    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
+    keep, records = glob_filter(glob, root), []
     for name, rest in rows:
-        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
-            path = Path(name).relative_to(top).as_posix()
+        f = workdir / name  # absolute or workspace-relative; no resolve() per row
+        if keep(f):
+            path = f.relative_to(workdir).as_posix()
             records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
     return records
 
@@ -603,6 +747,9 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
                      key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
     if not records:
         return f"No matches for {pattern!r}."
+    if output_mode == "content":  # one rule for both backends: a long line keeps its head
+        records = [(f, n, text[:MAX_LINE] + f" [line cut at {MAX_LINE} characters]"
+                    if len(text) > MAX_LINE else text) for f, n, text in records]
     lines = [":".join(r) for r in records]
     if len(lines) > GREP_LIMIT:
         lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
@@ -610,6 +757,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
+# --- s02.6: the file tools as the model sees them ---
 register("read_file", (
     "Read a text file from the workspace and return it with line numbers (cat -n style). "
     "Use it before editing a file, and to study code you found with grep or glob. "
@@ -642,16 +790,18 @@ register("edit_file", (
 register("glob", (
     "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
     "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
-    "use grep instead."),
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
     params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
            path=("string", "Directory to search (default: the workspace root).")),
     glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
-    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
-    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    "('count'). Files ignored by .gitignore, binary files and the agent's own .agent "
+    "folder are skipped (pass path '.agent' to search it); lines longer than 2,000 "
+    "characters are cut. Narrow big searches with path or glob (e.g. '*.py'). Prefer it "
+    "over running grep in bash."),
     params(["pattern"], pattern=("string", "Regular expression to search for."),
            path=("string", "File or directory to search (default: the workspace root)."),
            glob=("string", "Only search files matching this glob, e.g. '*.py'."),
@@ -659,9 +809,11 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
+# --- s02.7: message normalisation ---
 # Message normalisation: the history we keep is ours; what the API sees is a
 # cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" and never leave the process.
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
 def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
@@ -696,6 +848,7 @@ def pair_results(prev, blocks):
     rest = [b for b in blocks if b["type"] != "tool_result"]
     return results + rest or [{"type": "text", "text": "(continuing)"}]
 
+# --- s02.8: parallel calls ---
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
@@ -706,14 +859,15 @@ def run_parallel(batch, results):
     agent's state. On Ctrl+C the calls that finished keep their results.
     """
     if len(batch) <= 1:
-        results.extend(run_tool(b) for b in batch)
+        for b in batch:
+            add_result(run_tool(b), results)
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
         try:
-            for f in futures:
-                results.append(f.result())
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
                 kept += 1
         except KeyboardInterrupt:
             pool.shutdown(cancel_futures=True)  # waits for the running ones
@@ -793,10 +947,11 @@ def plan_summary():
 
 
 def plan_text():
-    """What the model gets back: the checklist as plain text plus a count."""
+    """What the model gets back: the count first (the human's one-line preview
+    shows it), then the checklist as plain text."""
     if not plan()["items"]:
         return "The plan is empty."
-    return "\n".join(plan_lines() + [plan_summary()])
+    return "\n".join([plan_summary()] + plan_lines())
 
 
 def show_plan():
@@ -868,9 +1023,25 @@ register("todo_write", (
     todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -886,7 +1057,7 @@ def run_tools(calls, results):
             batch.append(block)
             continue
         batch = run_parallel(batch, results)  # s02: the gathered ones first
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     run_parallel(batch, results)  # s02
     return results
 
@@ -896,10 +1067,10 @@ def call_model(client, messages):
     with client.messages.stream(model=model_id(), max_tokens=MAX_TOKENS, system=system_prompt(),
                                 tools=TOOLS, messages=normalize_messages(messages)) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True)
+            show_text(text)
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True)
+        show_text("\n")
     return message
 
 

@@ -2,8 +2,9 @@
 """s05_skills.py - skills loaded on demand, and slash commands typed by the user.
 
 New since s04: discover_skills, parse_skill, skills_prompt, load_skill,
-substitute, run_dynamic, render_skill, skill_file, command, COMMANDS,
-handle_slash, run_slash_once, /help, /skills.
+substitute, run_dynamic, render_skill, skill_file, ask_human, may_run,
+load_trusted, trust, command, COMMANDS, handle_slash, run_slash_once, /help,
+/skills.
 
     skills/<name>/SKILL.md  <  ~/.agent/skills/  <  <workdir>/.agent/skills/
         |  frontmatter: name, description, argument-hint, flags...
@@ -13,8 +14,11 @@ handle_slash, run_slash_once, /help, /skills.
         +-- model:  load_skill {name, arguments?} ------------------+
         +-- human:  /name args  (REPL, or one-shot "/name args") ---+
                                                                     v
-        render_skill: $ARGUMENTS / $0 $1 ... -> !`cmd` -> its output
-                      -> <skill name=".." path="folder">body</skill>
+        render_skill, one scan of the body as written:
+            !`cmd` -> its output (arguments in it as shell-quoted words; a project
+                      skill the model loads runs them only after the human's yes)
+            $ARGUMENTS / $0 $1 ... -> the arguments, as text
+            -> <skill name=".." path="folder">body</skill>
     other "/..." input: the command registry (/help, /skills, ...), run
     locally; it never reaches the model
 
@@ -22,12 +26,15 @@ Run:
     python s05_skills.py                  # REPL, prompt "s05 >> "; try /help
     python s05_skills.py "task"           # one task, then exit
     python s05_skills.py "/review-code src"   # one slash command, then exit
-    python tests/demo.py s05              # offline, no key: scripted model
+    python tests/demo.py s05 --show-requests   # offline, no key: scripted model
 
 Try:
-    /skills                 (where each skill comes from)
-    /commit-message         (drafts a message from the staged diff)
-    we need a CSV export for the report page; spec it out first
+    review my uncommitted changes in src
+                        (the demo runs this one: review-code loaded and followed)
+    ANTHROPIC_API_KEY=none python s05_skills.py /skills
+                        (offline: /skills and /help run locally, no model call)
+    /commit-message     (real model; drafts a message from the staged diff)
+    we need a CSV export for the report page; spec it out first  (real model)
 
 Key insight: a skill costs one line of context until it is needed; the model
 (or the human, with /name) decides when to pay for the rest.
@@ -37,6 +44,7 @@ Key insight: a skill costs one line of context until it is needed; the model
 import difflib
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 import re
@@ -46,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,6 +71,8 @@ MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrid
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+BASH_OUTPUT_CAP = 8_000_000  # bytes a command may print before it is stopped: `yes` fills 1 GB in 3 s
+BASH_POLL = 0.05            # seconds between checks of a running command's output size
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
@@ -80,6 +91,7 @@ class AgentState:
         self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
+        self.label = ""  # s04: a subagent's name, on each of its progress lines
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -135,7 +147,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}" + skills_prompt()  # s05: skill list
 
 # --- tools ---
@@ -144,8 +156,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -192,6 +204,44 @@ def child_env():
     return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
+def read_head(fh, limit=MAX_OUTPUT):
+    """The start of an open binary file as text, clipped to `limit` characters.
+
+    Reads at most 4 bytes per character kept (UTF-8's longest), never the whole
+    file, so memory stays bounded whatever a command printed.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(0)
+    data = fh.read(4 * limit)
+    text = data.decode("utf-8", "replace")
+    if len(data) == size:
+        return clip(text, limit)
+    return text[:limit] + f"\n... [truncated: {size} bytes in all, the first {limit} characters shown]"
+
+
+def watch_command(p, sink, timeout):
+    """Wait for a command, checking its output file as it grows; kill its process
+    group past `timeout`, once the file passes BASH_OUTPUT_CAP, or on Ctrl+C.
+    Returns None when it ended by itself, else a note saying why it was stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+            if p.returncode is not None:
+                return None
+            if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
+                return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
+                        f"to a file and read parts of it")
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout}s: run it in smaller steps or pass a larger timeout"
+    finally:
+        if p.returncode is None:  # stopped or interrupted: the whole pipeline goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -204,25 +254,14 @@ def run_bash(command, timeout=None):
     timeout = min(timeout or BASH_TIMEOUT, BASH_MAX_TIMEOUT)
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
-    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        try:
-            p.wait(timeout=timeout)
-        except BaseException as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            sink.seek(0)
-            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
-                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
-        sink.seek(0)
-        raw = sink.read()
-    out = clip(raw.decode("utf-8", "replace")) or "(no output)"
+        if stopped := watch_command(p, sink, timeout):
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        out = read_head(sink) or "(no output)"
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
     return out if p.returncode == 0 else f"{out}\n[exit status {p.returncode}]"
@@ -264,7 +303,6 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
     return result | ({"is_error": True} if is_error else {})
 
 
@@ -283,11 +321,16 @@ MAX_LINE = 2_000            # characters shown per line; longer lines are cut
 BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
 GLOB_LIMIT = 200            # paths returned by glob, newest first
 GREP_LIMIT = 250            # result lines returned by grep
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
 MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
+# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    """Add a tool. read_only: it changes no file (the permission chapter lets such
+    calls run without asking); concurrency_safe: it may run beside other safe calls."""
     TOOLS.append({"name": name, "description": description, "input_schema": schema})
     TOOL_HANDLERS[name] = handler
     TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
@@ -320,6 +363,7 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
+# --- s02.2: the path sandbox ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -340,6 +384,7 @@ def rel(path):
     return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
+# --- s02.3: read, write and edit ---
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -354,6 +399,31 @@ def check_fresh(path, shown):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
 
 
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
 def read_file(path, offset=1, limit=None):
     f = skill_file(path) or safe_path(path)  # s05: skill folders are readable too
     if not f.is_file():
@@ -361,25 +431,28 @@ def read_file(path, offset=1, limit=None):
     with open(f, "rb") as fh:
         if b"\0" in fh.read(BINARY_SNIFF):
             raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
-    # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
-    lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
-    lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
+    total = count_lines(f)
     agent_state().files[str(f)] = stamp(f)
-    if not lines:
+    if not total:
         return f"({path} is empty)"
     start = max(offset, 1) - 1
-    if start >= len(lines):
-        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
-    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
-    for n in range(start, end):
-        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
-        if size + len(row) > MAX_OUTPUT and out:
-            end = n
-            break
-        out.append(row)
-        size += len(row) + 1
-    if end < len(lines):  # large file: say how to get the rest instead of dumping it
-        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+    if start >= total:
+        raise ToolError(f"offset {offset} is past the end: {path} has {total} lines.")
+    out, size, end = [], 0, min(total, start + (limit or READ_LINES))
+    with open(f, encoding="utf-8", errors="replace", newline="\n") as fh:  # streamed, up to end
+        for n in range(end):
+            line, cut = next_line(fh)
+            if n < start:
+                continue
+            row = f"{n + 1:6}\t{line}" + (f" [line cut: {cut} more characters; read them with "
+                                          f"bash, e.g. cut -c{MAX_LINE + 1}-]" if cut else "")
+            if size + len(row) > MAX_OUTPUT and out:
+                end = n
+                break
+            out.append(row)
+            size += len(row) + 1
+    if end < total:  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
 
@@ -397,6 +470,24 @@ def write_file(path, content):
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
 
+def to_crlf(text):
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def not_found(path, data):
+    """Why old_string matched nothing. read_file shows bytes that are not UTF-8 as
+    U+FFFD, so a copy of such a line can never match: say so, and what works."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"old_string was not found in {path}, which is not valid UTF-8 (byte "
+                f"0x{data[e.start]:02x} at offset {e.start}): read_file shows such bytes as "
+                f"\ufffd, which matches nothing. Change it with bash (sed, or python on the "
+                f"bytes), or replace the whole file with write_file (it is saved as UTF-8).")
+    return (f"old_string was not found in {path}. Copy it exactly from read_file output "
+            f"(without line numbers), whitespace included.")
+
+
 def edit_file(path, old_string, new_string, replace_all=False):
     if old_string == new_string:
         raise ToolError("old_string and new_string are identical; there is nothing to change.")
@@ -406,13 +497,16 @@ def edit_file(path, old_string, new_string, replace_all=False):
     if not f.is_file():
         raise ToolError(f"{path} is not a file. Use write_file to create it.")
     check_fresh(f, path)
-    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    data = f.read_bytes()
+    text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 survive the edit
+    crlf = text.count("\r\n") > text.count("\n") / 2  # most lines end in CRLF
     if "\r\n" in text and old_string not in text:  # copied from read_file, which hides CR
-        old_string, new_string = (s.replace("\n", "\r\n") for s in (old_string, new_string))
+        old_string, crlf = to_crlf(old_string), True
+    if crlf:  # new lines end as the file's lines do
+        new_string = to_crlf(new_string)
     count = text.count(old_string)
     if count == 0:
-        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
-                        f"read_file output (without line numbers), whitespace included.")
+        raise ToolError(not_found(path, data))
     if count > 1 and not replace_all:
         raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
                         f"lines to make it unique, or set replace_all to change every one.")
@@ -421,6 +515,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
+# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
 # a path segment, ** spans any number of segments, {a,b} is alternation.
 def glob_regex(pattern):
@@ -448,8 +543,8 @@ def glob_regex(pattern):
     return re.compile(out + ")" * depth)
 
 
-def read_gitignore(directory):
-    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+def gitignore_patterns(directory):
+    """Rules of directory/.gitignore as (negated, pattern, dir_only)."""
     try:
         text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -461,10 +556,19 @@ def read_gitignore(directory):
             continue
         negated, line = line.startswith("!"), line.lstrip("!")
         dir_only, line = line.endswith("/"), line.rstrip("/")
-        anchored = "/" in line  # a slash before the end anchors to this directory
-        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
-                      negated, dir_only))
+        rules.append((negated, line, dir_only))
     return rules
+
+
+def anchor(pattern):
+    """A slash before the end anchors a pattern to its folder; else it matches at any depth."""
+    return pattern.lstrip("/") if "/" in pattern else "**/" + pattern
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    return [(directory, glob_regex(anchor(pattern)), negated, dir_only)
+            for negated, pattern, dir_only in gitignore_patterns(directory)]
 
 
 def is_ignored(path, is_dir, rules):
@@ -481,20 +585,28 @@ def repo_root(path):
     return next((d for d in [path, *path.parents] if (d / ".git").exists()), None)
 
 
-def walk_files(root):
-    """Regular files under root, minus .git, .gitignored paths and symlinks (never
-    followed). Rules come from the repository root down, as git applies them; a
-    nested repository starts with its own."""
+def ignore_parents(root):
+    """The folders above root whose .gitignore applies inside it, outermost first:
+    from the repository root down, as git reads them; with no repository, from
+    the workspace down (a .gitignore above the workspace is someone else's)."""
     top = repo_root(root) or agent_state().workdir
-    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
-                    for r in read_gitignore(d)]}
+    return [d for d in reversed(root.parents) if d.is_relative_to(top)]
+
+
+def walk_files(root):
+    """Regular files under root, minus .git, .gitignored paths, symlinks (never
+    followed) and the agent's own folder (unless root is inside it). Rules come
+    from the repository root down, as git applies them; a nested repository
+    starts with its own."""
+    own = agent_state().workdir / AGENT_DIR
+    rules = {root: [r for d in ignore_parents(root) for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         inherited = rules.pop(here)
         nested = here != root and (here / ".git").exists()  # a repository inside: own rules
         active = ([] if nested else inherited) + read_gitignore(here)
-        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
-                and not is_ignored(here / d, True, active)]
+        keep = [d for d in sorted(dirnames) if d != ".git" and here / d != own
+                and not (here / d).is_symlink() and not is_ignored(here / d, True, active)]
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
@@ -525,20 +637,58 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
+# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
 # grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
 # in Python. Both produce records that one formatter turns into identical text.
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
+def rooted(folder, top):
+    """folder as a gitignore pattern anchored at top, ending in "/" (glob characters escaped)."""
+    where = folder.relative_to(top).as_posix()
+    return "/" if where == "." else "/" + re.sub(r"([][*?{}\\!])", r"\\\1", where) + "/"
+
+
+@contextlib.contextmanager
+def rg_walk_args(root):
+    """rg's arguments to search the files walk_files yields, run in the workspace.
+
+    In a repository rg's own reading of the .gitignore files above root is
+    git's when git is required (rg's default): it stops at the repository root,
+    and a nested repository has its own rules. Outside one it would read them
+    up to /, so it reads none (--no-ignore-parent); the rules of the workspace's
+    folders above root come in an --ignore-file instead, rewritten relative to
+    the workspace. rg anchors those to its working folder, and places them
+    right only when root is given relative to it too.
+    """
+    workdir = agent_state().workdir
+    args = ["-g", f"!/{AGENT_DIR}/"] if root == workdir else []  # as walk_files skips it
+    if repo_root(root):
+        yield args + ["--", str(root)]
+        return
+    lines = ["!" * negated + rooted(d, workdir) + anchor(pattern) + "/" * dir_only
+             for d in ignore_parents(root) for negated, pattern, dir_only in gitignore_patterns(d)]
+    with tempfile.NamedTemporaryFile("w", suffix=".gitignore", encoding="utf-8") as rules:
+        rules.write("\n".join(lines) + "\n")
+        rules.flush()
+        yield args + ["--no-require-git", "--no-ignore-parent", "--ignore-file", rules.name,
+                      "--", rel(root)]
+
+
 def grep_rg(pattern, root, glob, ignore_case, mode):
     # --no-config: a user's ripgreprc (say, --follow) must not widen the sandbox;
-    # only .gitignore files count, as in the Python walk.
+    # only .gitignore files count, as in the Python walk. A line longer than
+    # --max-columns bytes comes back as its head (enough for MAX_LINE characters).
+    workdir = agent_state().workdir
     cmd = ["rg", "--no-config", "--null", "--with-filename", "--line-number", "--no-heading",
-           "--color=never", "--hidden", "--no-require-git", "--no-ignore-dot",
-           "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
+           "--color=never", "--hidden", "--no-ignore-dot", "--no-ignore-global",
+           "--no-ignore-exclude", "--no-messages", "-g", "!.git",
+           "--max-columns", str(4 * MAX_LINE + 4), "--max-columns-preview"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
-    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True, env=child_env())
+    with rg_walk_args(root) as args:
+        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True,
+                           env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -548,10 +698,11 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
         binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
         rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
         rows = [(name, rest) for name, rest in rows if name not in binary]
-    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
+    keep, records = glob_filter(glob, root), []
     for name, rest in rows:
-        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
-            path = Path(name).relative_to(top).as_posix()
+        f = workdir / name  # absolute or workspace-relative; no resolve() per row
+        if keep(f):
+            path = f.relative_to(workdir).as_posix()
             records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
     return records
 
@@ -609,6 +760,9 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
                      key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
     if not records:
         return f"No matches for {pattern!r}."
+    if output_mode == "content":  # one rule for both backends: a long line keeps its head
+        records = [(f, n, text[:MAX_LINE] + f" [line cut at {MAX_LINE} characters]"
+                    if len(text) > MAX_LINE else text) for f, n, text in records]
     lines = [":".join(r) for r in records]
     if len(lines) > GREP_LIMIT:
         lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
@@ -616,6 +770,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
+# --- s02.6: the file tools as the model sees them ---
 register("read_file", (
     "Read a text file from the workspace and return it with line numbers (cat -n style). "
     "Use it before editing a file, and to study code you found with grep or glob. "
@@ -648,16 +803,18 @@ register("edit_file", (
 register("glob", (
     "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
     "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
-    "use grep instead."),
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
     params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
            path=("string", "Directory to search (default: the workspace root).")),
     glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
-    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
-    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    "('count'). Files ignored by .gitignore, binary files and the agent's own .agent "
+    "folder are skipped (pass path '.agent' to search it); lines longer than 2,000 "
+    "characters are cut. Narrow big searches with path or glob (e.g. '*.py'). Prefer it "
+    "over running grep in bash."),
     params(["pattern"], pattern=("string", "Regular expression to search for."),
            path=("string", "File or directory to search (default: the workspace root)."),
            glob=("string", "Only search files matching this glob, e.g. '*.py'."),
@@ -665,9 +822,11 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
+# --- s02.7: message normalisation ---
 # Message normalisation: the history we keep is ours; what the API sees is a
 # cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" and never leave the process.
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
 def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
@@ -702,6 +861,7 @@ def pair_results(prev, blocks):
     rest = [b for b in blocks if b["type"] != "tool_result"]
     return results + rest or [{"type": "text", "text": "(continuing)"}]
 
+# --- s02.8: parallel calls ---
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
@@ -712,14 +872,15 @@ def run_parallel(batch, results):
     agent's state. On Ctrl+C the calls that finished keep their results.
     """
     if len(batch) <= 1:
-        results.extend(run_tool(b) for b in batch)
+        for b in batch:
+            add_result(run_tool(b), results)
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
         try:
-            for f in futures:
-                results.append(f.result())
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
                 kept += 1
         except KeyboardInterrupt:
             pool.shutdown(cancel_futures=True)  # waits for the running ones
@@ -799,10 +960,11 @@ def plan_summary():
 
 
 def plan_text():
-    """What the model gets back: the checklist as plain text plus a count."""
+    """What the model gets back: the count first (the human's one-line preview
+    shows it), then the checklist as plain text."""
     if not plan()["items"]:
         return "The plan is empty."
-    return "\n".join(plan_lines() + [plan_summary()])
+    return "\n".join([plan_summary()] + plan_lines())
 
 
 def show_plan():
@@ -898,7 +1060,7 @@ EXPLORE_SYSTEM = (
     "message is the only thing the other agent will see.")
 # Built-in types; a user or project definition with the same name replaces one.
 # "Read-only" is the tool list plus the prompt: bash can still write, and only
-# s07's sandbox makes that impossible.
+# a later chapter's OS sandbox makes that impossible.
 BUILTIN_AGENTS = {"explore": {
     "name": "explore", "system": EXPLORE_SYSTEM,
     "description": ("Read-only investigation: finds files, searches and reads code, and "
@@ -910,9 +1072,10 @@ BUILTIN_AGENTS = {"explore": {
 # history, system prompt and tools (minus agent). Every call still open in the
 # parent's last reply, this agent call included, gets a placeholder result so
 # the inherited history stays valid; the task comes last, wrapped in rules.
-# Unlike the seed's forks it runs in the foreground (background work is s10),
-# and it loses `agent` like any child; Claude Code keeps the identical tool
-# list instead, so the fork's prompt prefix can reuse the parent's cache.
+# Unlike the seed's forks it runs in the foreground (background work comes in
+# a later chapter), and it loses `agent` like any child; Claude Code keeps the
+# identical tool list instead, so the fork's request starts with the same bytes
+# as the parent's (a later chapter's prompt cache can then reuse them).
 FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
                     "the fork does not get its result)")
 FORK_BOILERPLATE = """<fork_boilerplate>
@@ -1093,14 +1256,12 @@ def fork_messages(history, task):
 
 
 def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting).
-    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
     if usage is None:
         return
     u = message.usage
     usage["calls"] += 1
-    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
-                       + (u.cache_creation_input_tokens or 0))
+    usage["input"] += u.input_tokens
     usage["output"] += u.output_tokens
 
 
@@ -1122,7 +1283,7 @@ def child_settings(spec, fork, usage):
             "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
 
 
-def child_state(fork):
+def child_state(fork, label):
     """A subagent's own AgentState: the same workspace, a plan of its own, and
     file-read records of its own (a fork starts from a copy of the parent's).
 
@@ -1132,15 +1293,16 @@ def child_state(fork):
     """
     parent = agent_state()
     child = AgentState(parent.workdir)
+    child.label = label
     if fork:
         child.files = dict(parent.files)
     return child
 
 
-def run_child(client, history, fork, settings):
+def run_child(client, history, child, settings):
     """agent_loop for a child, run as its own agent: nothing of the parent's
     state is swapped out or has to be restored."""
-    with acting_as(child_state(fork)):
+    with acting_as(child):
         return agent_loop(client, history, **settings)
 
 
@@ -1175,7 +1337,7 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False):
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, fork, settings)
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
     if reason == "interrupted":
         raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
     note = (f"[subagent {label}: {usage['calls']} model calls, "
@@ -1206,13 +1368,17 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # when the model calls load_skill or the human types /name. The folders are
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
-# while nothing changes on disk (prompt caching needs a stable prefix).
+# while nothing changes on disk (a later chapter's prompt cache needs that).
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
 DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
 HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
 COMMANDS = {}               # name -> command dict, filled by command()
 
 
@@ -1242,7 +1408,8 @@ def flag(meta, key, default):
 
 def parse_skill(folder, source):
     """One skill as a plain dict; unknown frontmatter keys are kept, never refused."""
-    meta, body = split_frontmatter((folder / "SKILL.md").read_text("utf-8", "replace"))
+    raw = (folder / "SKILL.md").read_bytes()  # one read: the hash is of the body that runs
+    meta, body = split_frontmatter(raw.decode("utf-8", "replace"))
     name, description = str(meta.get("name") or folder.name), meta.get("description")
     if not isinstance(description, str) or not description.strip():
         raise ValueError("no description (it tells the model what the skill does and when)")
@@ -1250,6 +1417,7 @@ def parse_skill(folder, source):
         raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
     return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
             "body": body, "path": folder.resolve(), "source": source, "meta": meta,
+            "file": folder / "SKILL.md", "sha256": hashlib.sha256(raw).hexdigest(),
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
@@ -1286,41 +1454,169 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
-def substitute(body, args):
-    """$ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) = shell-like words.
-
-    A body without any placeholder gets the arguments appended, so they are never lost.
-    """
+def arg_words(args):
+    """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
-        words = shlex.split(args)
+        return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
-        words = args.split()
+        return args.split()
+
+
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return ARGUMENT_REF.sub(one, command)
+
+
+def run_dynamic(command, words, allowed=True):
+    """One !`command`'s output via run_bash (blocklist and timeout apply), or why not."""
+    if not allowed:
+        return (f"[command `{command}` not run: the human did not allow this project "
+                f"skill's commands, so their output is missing]")
+    try:
+        line = command_line(command, words)
+        say(f"> !{line}")
+        return clip(run_bash(line, DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
+    except ToolError as e:
+        return f"[command `{command}` failed: {e}]"
+
+
+def substitute(body, args, allowed=True):
+    """!`cmd` -> its output; $ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) =
+    shell-like words. args None (load_skill without arguments) leaves the text's as written.
+
+    One scan of the body as written, commands and placeholders alike: neither a
+    command's output nor an argument is scanned again, so neither can smuggle in
+    a !`cmd` or a placeholder. A body without any placeholder gets the arguments
+    appended, so they are never lost.
+    """
+    words = arg_words(args or "")
 
     def one(m):
-        index = m[1] or m[2]
+        if m[1] is not None:
+            return run_dynamic(m[1], words, allowed)
+        if args is None:
+            return m[0]
+        index = m[2] or m[3]
         if index is None:
             return args
         return words[int(index)] if int(index) < len(words) else ""
-    if PLACEHOLDER.search(body):
-        return PLACEHOLDER.sub(one, body)  # one pass: inserted text is never re-expanded
-    return f"{body}\n\nARGUMENTS: {args}" if args.strip() else body
+    text = TEMPLATE.sub(one, body)
+    if args and args.strip() and not ARGUMENT_REF.search(body):
+        return f"{text}\n\nARGUMENTS: {args}"
+    return text
 
 
-def run_dynamic(text):
-    """Replace each !`cmd` with its output, via run_bash: blocklist and timeout apply."""
-    def one(m):
-        say(f"> !{m[1]}")
-        try:
-            return clip(run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
-        except ToolError as e:
-            return f"[command `{m[1]}` failed: {e}]"
-    return DYNAMIC.sub(one, text)
-
-
-def render_skill(skill, args=None):
+def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
-    body = skill["body"] if args is None else substitute(skill["body"], args)
-    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{run_dynamic(body)}\n</skill>'
+    body = substitute(skill["body"], args, allowed)
+    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes. Written to a temporary file, then renamed over the old one,
+    so a crash never leaves half a file."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                yaml.safe_dump({"workspaces": spaces}, f)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # left only when the write failed
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
 
 
 def load_skill(name, arguments=None):
@@ -1332,15 +1628,17 @@ def load_skill(name, arguments=None):
     if not skills[name]["model"]:
         raise ToolError(f"Skill '{name}' can only be started by the user (as /{name}); "
                         f"carry on without it.")
-    return render_skill(skills[name], arguments)
+    return render_skill(skills[name], arguments, may_run(skills[name]))
 
 
 def skill_file(path):
-    """An absolute path inside a skill folder (built-in, user, project), else None.
+    """An absolute path to a file in a discovered skill folder, else None.
 
     read_file uses it so a loaded skill's linked files can be read although the
     built-in and user folders lie outside the workspace. Only reads: writes
-    still go through safe_path alone. Symlinks are resolved before the check.
+    still go through safe_path alone. Only folders holding a SKILL.md count,
+    never a whole skills root (a cloned repository can make .agent/skills a
+    link to /), and the file, symlinks resolved, must lie inside its folder.
     """
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute():
@@ -1349,8 +1647,11 @@ def skill_file(path):
         p = p.resolve()
     except (OSError, RuntimeError):
         return None
-    roots = [root.resolve() for _, root in skill_dirs() if root.is_dir()]
-    return p if any(p.is_relative_to(root) for root in roots) else None
+    # A skill folder that is itself a link (ln -s ~/src/my-skill ~/.agent/skills/)
+    # is allowed, not refused: people keep their skills that way. Reads stay inside
+    # the folder it points to (its "path"), and that folder must hold a SKILL.md, so
+    # a link to /etc or ~ is no skill: the most a link reaches is one skill folder.
+    return p if any(p.is_relative_to(s["path"]) for s in discover_skills().values()) else None
 
 
 register("load_skill", (
@@ -1362,7 +1663,7 @@ register("load_skill", (
     "works on something specific. Do not call it for names that are not listed."),
     params(["name"], name=("string", "The skill's name exactly as listed."),
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
-    load_skill, read_only=True)
+    load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
@@ -1378,7 +1679,7 @@ def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
 def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
-            "handler": lambda args, ctx: render_skill(skill, args)}
+            "handler": lambda args, ctx: render_skill(skill, args)}  # typed /name: the human's yes
 
 
 def all_commands():
@@ -1467,9 +1768,27 @@ command("help", "List commands and skills (skills send their instructions to the
 command("skills", "List skills: where each comes from and who may start it", show_skills)
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
+    if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
+        text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -1485,7 +1804,7 @@ def run_tools(calls, results):
             batch.append(block)
             continue
         batch = run_parallel(batch, results)  # s02: the gathered ones first
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     run_parallel(batch, results)  # s02
     return results
 
@@ -1497,10 +1816,10 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=system,  # s04
                                 tools=tools, messages=normalize_messages(messages)) as stream:
         for text in stream.text_stream:
-            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
+            show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True, file=out)  # s04
+        show_text("\n", out)  # s04
     add_usage(usage, message)  # s04: a child's token bill
     return message
 

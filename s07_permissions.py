@@ -40,6 +40,7 @@ import difflib
 import contextlib
 import contextvars
 import functools
+import hashlib
 import json
 import os
 import random
@@ -68,6 +69,8 @@ MAX_TURNS = 50              # model calls per user turn (AGENT_MAX_TURNS overrid
 MAX_UNKNOWN_TOOLS = 3       # unknown-tool calls in a row: the model is lost
 BASH_TIMEOUT = 120          # seconds, default for one bash command
 BASH_MAX_TIMEOUT = 600      # seconds: the most a model may ask for one command
+BASH_OUTPUT_CAP = 8_000_000  # bytes a command may print before it is stopped: `yes` fills 1 GB in 3 s
+BASH_POLL = 0.05            # seconds between checks of a running command's output size
 MAX_OUTPUT = 30_000         # characters of tool output kept for the model
 API_RETRIES = 2             # SDK-level retries (with its own backoff)
 CHAPTER = Path(__file__).stem.split("_")[0]  # "s01": names the REPL prompt and demo
@@ -86,6 +89,7 @@ class AgentState:
         self.files = {}  # s02: resolved path -> (mtime_ns, size) when last read or written
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
+        self.label = ""  # s04: a subagent's name, on each of its progress lines
         self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
         self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
         self.mode, self.mode_before_plan = "default", "default"  # s07: the permission mode
@@ -148,7 +152,7 @@ def model_id():
 
 
 def system_prompt():
-    """Stable for the whole session: no clock, no counters (they break caching)."""
+    """Stable for the whole session: no clock, no counters (a later chapter caches it)."""
     return f"{SYSTEM}\nWorking directory: {agent_state().workdir}" + skills_prompt()  # s05: skill list
 
 # --- tools ---
@@ -157,8 +161,8 @@ class ToolError(Exception):
 
 
 # The seed's blocklist plus obvious variants. It is a seatbelt, not a sandbox:
-# a determined model can write the same thing another way (s07 adds the OS
-# sandbox). Each entry: (regex, why it is refused).
+# a determined model can write the same thing another way (a later chapter
+# adds an OS sandbox). Each entry: (regex, why it is refused).
 DANGEROUS = [
     (r"\brm\s+(-\S+\s+)*[\"']?(/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(\s|[;&|]|$)",
      "deleting / or the home directory"),
@@ -202,6 +206,44 @@ def child_env():
     return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
+def read_head(fh, limit=MAX_OUTPUT):
+    """The start of an open binary file as text, clipped to `limit` characters.
+
+    Reads at most 4 bytes per character kept (UTF-8's longest), never the whole
+    file, so memory stays bounded whatever a command printed.
+    """
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(0)
+    data = fh.read(4 * limit)
+    text = data.decode("utf-8", "replace")
+    if len(data) == size:
+        return clip(text, limit)
+    return text[:limit] + f"\n... [truncated: {size} bytes in all, the first {limit} characters shown]"
+
+
+def watch_command(p, sink, timeout):
+    """Wait for a command, checking its output file as it grows; kill its process
+    group past `timeout`, once the file passes BASH_OUTPUT_CAP, or on Ctrl+C.
+    Returns None when it ended by itself, else a note saying why it was stopped."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+            if p.returncode is not None:
+                return None
+            if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
+                return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
+                        f"to a file and read parts of it")
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout}s: run it in smaller steps or pass a larger timeout"
+    finally:
+        if p.returncode is None:  # stopped or interrupted: the whole pipeline goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def run_bash(command, timeout=None):
     """Run one shell command in the workspace; stdout+stderr merged, clipped.
 
@@ -215,25 +257,14 @@ def run_bash(command, timeout=None):
     args, shell = bash_process(command)  # s07: inside the OS sandbox when it is on
     # Output goes to a file, not a pipe: a background job (`server &`) would hold
     # a pipe open and the call would wait for it. Own process group, so a
-    # timeout or Ctrl+C kills the whole pipeline, not just the shell.
+    # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        try:
-            p.wait(timeout=timeout)
-        except BaseException as e:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            if not isinstance(e, subprocess.TimeoutExpired):
-                raise
-            sink.seek(0)
-            raise ToolError(clip(sink.read().decode("utf-8", "replace")) + f"\n[timed out after "
-                            f"{timeout}s: run it in smaller steps or pass a larger timeout]")
-        sink.seek(0)
-        raw = sink.read()
-    out = clip(raw.decode("utf-8", "replace"), KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
+        if stopped := watch_command(p, sink, timeout):
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        out = read_head(sink, KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
     out += "" if shell else sandbox_note(out, p.returncode)  # s07: a refused write says why
     if p.returncode >= 2 or p.returncode < 0:
         raise ToolError(f"{out}\n[exit status {p.returncode}]")
@@ -245,7 +276,8 @@ TOOLS = [{
     "description": (
         "Run a shell command in the project directory and return its combined "
         "stdout and stderr. Use it to list, inspect, build, test and change files. "
-        "Output longer than 30,000 characters is cut, so filter noisy commands "
+        "Output over 30,000 characters is saved to a file; you get a preview and the path, "  # s06: to disk
+        "so filter noisy commands "  # s06
         "(head, grep). Commands that wait for input or run forever time out; "
         "destructive system commands (sudo, rm -rf /, mkfs) are refused."),
     "input_schema": {
@@ -278,13 +310,13 @@ def run_tool(block):
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
     content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
-    say(preview(result["content"], is_error))
+    persist_large(block, result)  # s06: a huge result goes to disk before it is shown
     return result | ({"is_error": True} if is_error else {})
 
 
 def preview(content, is_error=False):
     """One line of what the tool returned, for the human watching."""
-    lines = str(content).strip().splitlines() or [""]
+    lines = str(content).strip().removeprefix("<persisted-output>\n").splitlines() or [""]  # s06: its note
     more = f"  (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
     return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
 
@@ -297,11 +329,16 @@ MAX_LINE = 2_000            # characters shown per line; longer lines are cut
 BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
 GLOB_LIMIT = 200            # paths returned by glob, newest first
 GREP_LIMIT = 250            # result lines returned by grep
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
 MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
+# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
+    """Add a tool. read_only: it changes no file (the permission chapter lets such
+    calls run without asking); concurrency_safe: it may run beside other safe calls."""
     TOOLS.append({"name": name, "description": description, "input_schema": schema})
     TOOL_HANDLERS[name] = handler
     TOOL_FLAGS[name] = {"read_only": read_only, "concurrency_safe": concurrency_safe}
@@ -334,6 +371,7 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
+# --- s02.2: the path sandbox ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -354,6 +392,7 @@ def rel(path):
     return path.relative_to(agent_state().workdir).as_posix() or "."
 
 
+# --- s02.3: read, write and edit ---
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -368,6 +407,31 @@ def check_fresh(path, shown):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
 
 
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
 def read_file(path, offset=1, limit=None):
     f = skill_file(path) or safe_path(path)  # s05: skill folders are readable too
     if not f.is_file():
@@ -375,25 +439,28 @@ def read_file(path, offset=1, limit=None):
     with open(f, "rb") as fh:
         if b"\0" in fh.read(BINARY_SNIFF):
             raise ToolError(f"{path} is a binary file. Inspect it with bash (file, xxd, strings).")
-    # "\n" only, as grep counts (splitlines also splits on \f and U+2028); CR hidden
-    lines = f.read_bytes().decode("utf-8", "replace").removesuffix("\n").split("\n")
-    lines = [line.removesuffix("\r") for line in lines] if lines != [""] else []
+    total = count_lines(f)
     agent_state().files[str(f)] = stamp(f)
-    if not lines:
+    if not total:
         return f"({path} is empty)"
     start = max(offset, 1) - 1
-    if start >= len(lines):
-        raise ToolError(f"offset {offset} is past the end: {path} has {len(lines)} lines.")
-    out, size, end = [], 0, min(len(lines), start + (limit or READ_LINES))
-    for n in range(start, end):
-        row = f"{n + 1:6}\t{lines[n][:MAX_LINE]}"
-        if size + len(row) > MAX_OUTPUT and out:
-            end = n
-            break
-        out.append(row)
-        size += len(row) + 1
-    if end < len(lines):  # large file: say how to get the rest instead of dumping it
-        out.append(f"[showing lines {start + 1}-{end} of {len(lines)}; continue with "
+    if start >= total:
+        raise ToolError(f"offset {offset} is past the end: {path} has {total} lines.")
+    out, size, end = [], 0, min(total, start + (limit or READ_LINES))
+    with open(f, encoding="utf-8", errors="replace", newline="\n") as fh:  # streamed, up to end
+        for n in range(end):
+            line, cut = next_line(fh)
+            if n < start:
+                continue
+            row = f"{n + 1:6}\t{line}" + (f" [line cut: {cut} more characters; read them with "
+                                          f"bash, e.g. cut -c{MAX_LINE + 1}-]" if cut else "")
+            if size + len(row) > MAX_OUTPUT and out:
+                end = n
+                break
+            out.append(row)
+            size += len(row) + 1
+    if end < total:  # large file: say how to get the rest instead of dumping it
+        out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
 
@@ -411,6 +478,24 @@ def write_file(path, content):
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
 
+def to_crlf(text):
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def not_found(path, data):
+    """Why old_string matched nothing. read_file shows bytes that are not UTF-8 as
+    U+FFFD, so a copy of such a line can never match: say so, and what works."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"old_string was not found in {path}, which is not valid UTF-8 (byte "
+                f"0x{data[e.start]:02x} at offset {e.start}): read_file shows such bytes as "
+                f"\ufffd, which matches nothing. Change it with bash (sed, or python on the "
+                f"bytes), or replace the whole file with write_file (it is saved as UTF-8).")
+    return (f"old_string was not found in {path}. Copy it exactly from read_file output "
+            f"(without line numbers), whitespace included.")
+
+
 def edit_file(path, old_string, new_string, replace_all=False):
     if old_string == new_string:
         raise ToolError("old_string and new_string are identical; there is nothing to change.")
@@ -420,13 +505,16 @@ def edit_file(path, old_string, new_string, replace_all=False):
     if not f.is_file():
         raise ToolError(f"{path} is not a file. Use write_file to create it.")
     check_fresh(f, path)
-    text = f.read_bytes().decode("utf-8", "surrogateescape")
+    data = f.read_bytes()
+    text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 survive the edit
+    crlf = text.count("\r\n") > text.count("\n") / 2  # most lines end in CRLF
     if "\r\n" in text and old_string not in text:  # copied from read_file, which hides CR
-        old_string, new_string = (s.replace("\n", "\r\n") for s in (old_string, new_string))
+        old_string, crlf = to_crlf(old_string), True
+    if crlf:  # new lines end as the file's lines do
+        new_string = to_crlf(new_string)
     count = text.count(old_string)
     if count == 0:
-        raise ToolError(f"old_string was not found in {path}. Copy it exactly from "
-                        f"read_file output (without line numbers), whitespace included.")
+        raise ToolError(not_found(path, data))
     if count > 1 and not replace_all:
         raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
                         f"lines to make it unique, or set replace_all to change every one.")
@@ -435,6 +523,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
+# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
 # Glob patterns and .gitignore rules share one translation: * and ? stay inside
 # a path segment, ** spans any number of segments, {a,b} is alternation.
 def glob_regex(pattern):
@@ -462,8 +551,8 @@ def glob_regex(pattern):
     return re.compile(out + ")" * depth)
 
 
-def read_gitignore(directory):
-    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+def gitignore_patterns(directory):
+    """Rules of directory/.gitignore as (negated, pattern, dir_only)."""
     try:
         text = (directory / ".gitignore").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -475,10 +564,19 @@ def read_gitignore(directory):
             continue
         negated, line = line.startswith("!"), line.lstrip("!")
         dir_only, line = line.endswith("/"), line.rstrip("/")
-        anchored = "/" in line  # a slash before the end anchors to this directory
-        rules.append((directory, glob_regex(line.lstrip("/") if anchored else "**/" + line),
-                      negated, dir_only))
+        rules.append((negated, line, dir_only))
     return rules
+
+
+def anchor(pattern):
+    """A slash before the end anchors a pattern to its folder; else it matches at any depth."""
+    return pattern.lstrip("/") if "/" in pattern else "**/" + pattern
+
+
+def read_gitignore(directory):
+    """Rules of directory/.gitignore as (base, regex, negated, dir_only)."""
+    return [(directory, glob_regex(anchor(pattern)), negated, dir_only)
+            for negated, pattern, dir_only in gitignore_patterns(directory)]
 
 
 def is_ignored(path, is_dir, rules):
@@ -495,20 +593,28 @@ def repo_root(path):
     return next((d for d in [path, *path.parents] if (d / ".git").exists()), None)
 
 
-def walk_files(root):
-    """Regular files under root, minus .git, .gitignored paths and symlinks (never
-    followed). Rules come from the repository root down, as git applies them; a
-    nested repository starts with its own."""
+def ignore_parents(root):
+    """The folders above root whose .gitignore applies inside it, outermost first:
+    from the repository root down, as git reads them; with no repository, from
+    the workspace down (a .gitignore above the workspace is someone else's)."""
     top = repo_root(root) or agent_state().workdir
-    rules = {root: [r for d in reversed(root.parents) if d.is_relative_to(top)
-                    for r in read_gitignore(d)]}
+    return [d for d in reversed(root.parents) if d.is_relative_to(top)]
+
+
+def walk_files(root):
+    """Regular files under root, minus .git, .gitignored paths, symlinks (never
+    followed) and the agent's own folder (unless root is inside it). Rules come
+    from the repository root down, as git applies them; a nested repository
+    starts with its own."""
+    own = agent_state().workdir / AGENT_DIR
+    rules = {root: [r for d in ignore_parents(root) for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         inherited = rules.pop(here)
         nested = here != root and (here / ".git").exists()  # a repository inside: own rules
         active = ([] if nested else inherited) + read_gitignore(here)
-        keep = [d for d in sorted(dirnames) if d != ".git" and not (here / d).is_symlink()
-                and not is_ignored(here / d, True, active)]
+        keep = [d for d in sorted(dirnames) if d != ".git" and here / d != own
+                and not (here / d).is_symlink() and not is_ignored(here / d, True, active)]
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
@@ -539,20 +645,58 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
+# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
 # grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
 # in Python. Both produce records that one formatter turns into identical text.
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
+def rooted(folder, top):
+    """folder as a gitignore pattern anchored at top, ending in "/" (glob characters escaped)."""
+    where = folder.relative_to(top).as_posix()
+    return "/" if where == "." else "/" + re.sub(r"([][*?{}\\!])", r"\\\1", where) + "/"
+
+
+@contextlib.contextmanager
+def rg_walk_args(root):
+    """rg's arguments to search the files walk_files yields, run in the workspace.
+
+    In a repository rg's own reading of the .gitignore files above root is
+    git's when git is required (rg's default): it stops at the repository root,
+    and a nested repository has its own rules. Outside one it would read them
+    up to /, so it reads none (--no-ignore-parent); the rules of the workspace's
+    folders above root come in an --ignore-file instead, rewritten relative to
+    the workspace. rg anchors those to its working folder, and places them
+    right only when root is given relative to it too.
+    """
+    workdir = agent_state().workdir
+    args = ["-g", f"!/{AGENT_DIR}/"] if root == workdir else []  # as walk_files skips it
+    if repo_root(root):
+        yield args + ["--", str(root)]
+        return
+    lines = ["!" * negated + rooted(d, workdir) + anchor(pattern) + "/" * dir_only
+             for d in ignore_parents(root) for negated, pattern, dir_only in gitignore_patterns(d)]
+    with tempfile.NamedTemporaryFile("w", suffix=".gitignore", encoding="utf-8") as rules:
+        rules.write("\n".join(lines) + "\n")
+        rules.flush()
+        yield args + ["--no-require-git", "--no-ignore-parent", "--ignore-file", rules.name,
+                      "--", rel(root)]
+
+
 def grep_rg(pattern, root, glob, ignore_case, mode):
     # --no-config: a user's ripgreprc (say, --follow) must not widen the sandbox;
-    # only .gitignore files count, as in the Python walk.
+    # only .gitignore files count, as in the Python walk. A line longer than
+    # --max-columns bytes comes back as its head (enough for MAX_LINE characters).
+    workdir = agent_state().workdir
     cmd = ["rg", "--no-config", "--null", "--with-filename", "--line-number", "--no-heading",
-           "--color=never", "--hidden", "--no-require-git", "--no-ignore-dot",
-           "--no-ignore-global", "--no-ignore-exclude", "--no-messages", "-g", "!.git"]
+           "--color=never", "--hidden", "--no-ignore-dot", "--no-ignore-global",
+           "--no-ignore-exclude", "--no-messages", "-g", "!.git",
+           "--max-columns", str(4 * MAX_LINE + 4), "--max-columns-preview"]
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
-    p = subprocess.run(cmd + ["-e", pattern, "--", str(root)], capture_output=True, env=child_env())
+    with rg_walk_args(root) as args:
+        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True,
+                           env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -562,10 +706,11 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
         binary = {row.split(": WARNING: ")[0] for row in out.split("\n") if "\0" not in row}
         rows = [row.partition("\0")[::2] for row in out.split("\n") if "\0" in row]
         rows = [(name, rest) for name, rest in rows if name not in binary]
-    keep, top, records = glob_filter(glob, root), agent_state().workdir, []
+    keep, records = glob_filter(glob, root), []
     for name, rest in rows:
-        if keep(Path(name)):  # relative_to, not rel(): no resolve() per row
-            path = Path(name).relative_to(top).as_posix()
+        f = workdir / name  # absolute or workspace-relative; no resolve() per row
+        if keep(f):
+            path = f.relative_to(workdir).as_posix()
             records.append((path,) if mode == "files_with_matches" else (path, *rest.split(":", 1)))
     return records
 
@@ -623,6 +768,9 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
                      key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
     if not records:
         return f"No matches for {pattern!r}."
+    if output_mode == "content":  # one rule for both backends: a long line keeps its head
+        records = [(f, n, text[:MAX_LINE] + f" [line cut at {MAX_LINE} characters]"
+                    if len(text) > MAX_LINE else text) for f, n, text in records]
     lines = [":".join(r) for r in records]
     if len(lines) > GREP_LIMIT:
         lines = lines[:GREP_LIMIT] + [f"[{len(lines) - GREP_LIMIT} more not shown; narrow "
@@ -630,6 +778,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
+# --- s02.6: the file tools as the model sees them ---
 register("read_file", (
     "Read a text file from the workspace and return it with line numbers (cat -n style). "
     "Use it before editing a file, and to study code you found with grep or glob. "
@@ -662,16 +811,18 @@ register("edit_file", (
 register("glob", (
     "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
     "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore are skipped. Use it to locate files by name; to search inside files "
-    "use grep instead."),
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
     params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
            path=("string", "Directory to search (default: the workspace root).")),
     glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
-    "('count'). Files ignored by .gitignore and binary files are skipped. Narrow big "
-    "searches with path or glob (e.g. '*.py'). Prefer it over running grep in bash."),
+    "('count'). Files ignored by .gitignore, binary files and the agent's own .agent "
+    "folder are skipped (pass path '.agent' to search it); lines longer than 2,000 "
+    "characters are cut. Narrow big searches with path or glob (e.g. '*.py'). Prefer it "
+    "over running grep in bash."),
     params(["pattern"], pattern=("string", "Regular expression to search for."),
            path=("string", "File or directory to search (default: the workspace root)."),
            glob=("string", "Only search files matching this glob, e.g. '*.py'."),
@@ -679,9 +830,11 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
+# --- s02.7: message normalisation ---
 # Message normalisation: the history we keep is ours; what the API sees is a
 # cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" and never leave the process.
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
 def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
@@ -716,6 +869,7 @@ def pair_results(prev, blocks):
     rest = [b for b in blocks if b["type"] != "tool_result"]
     return results + rest or [{"type": "text", "text": "(continuing)"}]
 
+# --- s02.8: parallel calls ---
 # Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
 # together in threads; anything that writes runs alone, so order of effects is
 # the model's order. Results always come back in call order.
@@ -726,15 +880,16 @@ def run_parallel(batch, results):
     agent's state. On Ctrl+C the calls that finished keep their results.
     """
     if len(batch) <= 1:
-        results.extend(run_tool(b) for b in batch)
+        for b in batch:
+            add_result(run_tool(b), results)
         return []
     decide_batch(batch)  # s07: every question first, one at a time
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
         kept = 0
         try:
-            for f in futures:
-                results.append(f.result())
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
                 kept += 1
         except KeyboardInterrupt:
             pool.shutdown(cancel_futures=True)  # waits for the running ones
@@ -814,10 +969,11 @@ def plan_summary():
 
 
 def plan_text():
-    """What the model gets back: the checklist as plain text plus a count."""
+    """What the model gets back: the count first (the human's one-line preview
+    shows it), then the checklist as plain text."""
     if not plan()["items"]:
         return "The plan is empty."
-    return "\n".join(plan_lines() + [plan_summary()])
+    return "\n".join([plan_summary()] + plan_lines())
 
 
 def show_plan():
@@ -913,7 +1069,7 @@ EXPLORE_SYSTEM = (
     "message is the only thing the other agent will see.")
 # Built-in types; a user or project definition with the same name replaces one.
 # "Read-only" is the tool list plus the prompt: bash can still write, and only
-# s07's sandbox makes that impossible.
+# a later chapter's OS sandbox makes that impossible.
 BUILTIN_AGENTS = {"explore": {
     "name": "explore", "system": EXPLORE_SYSTEM,
     "description": ("Read-only investigation: finds files, searches and reads code, and "
@@ -925,9 +1081,10 @@ BUILTIN_AGENTS = {"explore": {
 # history, system prompt and tools (minus agent). Every call still open in the
 # parent's last reply, this agent call included, gets a placeholder result so
 # the inherited history stays valid; the task comes last, wrapped in rules.
-# Unlike the seed's forks it runs in the foreground (background work is s10),
-# and it loses `agent` like any child; Claude Code keeps the identical tool
-# list instead, so the fork's prompt prefix can reuse the parent's cache.
+# Unlike the seed's forks it runs in the foreground (background work comes in
+# a later chapter), and it loses `agent` like any child; Claude Code keeps the
+# identical tool list instead, so the fork's request starts with the same bytes
+# as the parent's (a later chapter's prompt cache can then reuse them).
 FORK_PLACEHOLDER = ("(placeholder: the main agent is still running this call; "
                     "the fork does not get its result)")
 FORK_BOILERPLATE = """<fork_boilerplate>
@@ -1108,14 +1265,13 @@ def fork_messages(history, task):
 
 
 def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting).
-    Input counts cached prompt tokens too: they were sent, only billed cheaper."""
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
     if usage is None:
         return
     u = message.usage
     usage["calls"] += 1
-    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)
-                       + (u.cache_creation_input_tokens or 0))
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
+                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
     usage["output"] += u.output_tokens
 
 
@@ -1139,7 +1295,7 @@ def child_settings(spec, fork, usage):
             "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
 
 
-def child_state(fork):
+def child_state(fork, label):
     """A subagent's own AgentState: the same workspace, a plan of its own, and
     file-read records of its own (a fork starts from a copy of the parent's).
 
@@ -1149,6 +1305,7 @@ def child_state(fork):
     """
     parent = agent_state()
     child = AgentState(parent.workdir)
+    child.label = label
     if fork:
         child.files = dict(parent.files)
     child.session = parent.session  # s06: one bill for the whole session
@@ -1156,10 +1313,10 @@ def child_state(fork):
     return child
 
 
-def run_child(client, history, fork, settings):
+def run_child(client, history, child, settings):
     """agent_loop for a child, run as its own agent: nothing of the parent's
     state is swapped out or has to be restored."""
-    with acting_as(child_state(fork)):
+    with acting_as(child):
         return agent_loop(client, history, **settings)
 
 
@@ -1194,7 +1351,7 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False):
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, fork, settings)
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
     if reason == "interrupted":
         raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
     note = (f"[subagent {label}: {usage['calls']} model calls, "
@@ -1225,13 +1382,17 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # when the model calls load_skill or the human types /name. The folders are
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
-# while nothing changes on disk (prompt caching needs a stable prefix).
+# while nothing changes on disk (a later chapter's prompt cache needs that).
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
 DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
 HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-DYNAMIC = re.compile(r"!`([^`\n]+)`")  # !`git diff` -> the command's output
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
 COMMANDS = {}               # name -> command dict, filled by command()
 
 
@@ -1261,7 +1422,8 @@ def flag(meta, key, default):
 
 def parse_skill(folder, source):
     """One skill as a plain dict; unknown frontmatter keys are kept, never refused."""
-    meta, body = split_frontmatter((folder / "SKILL.md").read_text("utf-8", "replace"))
+    raw = (folder / "SKILL.md").read_bytes()  # one read: the hash is of the body that runs
+    meta, body = split_frontmatter(raw.decode("utf-8", "replace"))
     name, description = str(meta.get("name") or folder.name), meta.get("description")
     if not isinstance(description, str) or not description.strip():
         raise ValueError("no description (it tells the model what the skill does and when)")
@@ -1269,6 +1431,7 @@ def parse_skill(folder, source):
         raise ValueError(f"name {name!r} must be one word (letters, digits, - _ . :)")
     return {"name": name, "description": " ".join(description.split())[:MAX_DESCRIPTION],
             "body": body, "path": folder.resolve(), "source": source, "meta": meta,
+            "file": folder / "SKILL.md", "sha256": hashlib.sha256(raw).hexdigest(),
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
@@ -1305,41 +1468,169 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
-def substitute(body, args):
-    """$ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) = shell-like words.
-
-    A body without any placeholder gets the arguments appended, so they are never lost.
-    """
+def arg_words(args):
+    """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
-        words = shlex.split(args)
+        return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
-        words = args.split()
+        return args.split()
+
+
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return ARGUMENT_REF.sub(one, command)
+
+
+def run_dynamic(command, words, allowed=True):
+    """One !`command`'s output via run_bash (blocklist and timeout apply), or why not."""
+    if not allowed:
+        return (f"[command `{command}` not run: the human did not allow this project "
+                f"skill's commands, so their output is missing]")
+    try:
+        line = command_line(command, words)
+        say(f"> !{line}")
+        return clip(run_bash(line, DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
+    except ToolError as e:
+        return f"[command `{command}` failed: {e}]"
+
+
+def substitute(body, args, allowed=True):
+    """!`cmd` -> its output; $ARGUMENTS = all arguments; $0, $1 (or $ARGUMENTS[0]...) =
+    shell-like words. args None (load_skill without arguments) leaves the text's as written.
+
+    One scan of the body as written, commands and placeholders alike: neither a
+    command's output nor an argument is scanned again, so neither can smuggle in
+    a !`cmd` or a placeholder. A body without any placeholder gets the arguments
+    appended, so they are never lost.
+    """
+    words = arg_words(args or "")
 
     def one(m):
-        index = m[1] or m[2]
+        if m[1] is not None:
+            return run_dynamic(m[1], words, allowed)
+        if args is None:
+            return m[0]
+        index = m[2] or m[3]
         if index is None:
             return args
         return words[int(index)] if int(index) < len(words) else ""
-    if PLACEHOLDER.search(body):
-        return PLACEHOLDER.sub(one, body)  # one pass: inserted text is never re-expanded
-    return f"{body}\n\nARGUMENTS: {args}" if args.strip() else body
+    text = TEMPLATE.sub(one, body)
+    if args and args.strip() and not ARGUMENT_REF.search(body):
+        return f"{text}\n\nARGUMENTS: {args}"
+    return text
 
 
-def run_dynamic(text):
-    """Replace each !`cmd` with its output, via run_bash: blocklist and timeout apply."""
-    def one(m):
-        say(f"> !{m[1]}")
-        try:
-            return clip(run_bash(m[1], DYNAMIC_TIMEOUT).rstrip("\n"), MAX_OUTPUT)
-        except ToolError as e:
-            return f"[command `{m[1]}` failed: {e}]"
-    return DYNAMIC.sub(one, text)
-
-
-def render_skill(skill, args=None):
+def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
-    body = skill["body"] if args is None else substitute(skill["body"], args)
-    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{run_dynamic(body)}\n</skill>'
+    body = substitute(skill["body"], args, allowed)
+    return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes. Written to a temporary file, then renamed over the old one,
+    so a crash never leaves half a file."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                yaml.safe_dump({"workspaces": spaces}, f)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # left only when the write failed
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
 
 
 def load_skill(name, arguments=None):
@@ -1351,15 +1642,17 @@ def load_skill(name, arguments=None):
     if not skills[name]["model"]:
         raise ToolError(f"Skill '{name}' can only be started by the user (as /{name}); "
                         f"carry on without it.")
-    return render_skill(skills[name], arguments)
+    return render_skill(skills[name], arguments, may_run(skills[name]))
 
 
 def skill_file(path):
-    """An absolute path inside a skill folder (built-in, user, project), else None.
+    """An absolute path to a file in a discovered skill folder, else None.
 
     read_file uses it so a loaded skill's linked files can be read although the
     built-in and user folders lie outside the workspace. Only reads: writes
-    still go through safe_path alone. Symlinks are resolved before the check.
+    still go through safe_path alone. Only folders holding a SKILL.md count,
+    never a whole skills root (a cloned repository can make .agent/skills a
+    link to /), and the file, symlinks resolved, must lie inside its folder.
     """
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute():
@@ -1368,8 +1661,11 @@ def skill_file(path):
         p = p.resolve()
     except (OSError, RuntimeError):
         return None
-    roots = [root.resolve() for _, root in skill_dirs() if root.is_dir()]
-    return p if any(p.is_relative_to(root) for root in roots) else None
+    # A skill folder that is itself a link (ln -s ~/src/my-skill ~/.agent/skills/)
+    # is allowed, not refused: people keep their skills that way. Reads stay inside
+    # the folder it points to (its "path"), and that folder must hold a SKILL.md, so
+    # a link to /etc or ~ is no skill: the most a link reaches is one skill folder.
+    return p if any(p.is_relative_to(s["path"]) for s in discover_skills().values()) else None
 
 
 register("load_skill", (
@@ -1381,7 +1677,7 @@ register("load_skill", (
     "works on something specific. Do not call it for names that are not listed."),
     params(["name"], name=("string", "The skill's name exactly as listed."),
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
-    load_skill, read_only=True)
+    load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
@@ -1397,7 +1693,7 @@ def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
 def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
-            "handler": lambda args, ctx: render_skill(skill, args)}
+            "handler": lambda args, ctx: render_skill(skill, args)}  # typed /name: the human's yes
 
 
 def all_commands():
@@ -1494,8 +1790,10 @@ command("skills", "List skills: where each comes from and who may start it", sho
 #            model has seen them, only past WORKING_BUDGET or on a cold cache
 #   layer 2  near the window the model summarises the old turns (9 sections,
 #            transcript saved first); the recent tail stays verbatim
-#   recover  max_tokens, prompt too long, overload and cut streams each get a
-#            bounded, named way out; anything else ends the turn in one line
+#   recover  max_tokens, prompt too long, no room for the reply, overload and
+#            cut streams each get a bounded, named way out; anything else ends
+#            the turn in one line. Writing .agent/ may fail (a read-only
+#            checkout): that costs the disk copy, never the turn.
 #
 # Clearing versus caching. The API caches the request prefix up to each
 # cache_control breakpoint; a cache read costs 0.1x the input price, a write
@@ -1530,8 +1828,9 @@ REATTACH_FILES = 5          # recently read files re-read into the history after
 REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
 SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
 PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-MESSAGE_BUDGET_CHARS = 90_000  # results of one message together; the largest go to disk first
-PERSIST_EXEMPT = ("read_file",)  # capped already; reading a saved file must not save it again
+MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
+PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
+                            # the budget they become a note to read the file again in parts
 PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
 WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
@@ -1539,6 +1838,8 @@ KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
 CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
+MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
+                            # lowering max_tokens (a reply that small is mostly continuations)
 MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
 RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
 RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
@@ -1581,40 +1882,85 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
                    "stopped: no apology, no recap. Split the remaining work into smaller steps.")
 
 
+# --- s06.1: big results to disk ---
 # Layer 1. It runs once per result, as the result enters the history, so the
-# text the model sees never changes afterwards (a byte-stable prefix).
+# text the model sees never changes afterwards (a byte-stable prefix). A
+# workspace that cannot be written (read-only, full disk) never fails the turn:
+# the model then gets the preview alone, with a note saying nothing was saved.
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
     path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
+            f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
+        block["content"] = (
+            f"{preview}\n[output too large ({len(text):,} characters) and it could not be saved "
+            f"to disk ({e.strerror or e}): only the first {len(preview):,} characters are shown. "
+            f"Rerun it with a filter (grep, head, tail) for the part you need.]")
+        return
+    say(f"[{len(text):,} characters of output saved to {rel(path)}: the model gets a "
+        f"{len(preview):,}-character preview and the path]")
     block["content"] = (
         f"<persisted-output>\nOutput too large ({len(text):,} characters). Full output saved "
-        f"to: {rel(path)}\nRead it with read_file (offset/limit) or search it with grep.\n\n"
+        f"to: {rel(path)}\nRead it with read_file (offset/limit) or search it with grep. "
+        f"read_file cuts lines at {MAX_LINE:,} characters; grep (output_mode content) or bash "
+        f"(cut -c, head -c) reach the rest of a longer line.\n\n"
         f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-output>")
 
 
-def persist_large_results(calls, results):
-    """Results above PERSIST_CHARS go to disk, then the largest ones until the
-    message fits MESSAGE_BUDGET_CHARS (many mid-size results add up too)."""
-    names = {c.id: c.name for c in calls}
-    movable = [b for b in results if isinstance(b.get("content"), str)
-               and names.get(b["tool_use_id"]) not in PERSIST_EXEMPT]
-    for b in movable:
-        if len(b["content"]) > PERSIST_CHARS:
-            persist_output(b)
-    for b in sorted(movable, key=lambda b: len(b["content"]), reverse=True):
-        if sum(len(str(r.get("content", ""))) for r in results) <= MESSAGE_BUDGET_CHARS:
-            break
-        if not b["content"].startswith("<persisted-output>"):
-            persist_output(b)
+def persist_large(block, result):
+    """A result above PERSIST_CHARS goes to disk as it is made (run_tool calls
+    this before the human's preview line, so that line shows what the model gets)."""
+    if block.name not in PERSIST_EXEMPT and len(result["content"]) > PERSIST_CHARS:
+        persist_output(result)
+    return result
+
+
+def leave_out(block, args):
+    """A read_file result over the message budget: a note to read it again in parts.
+    The file no longer counts as read: the model has not seen it."""
+    path, size = args.get("path", "the file"), len(block["content"])
+    block["content"] = (
+        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
+        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
+        f"parts (offset/limit), or fewer files at a time.]")
+    with contextlib.suppress(ToolError, TypeError):
+        agent_state().files.pop(str(safe_path(path)), None)
+    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+
+
+def fit_results(results, calls):
+    """Shrink one message's results, largest first, until together they fit
+    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
+    which are never saved, as a note. A result moves only when that at least
+    halves it. calls: tool_use id -> (tool name, input)."""
+    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
+    def total():
+        return sum(len(b["content"]) for b in live)
+    for reads in (False, True):
+        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
+            if total() <= MESSAGE_BUDGET_CHARS:
+                return results
+            name, args = calls.get(b["tool_use_id"], ("", {}))
+            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
+                leave_out(b, args) if reads else persist_output(b)
     return results
 
 
+def persist_large_results(calls, results):
+    """The results of one reply's calls (each over PERSIST_CHARS went to disk
+    already): many mid-size ones add up, so the message is fitted to its budget."""
+    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+
+
+# --- s06.2: clearing old results ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
 # leave the process (normalize_messages drops them): _sent = a request that
@@ -1624,7 +1970,7 @@ def tool_results(messages):
             for b in m["content"] if b["type"] == "tool_result"]
 
 
-def placeholder(block):
+def cleared_stub(block):
     content = str(block.get("content"))  # only layer 1's own note names a saved file
     saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
     where = f"the full output is in {saved[1]}" if saved else "run the tool again if you need it"
@@ -1643,8 +1989,8 @@ def clear_old_results(messages, min_tokens=0):
     results = tool_results(messages)
     old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
     fresh = [b for b in old if b.get("_sent") and not b.get("_cleared")
-             and len(str(b.get("content"))) > len(placeholder(b)["content"])]
-    if sum(estimate_tokens(b["content"]) - estimate_tokens(placeholder(b)["content"])
+             and len(str(b.get("content"))) > len(cleared_stub(b)["content"])]
+    if sum(estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
            for b in fresh) < min_tokens:
         return 0
     for b in fresh:
@@ -1656,7 +2002,7 @@ def shown(m):
     """One message with its cleared results as placeholders."""
     if isinstance(m["content"], str):
         return m
-    return {**m, "content": [placeholder(b) if b.get("_cleared") else b for b in m["content"]]}
+    return {**m, "content": [cleared_stub(b) if b.get("_cleared") else b for b in m["content"]]}
 
 
 def shown_messages(messages):
@@ -1664,10 +2010,15 @@ def shown_messages(messages):
     return normalize_messages([shown(m) for m in messages])
 
 
+# --- s06.3: prompt caching ---
 # Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
 # (at most 4): end of tools, end of system, the message the previous request
 # ended with (its cache entry is read back) and the newest one (written for the
 # next request). They go on copies, never into TOOLS or the history.
+# Three functions shape what the API sees, each calling the one before:
+#   normalize_messages (s02)  roles alternate, every call has its result
+#   shown_messages     (s06)  cleared results as placeholders, then normalised
+#   request_messages   (s06)  shown_messages plus the cache breakpoints
 def cached(prefix):
     """A copy of the system prompt or the tool list with a breakpoint at its end."""
     if isinstance(prefix, str):
@@ -1682,6 +2033,7 @@ def request_messages(messages):
     return out
 
 
+# --- s06.4: measuring the context ---
 # Context size. The API's own count for the last request (input + cache read
 # + cache write) plus its reply (output) is exact; only the change since is
 # estimated, at ~4 characters per token. The anchor sits on the last message
@@ -1728,6 +2080,19 @@ def request_tokens(client, messages, options=None):
         return guess
 
 
+def charge(message, usage=None):
+    """One call's bill: its cost joins the session's; with `usage` (a subagent's
+    counter) its tokens join that too. Returns the line of numbers to show."""
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + u.output_tokens * PRICE_OUTPUT) / 1e6
+    agent_state().session["cost"] += cost
+    add_usage(usage, message)
+    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
+            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
+
+
 def after_call(messages, message):
     """Mark what the model has now seen, anchor the size, print the status line."""
     for b in tool_results(messages):
@@ -1737,14 +2102,11 @@ def after_call(messages, message):
     total = u.input_tokens + read + write + u.output_tokens
     messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": estimate_tokens(
         shown_messages(messages)) + estimate_tokens(assistant_message(message))}
-    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
-            + u.output_tokens * PRICE_OUTPUT) / 1e6
-    agent_state().session["cost"] += cost
-    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | input {u.input_tokens:,}, cache read "
-        f"{read:,}, cache write {write:,}, output {u.output_tokens:,} | ~${cost:.4f}, "
-        f"session ~${agent_state().session['cost']:.4f}]")
+    # No `usage` here: call_model already added this call's tokens to a child's bill.
+    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
 
 
+# --- s06.5: auto-compaction ---
 # Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
 # separates a tool_use from its tool_result: the tail may not start with a
 # user message that answers calls made before it. The newest message is always
@@ -1764,40 +2126,58 @@ def tail_start(messages):
 
 
 def save_transcript(messages):
-    """Everything, before anything is summarised away: one message per JSON line."""
+    """Everything, before anything is summarised away: one message per JSON line.
+    None when the workspace cannot be written: the compaction goes on without it."""
     folder = agent_state().workdir / ".agent" / "transcripts"
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                            for m in messages), encoding="utf-8")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                for m in messages), encoding="utf-8")
+    except OSError as e:
+        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
+            f"of the older messages]")
+        return None
     return path
 
 
+class SummaryFailed(Exception):
+    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
+
+
 def summarize(client, older, focus=None, options=None):
-    """One call with the 9-section prompt; only the <summary> block is kept.
+    """One streamed call with the 9-section prompt; only the <summary> block is kept.
 
     The API wants tools defined whenever the history holds tool blocks, so the
     same (cached) tools go along, with tool_choice none: none can be called.
-    Too long even for that: drop the oldest fifth of the turns and try again.
+    Streamed (the SDK refuses long non-streamed calls for some models) but not
+    printed, and billed like any call. Too long even for that, or no room left
+    for the summary: drop the oldest fifth of the turns and try again. Only the
+    call's own failures become SummaryFailed; a bug anywhere else propagates.
     """
     prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
     model, system, tools = loop_prefix(options)
     for attempt in range(MAX_COMPACT_FAILURES):
+        request = shown_messages(older + [{"role": "user", "content": prompt}])
         try:
-            reply = client.messages.create(
-                model=model, max_tokens=SUMMARY_MAX_TOKENS, system=cached(system),
-                tools=cached(tools), tool_choice={"type": "none"},
-                messages=shown_messages(older + [{"role": "user", "content": prompt}]))
+            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
+                                        system=cached(system), tools=cached(tools),
+                                        tool_choice={"type": "none"}, messages=request) as stream:
+                reply = stream.get_final_message()
             break
-        except anthropic.APIStatusError as e:
-            if not is_prompt_too_long(e) or attempt + 1 == MAX_COMPACT_FAILURES:
+        except Exception as e:
+            if not is_api_failure(e):
                 raise
+            too_big = is_prompt_too_long(e) or context_room(e) is not None
+            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
+                raise SummaryFailed(str(e)) from e
             older = older[max(1, len(older) // 5):]
+    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
     text = "".join(b.text for b in reply.content if b.type == "text")
     found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
     summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
     if not summary:
-        raise ValueError("the model returned an empty summary")
+        raise SummaryFailed("the model returned an empty summary")
     return summary
 
 
@@ -1820,6 +2200,17 @@ def reattach_files(messages, start):
     return blocks
 
 
+def fit_tail(tail):
+    """A tail too big on its own (a message of many results, kept because it is
+    the newest) would fail every later request: each of its messages of results
+    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
+    for prev, m in zip(tail, tail[1:]):
+        if prev["role"] == "assistant" and tool_results([m]):
+            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
+                     if b["type"] == "tool_use"}
+            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
+
+
 def compact(client, messages, focus=None, why="auto", options=None):
     """Replace the old part of the history, in place, by a summary; True if done.
     `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
@@ -1828,25 +2219,26 @@ def compact(client, messages, focus=None, why="auto", options=None):
         say("[nothing to compact yet]")
         return False
     path = save_transcript(messages)
+    say(f"[compacting ({why}): summarising {start} messages]")
     try:
         summary = summarize(client, messages[:start], focus, options)
-    except Exception as e:
-        if not (is_api_failure(e) or isinstance(e, ValueError)):
-            raise
+    except SummaryFailed as e:
         state["failures"] += 1
         say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
         return False
+    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
+             if path else "The full transcript could not be saved: this summary is all there is.")
     head = [{"type": "text", "text": (
         f"This session continues from an earlier conversation that was compacted to free "
-        f"context. The full transcript is saved in {rel(path)}; read it if you need an exact "
-        f"detail.\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
     tail = messages[start:]
     for m in tail:
         m.pop("_usage", None)  # sizes measured before the cut mean nothing now
+    fit_tail(tail)
     messages[:] = [{"role": "user", "content": head}] + tail
     state["failures"] = 0
     say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
-        f"transcript in {rel(path)}]")
+        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
     return True
 
 
@@ -1901,6 +2293,7 @@ def manage_context(client, messages, options=None):
         compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
+# --- s06.6: error recovery ---
 # Error recovery (seed: classify, then a bounded way out per kind).
 def is_prompt_too_long(e):
     return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
@@ -1931,18 +2324,48 @@ def backoff_delay(attempt, error):
     return min(max(delay, 0.0), RETRY_MAX_DELAY)
 
 
+def context_room(e):
+    """Output tokens that would fit, read from the API's other context error, a 400
+    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
+    (the prompt fits, the reply would not); None for any other error."""
+    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
+        return None
+    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
+                      str(e))
+    return int(found[2]) - int(found[1]) if found else None
+
+
 class PromptTooLarge(Exception):
     """Prompt too long with nothing older to summarise: the newest message alone is."""
 
 
 class LineWatch:
-    """Stands in for call_model's `out` (None: stdout) and notes whether the text
-    printed so far ends mid-line: a stream cut mid-reply leaves such a line."""
+    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
+    of the reply being written, so a stream cut mid-reply is continued where it
+    stopped (the API completes an assistant prefill) instead of printed twice.
+
+    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
+    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
+    an all-text reply can be a prefill: not a half-made tool call, not with
+    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
+    end) that the continuation will send again; printed once, not twice.
+    """
 
     def __init__(self, out):
         self.out, self.open = out, False
+        self.reset()
+
+    def reset(self):
+        """A new reply: nothing of it printed yet."""
+        self.reply = self.attempt = self.echo = ""
+        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
 
     def write(self, text):
+        if self.echo:
+            same = len(os.path.commonprefix([self.echo, text]))
+            self.echo = self.echo[same:] if same == len(text) else ""
+            self.skipped, text = self.skipped + same, text[same:]
+        self.attempt += text
         self.open = not text.endswith("\n") if text else self.open
         return (self.out or sys.stdout).write(text)
 
@@ -1955,6 +2378,50 @@ class LineWatch:
         if was:
             print(file=self.out)
         return was
+
+    def prefill(self):
+        """The cut reply so far, as the assistant message to continue ([] if none)."""
+        kept = self.reply.rstrip()
+        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
+
+    def retrying(self):
+        """Before a retry: an all-text attempt joins the reply to be continued; one
+        that began a tool call or thinking ends its line and the reply restarts."""
+        if set(self.blocks) <= {"text"}:
+            if self.attempt:
+                say("[stream cut: continuing the reply where it stopped]")
+            self.reply += self.attempt
+        else:
+            self.close()
+            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
+                "it starts again on the next line]")
+            self.reply = ""
+        self.echo = self.reply[len(self.reply.rstrip()):]
+        self.attempt, self.blocks, self.skipped = "", [], 0
+
+    def joined(self, message):
+        """The finished message, with the text of the cut attempts in front of its
+        first text: one reply, exactly as printed. Ends its line (call_model does
+        only when this call sent text); resets for the next call."""
+        self.close()
+        if self.reply:
+            first = message.content[0] if message.content else None
+            if first is not None and first.type == "text":
+                first.text = self.reply + first.text[self.skipped:]
+            else:  # the continuation began with a tool call
+                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
+                message.content.insert(0, kept)
+        self.reset()
+        return message
+
+
+def reply_text(stream, out):
+    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
+    for event in stream:
+        if event.type == "content_block_start" and isinstance(out, LineWatch):
+            out.blocks.append(event.content_block.type)
+        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+            yield event.delta.text
 
 
 def whole_reply(messages):
@@ -1970,49 +2437,66 @@ def whole_reply(messages):
     return "".join(parts).strip()
 
 
-def compact_to_retry(client, messages, error, options):
-    """Prompt too long: compact so the same turn can be retried; True if done.
-    With nothing older than the newest message, the prompt itself is too big."""
+def compact_to_retry(client, messages, error, options, why="prompt too long"):
+    """Prompt too long (or no room left for the reply): compact so the same turn
+    can be retried; True if done. With nothing older than the newest message,
+    the prompt itself is too big."""
     if tail_start(messages) == 0:
         if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
             messages.pop()  # never accepted: kept, it would fail every later turn too
         raise PromptTooLarge("the prompt itself is too large for the context window and was "
                              "not kept: shorten it, or save the long part to a file and ask "
                              "for it to be read") from error
-    say("[prompt too long: compacting, then retrying the turn]")
-    return compact(client, messages, None, "prompt too long", options)
+    say(f"[{why}: compacting, then retrying the turn]")
+    return compact(client, messages, None, why, options)
+
+
+def recover(client, messages, error, turn, line, options):
+    """After a failed call_model: make the retry possible, or return False (the
+    turn ends). No room for the reply: lower max_tokens to what fits (once per
+    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
+    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
+    room = context_room(error)
+    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
+    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
+        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
+        turn["max_tokens"] = room
+        return True
+    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
+        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
+        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
+        return compact_to_retry(client, messages, error, options, why)
+    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
+        return False
+    line.retrying()
+    delay = backoff_delay(turn["retries"], error)
+    turn["retries"] += 1
+    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
+        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
+    time.sleep(delay)
+    return True
 
 
 def call_with_recovery(client, messages, **options):
     """call_model with the context managed first and every recoverable failure
-    handled: transient errors back off and retry (MAX_RETRIES), a prompt that is
-    too long is compacted and retried once, a reply cut by max_tokens is
-    continued (MAX_CONTINUATIONS). Anything else propagates to agent_loop,
-    which ends the turn with one line and a valid history. `options` go to
-    call_model unchanged."""
+    handled (recover): transient errors back off and retry, a cut reply is
+    continued, a prompt too long is compacted and retried once, a reply without
+    room gets a lower max_tokens; a reply cut by max_tokens is continued
+    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
+    turn with one line and a valid history. `options` go to call_model."""
     manage_context(client, messages, options)
-    retries = continuations = 0
-    compacted = False
-    line = LineWatch(options.get("out"))
+    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
+    continuations, line = 0, LineWatch(options.get("out"))
     while True:
         try:
-            message = call_model(client, messages, **{**options, "out": line})
+            message = call_model(client, messages + line.prefill(),
+                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
         except Exception as e:
-            cut = line.close()  # a reply cut mid-line ends before anything else is said
-            if is_prompt_too_long(e) and not compacted:
-                compacted = True
-                if compact_to_retry(client, messages, e, options):
-                    continue
-            if not is_transient(e) or retries >= MAX_RETRIES:
+            if not recover(client, messages, e, turn, line, options):
+                line.close()  # a reply cut mid-line ends before anything else is said
                 raise
-            if cut:  # the retried reply is printed again from its start
-                say("[stream cut: retrying the reply]")
-            retries, delay = retries + 1, backoff_delay(retries, e)
-            say(f"[{getattr(e, 'status_code', None) or type(e).__name__}: retry "
-                f"{retries}/{MAX_RETRIES} in {delay:.1f}s]")
-            time.sleep(delay)
             continue
-        after_call(messages, message)
+        after_call(messages, line.joined(message))
         if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
             return message
         continuations += 1
@@ -2645,17 +3129,26 @@ def loosens(data):
                 or perms.get("default_mode") or data.get("sandbox"))
 
 
+def config_trusted(path):
+    """Is this exact content of a workspace config file trusted (s05's trust file)?"""
+    return path.is_file() and is_trusted(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def trust_config(path):
+    trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
 def file_trusted(workdir, path, trust_all=False):
     """A project-scope file counts in full only once the human said yes to this
     exact content (its hash); --trust-workspace says yes for a run without a human."""
-    if is_trusted(workdir, path):
+    if config_trusted(path):
         return True
     if not trust_all:
         answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions. "
                            f"Trust this file? [y/N] ")
         trust_all = answer.strip().lower() in ("y", "yes")
     if trust_all:
-        record_trust(workdir, path)
+        trust_config(path)
     return trust_all
 
 
@@ -3156,7 +3649,7 @@ def remember_rules(rules, state):
     if "config.local.yaml" not in (ignore.read_text() if ignore.is_file() else ""):
         with open(ignore, "a", encoding="utf-8") as fh:
             fh.write("config.local.yaml\n")
-    record_trust(state.workdir, path)
+    trust_config(path)
     state.permissions["rules"] += [parse_rule(r) | {"effect": "allow", "scope": "local", "file": str(path)}
                                    for r in rules]
     say(f"[always allowed: {', '.join(rules)} (written to {rel(path)})]")
@@ -3336,9 +3829,27 @@ command("permissions", "List the effective permission rules and where each comes
 
 
 # --- agent loop ---
+# Everything the human sees passes through a few functions, so a front end can
+# take it over by redefining them: say() for progress and tool activity
+# (stderr), show_text() for the model's answer as it streams (stdout), and
+# read_line() for what the human types (questions get their own, ask_human(),
+# in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
+    if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
+        text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
     print(text, file=sys.stderr, flush=True)
+
+
+def show_text(text, out=None):
+    """The model's text, the moment it arrives (out None: stdout)."""
+    print(text, end="", flush=True, file=out)
+
+
+def add_result(result, results):
+    """A finished call's result joins the history; the human sees its first line."""
+    results.append(result)
+    say(preview(result["content"], result.get("is_error", False)))
 
 
 def run_tools(calls, results):
@@ -3354,22 +3865,23 @@ def run_tools(calls, results):
             batch.append(block)
             continue
         batch = run_parallel(batch, results)  # s02: the gathered ones first
-        results.append(run_tool(block))
+        add_result(run_tool(block), results)
     run_parallel(batch, results)  # s02
     return results
 
 
-def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None):  # s04
+def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None,  # s04
+               max_tokens=MAX_TOKENS):  # s06: lowered when the window has less room left
     """One streamed model call; text is printed the moment it arrives."""
     tools = TOOLS if tools is None else tools  # s04: None = the main agent's
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
-    with client.messages.stream(model=model, max_tokens=MAX_TOKENS, system=cached(system),  # s06: cache
+    with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
-        for text in stream.text_stream:
-            print(text, end="", flush=True, file=out)  # s04: a child's text goes to stderr
+        for text in reply_text(stream, out):  # s06: out learns which blocks began
+            show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
     if any(b.type == "text" for b in message.content):
-        print(flush=True, file=out)  # s04
+        show_text("\n", out)  # s04
     add_usage(usage, message)  # s04: a child's token bill
     return message
 
@@ -3425,7 +3937,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
             results = []  # in the history before any call runs: Ctrl+C keeps what finished
             messages.append({"role": "user", "content": results})
             run_allowed(calls, tools, results)  # s04
-            persist_large_results(calls, results)  # s06: big ones to disk
+            persist_large_results(calls, results)  # s06: the message's results fit a budget
             results += plan_reminder(calls, results)  # s03: plan nudge
             results += denial_reminder()  # s07: after 3 denials in a row
             for block in calls:

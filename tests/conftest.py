@@ -16,6 +16,12 @@ from pathlib import Path
 import anthropic
 import pytest
 
+# The scripted server is on 127.0.0.1: never reach it through a proxy set in the environment
+# (httpx honours HTTP(S)_PROXY; lowercase no_proxy wins over NO_PROXY where both are set).
+for _var in ("NO_PROXY", "no_proxy"):
+    _hosts = ["127.0.0.1", "localhost"] + [h.strip() for h in os.environ.get(_var, "").split(",")]
+    os.environ[_var] = ",".join(h for h in dict.fromkeys(_hosts) if h)
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(TESTS)]
@@ -73,7 +79,7 @@ def api_server():
 @pytest.fixture
 def api(api_server):
     """The scripted server, empty; fails the test if any request was invalid."""
-    api_server.reset()
+    api_server.reset(full=True)         # a mid-test reset() keeps what was refused
     yield api_server
     bad = api_server.invalid()
     assert not bad, f"invalid request sent to the API: {bad[0]['error']}"

@@ -124,6 +124,8 @@ _TOP_KEYS = {
     "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
     "thinking", "service_tier", "cache_control", "output_config", "container",
     "mcp_servers",
+    # newer body fields; the SDK's create() takes each as an argument
+    "diagnostics", "inference_geo", "speed", "user_profile_id", "workspace_id",
 }
 # Per block type: every key the API accepts, and the ones it insists on.
 _BLOCK_KEYS = {
@@ -134,15 +136,62 @@ _BLOCK_KEYS = {
     "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
     "thinking": {"type", "thinking", "signature"},
     "redacted_thinking": {"type", "data"},
+    "search_result": {"type", "source", "title", "content", "citations", "cache_control"},
 }
 _BLOCK_REQUIRED = {
     "text": ("text",), "image": ("source",), "document": ("source",),
     "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
     "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),
+    "search_result": ("source", "title", "content"),
 }
+# What a tool_result may carry besides plain text: the real API takes
+# documents and search results there too, not only images.
+_RESULT_BLOCKS = ("text", "image", "document", "search_result")
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")      # tool definitions
 _USED_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")     # names inside tool_use
+_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")             # tool_use.id, tool_result.tool_use_id
+_PROPERTY_KEY = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")  # keys of input_schema.properties
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_JSON_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
 _MAX_BREAKPOINTS = 4
+_MIN_THINKING_BUDGET = 1024
+_BAD_SCHEMA = ("JSON schema is invalid. It must match JSON Schema draft 2020-12 "
+               "(https://json-schema.org/draft/2020-12). Learn more about tool use at "
+               "https://docs.claude.com/en/docs/tool-use.")
+
+# Per model family, first match wins: (id prefix, max output tokens, context
+# window), from the models overview.  Ids not listed (tests use made-up ones
+# such as "claude-test") get DEFAULT_LIMITS.  A table that errs low would
+# refuse requests the real API serves, so each row is the documented maximum.
+_MODEL_LIMITS = (
+    ("claude-opus-4-0", 32_000, 200_000), ("claude-opus-4-1", 32_000, 200_000),
+    ("claude-opus-4-2", 32_000, 200_000),         # claude-opus-4-20250514
+    ("claude-opus-4-5", 64_000, 200_000),
+    ("claude-opus-4", 128_000, 1_000_000),        # 4.6 and later
+    ("claude-sonnet-4-6", 128_000, 1_000_000),
+    ("claude-sonnet-4", 64_000, 200_000),         # 4 and 4.5 (1M only behind a beta)
+    ("claude-haiku-4-5", 64_000, 200_000),
+    ("claude-opus-5", 128_000, 1_000_000), ("claude-sonnet-5", 128_000, 1_000_000),
+    ("claude-fable-5", 128_000, 1_000_000),
+)
+DEFAULT_LIMITS = (64_000, 200_000)
+
+
+def model_limits(model: str) -> tuple[int, int]:
+    """(max output tokens, context window) for a model id."""
+    for prefix, output, window in _MODEL_LIMITS:
+        if model.startswith(prefix):
+            return output, window
+    return DEFAULT_LIMITS
+
+
+def prompt_tokens(raw_len: int) -> int:
+    """The server's one size estimate of a request, in tokens.
+
+    ~4 bytes of request body per token: usage, count_tokens and the context
+    window check all use it, so a test that sees one figure sees them all.
+    """
+    return max(1, raw_len // 4)
 
 
 def _extra_keys(path: str, obj: dict, allowed) -> None:
@@ -156,6 +205,20 @@ def _need_dict(path: str, obj) -> None:
         raise _Invalid(f"{path}: Input should be a valid dictionary")
 
 
+def _is_int(value) -> bool:
+    # bool is an int subclass in Python, but not in JSON: True is no integer.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_tool_id(path: str, value) -> None:
+    # Ids from other providers ("call:1", "fc.abc") or a lost id (None) are
+    # refused: a history must be replayed with the ids the model made.
+    if not isinstance(value, str):
+        raise _Invalid(f"{path}: Input should be a valid string")
+    if not _TOOL_ID.match(value):
+        raise _Invalid(f"{path}: String should match pattern '{_TOOL_ID.pattern}'")
+
+
 def _check_text(path: str, value) -> None:
     # The API rejects empty and whitespace-only text everywhere: such blocks
     # usually come from a bug that joined nothing, so fail loudly here too.
@@ -167,6 +230,31 @@ def _check_text(path: str, value) -> None:
         raise _Invalid(f"{path}: text content blocks must contain non-whitespace text")
 
 
+def _schema_ok(schema) -> bool:
+    """Whether a (sub)schema passes the draft 2020-12 meta-schema for the
+    keywords tool schemas use: type, properties, required, items.
+
+    Only what the meta-schema forbids fails here: true/false are schemas, and
+    `required` may name a property that `properties` does not list.
+    """
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    if kind == [] or not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+        return False
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(_schema_ok(p) for p in props.values()):
+        return False
+    required = schema.get("required", [])
+    if (not isinstance(required, list) or not all(isinstance(r, str) for r in required)
+            or len(set(required)) != len(required)):
+        return False
+    return _schema_ok(schema.get("items", True))
+
+
 class _RequestCheck:
     """One validation pass over a request body; raises _Invalid on failure.
 
@@ -174,9 +262,11 @@ class _RequestCheck:
     breakpoints were used, and which tool_use ids were already seen.
     """
 
-    def __init__(self, body, count_only: bool = False):
+    def __init__(self, body, count_only: bool = False, raw_len: int = 0, betas=()):
         self.body = body
         self.count_only = count_only    # count_tokens needs no max_tokens
+        self.raw_len = raw_len          # the request's size, for the context window
+        self.betas = set(betas)         # from the anthropic-beta header
         self.breakpoints = 0
         self.seen_ids: set[str] = set()
 
@@ -184,6 +274,8 @@ class _RequestCheck:
         _need_dict("body", self.body)
         _extra_keys("", self.body, _TOP_KEYS)
         self.check_scalars()
+        self.check_sampling()
+        self.check_thinking(self.body.get("thinking"))
         self.check_tools(self.body.get("tools"))
         self.check_system(self.body.get("system"))
         self.check_messages(self.body.get("messages"))
@@ -194,6 +286,19 @@ class _RequestCheck:
         if self.breakpoints > _MAX_BREAKPOINTS:
             raise _Invalid(f"A maximum of {_MAX_BREAKPOINTS} blocks with cache_control "
                            f"may be provided. Found {self.breakpoints}.")
+        self.check_context_window()
+
+    def check_context_window(self) -> None:
+        # Last, like the real API: only a well-formed request gets measured.
+        # The size is the request's own, never a step's scripted usage, so a
+        # test that fakes a full context with big usage figures stays valid.
+        # count_tokens exists to measure prompts of any size.
+        if self.count_only:
+            return
+        window = model_limits(self.body["model"])[1]
+        size = prompt_tokens(self.raw_len)
+        if size > window:
+            raise _Invalid(f"prompt is too long: {size} tokens > {window} maximum")
 
     def check_tools_defined(self, messages) -> None:
         # The real API refuses tool blocks in a history unless tools are
@@ -222,11 +327,70 @@ class _RequestCheck:
     def check_max_tokens(self, value) -> None:
         if value is None:
             raise _Invalid("max_tokens: Field required")
-        # bool is an int subclass in Python, but not in JSON: reject True.
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not _is_int(value):
             raise _Invalid("max_tokens: Input should be a valid integer")
         if value < 1:
             raise _Invalid("max_tokens: Input should be greater than or equal to 1")
+        # A model writes at most so many tokens per reply; asking for more is
+        # refused up front, not silently capped.
+        limit = model_limits(self.body["model"])[0]
+        if value > limit and not self.count_only:
+            raise _Invalid(f"max_tokens: {value} > {limit}, which is the maximum allowed "
+                           f"number of output tokens for {self.body['model']}")
+
+    def check_sampling(self) -> None:
+        body = self.body
+        if "temperature" in body:
+            value = body["temperature"]
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise _Invalid("temperature: Input should be a valid number")
+            if value < 0:
+                raise _Invalid("temperature: Input should be greater than or equal to 0")
+            if value > 1:
+                raise _Invalid("temperature: Input should be less than or equal to 1")
+        if "top_k" in body:
+            if not _is_int(body["top_k"]):
+                raise _Invalid("top_k: Input should be a valid integer")
+            if body["top_k"] < 0:
+                raise _Invalid("top_k: Input should be greater than or equal to 0")
+        if "stop_sequences" in body:
+            stops = body["stop_sequences"]
+            if not isinstance(stops, list):
+                raise _Invalid("stop_sequences: Input should be a valid list")
+            for i, stop in enumerate(stops):
+                if not isinstance(stop, str):
+                    raise _Invalid(f"stop_sequences.{i}: Input should be a valid string")
+                if not stop:
+                    raise _Invalid("stop_sequences: each stop sequence must be non-empty")
+                if not stop.strip():
+                    raise _Invalid("stop_sequences: each stop sequence must contain non-whitespace")
+
+    def check_thinking(self, thinking) -> None:
+        if thinking is None:
+            return
+        _need_dict("thinking", thinking)
+        kind = thinking.get("type")
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise _Invalid(f"thinking: Input tag '{kind}' found using 'type' does not match "
+                           "any of the expected tags: 'enabled', 'disabled', 'adaptive'")
+        if kind != "enabled":
+            return
+        budget = thinking.get("budget_tokens")
+        if budget is None:
+            raise _Invalid("thinking.enabled.budget_tokens: Field required")
+        if not _is_int(budget):
+            raise _Invalid("thinking.enabled.budget_tokens: Input should be a valid integer")
+        if budget < _MIN_THINKING_BUDGET:
+            raise _Invalid("thinking.enabled.budget_tokens: Input should be greater than "
+                           f"or equal to {_MIN_THINKING_BUDGET}")
+        # Thinking is paid out of max_tokens, so the budget must leave room for
+        # an answer; interleaved thinking spreads it over a turn and may not.
+        max_tokens = self.body.get("max_tokens")
+        interleaved = any(b.startswith("interleaved-thinking") for b in self.betas)
+        if _is_int(max_tokens) and budget >= max_tokens and not interleaved:
+            raise _Invalid("`max_tokens` must be greater than `thinking.budget_tokens`. Please "
+                           "consult our documentation at https://docs.claude.com/en/docs/"
+                           "build-with-claude/extended-thinking#max-tokens-and-context-window-size")
 
     def check_cache_control(self, path: str, cc, count: bool = True) -> None:
         # Only "ephemeral" exists; each one is a breakpoint and the API caps
@@ -248,6 +412,13 @@ class _RequestCheck:
             raise _Invalid("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
         if choice["type"] == "tool" and not isinstance(choice.get("name"), str):
             raise _Invalid("tool_choice.name: Field required")
+        # Even "none" needs tools: a choice must have something to choose from.
+        tools = self.body.get("tools") or []
+        if not tools:
+            raise _Invalid(f"tool_choice.{choice['type']}: tool_choice may only be specified "
+                           "while providing tools")
+        if choice["type"] == "tool" and choice["name"] not in {t["name"] for t in tools}:
+            raise _Invalid(f"Tool '{choice['name']}' not found in provided tools")
 
     # -- tools and system ----------------------------------------------------
 
@@ -283,6 +454,15 @@ class _RequestCheck:
         _need_dict(f"{path}.input_schema", schema)
         if schema.get("type") != "object":
             raise _Invalid(f"{path}.input_schema.type: Input should be 'object'")
+        # The API checks the schema against the JSON Schema meta-schema: a
+        # property given as "string" instead of {"type": "string"}, or
+        # `required` as a bare string, is a 400 before the model runs.
+        if not _schema_ok(schema):
+            raise _Invalid(f"{path}.custom.input_schema: {_BAD_SCHEMA}")
+        for key in schema.get("properties", {}):
+            if not _PROPERTY_KEY.match(key):
+                raise _Invalid(f"{path}.custom.input_schema.properties: Property keys should "
+                               f"match pattern '{_PROPERTY_KEY.pattern}'")
 
     def check_system(self, system) -> None:
         if system is None or isinstance(system, str):
@@ -310,6 +490,18 @@ class _RequestCheck:
         self.check_turn_order(messages)
         for i in range(len(messages)):
             self.check_tool_pairing(messages, i)
+        self.check_prefill(messages[-1])
+
+    def check_prefill(self, last: dict) -> None:
+        # A final assistant message is a prefill the model continues from; the
+        # API refuses one ending in whitespace (the model would write after a
+        # dangling space or newline).
+        if last["role"] != "assistant":
+            return
+        content = last["content"]
+        end = content if isinstance(content, str) else content[-1].get("text")
+        if isinstance(end, str) and end != end.rstrip():
+            raise _Invalid("messages: final assistant content cannot end with trailing whitespace")
 
     def check_message(self, i: int, msg) -> None:
         path = f"messages.{i}"
@@ -362,26 +554,66 @@ class _RequestCheck:
             self.check_tool_use(path, block, role)
         elif kind == "tool_result":
             self.check_tool_result(path, block, role)
+        elif kind in ("image", "document"):
+            self.check_media(path, block, role)
+        elif kind in ("thinking", "redacted_thinking"):
+            self.check_thinking_block(path, block, role)
+
+    def check_media(self, path: str, block: dict, role: str) -> None:
+        # Only the user (or a tool result) shows the model pictures and files.
+        kind = block["type"]
+        if role == "assistant":
+            raise _Invalid(f"{path.rsplit('.', 1)[0]}: '{kind}' blocks are not permitted "
+                           "within assistant turns.")
+        if kind != "image":
+            return
+        source, spath = block["source"], f"{path}.image.source"
+        _need_dict(spath, source)
+        stype = source.get("type")
+        if stype not in ("base64", "url", "file"):
+            raise _Invalid(f"{spath}: Unable to extract tag using discriminator 'type'")
+        if stype == "base64":
+            if source.get("media_type") not in _IMAGE_TYPES:
+                raise _Invalid(f"{spath}.base64.media_type: Input should be 'image/jpeg', "
+                               "'image/png', 'image/gif' or 'image/webp'")
+            if not isinstance(source.get("data"), str):
+                raise _Invalid(f"{spath}.base64.data: Input should be a valid string")
+            if not source["data"]:
+                raise _Invalid(f"{spath}.base64: image cannot be empty")
+        field = {"url": "url", "file": "file_id"}.get(stype)
+        if field and (not isinstance(source.get(field), str) or not source[field]):
+            raise _Invalid(f"{spath}.{stype}.{field}: Input should be a valid string")
+
+    def check_thinking_block(self, path: str, block: dict, role: str) -> None:
+        # Thinking is the model's own: a user turn cannot carry it (worded like
+        # the refusal of images in assistant turns).  The signature is what
+        # lets the API trust a thinking block sent back, so it must be a string.
+        kind = block["type"]
+        if role != "assistant":
+            raise _Invalid(f"{path.rsplit('.', 1)[0]}: '{kind}' blocks are not permitted "
+                           f"within {role} turns.")
+        fields = ("thinking", "signature") if kind == "thinking" else ("data",)
+        for field in fields:
+            if not isinstance(block[field], str):
+                raise _Invalid(f"{path}.{kind}.{field}: Input should be a valid string")
 
     def check_tool_use(self, path: str, block: dict, role: str) -> None:
         if role != "assistant":
             raise _Invalid(f"{path}: tool_use blocks can only appear in assistant messages")
         tid = block["id"]
-        if not isinstance(tid, str) or not tid:
-            raise _Invalid(f"{path}.id: Input should be a valid string")
+        _check_tool_id(f"{path}.tool_use.id", tid)
         if tid in self.seen_ids:
             raise _Invalid(f"{path}: tool_use ids must be unique, found {tid} twice")
         self.seen_ids.add(tid)
         name = block["name"]
         if not isinstance(name, str) or not _USED_NAME.match(name):
-            raise _Invalid(f"{path}.name: String should match pattern '{_USED_NAME.pattern}'")
-        _need_dict(f"{path}.input", block["input"])
+            raise _Invalid(f"{path}.tool_use.name: String should match pattern '{_USED_NAME.pattern}'")
+        _need_dict(f"{path}.tool_use.input", block["input"])
 
     def check_tool_result(self, path: str, block: dict, role: str) -> None:
         if role != "user":
             raise _Invalid(f"{path}: tool_result blocks can only appear in user messages")
-        if not isinstance(block["tool_use_id"], str):
-            raise _Invalid(f"{path}.tool_use_id: Input should be a valid string")
+        _check_tool_id(f"{path}.tool_result.tool_use_id", block["tool_use_id"])
         if "is_error" in block and not isinstance(block["is_error"], bool):
             raise _Invalid(f"{path}.is_error: Input should be a valid boolean")
         content = block.get("content")
@@ -392,8 +624,9 @@ class _RequestCheck:
         for k, inner in enumerate(content):
             ipath = f"{path}.content.{k}"
             _need_dict(ipath, inner)
-            if inner.get("type") not in ("text", "image"):
-                raise _Invalid(f"{ipath}.type: Input should be 'text' or 'image'")
+            if inner.get("type") not in _RESULT_BLOCKS:
+                raise _Invalid(f"{ipath}.type: Input should be 'text', 'image', 'document' "
+                               "or 'search_result'")
             self.check_block(ipath, inner, role)
 
     def check_turn_order(self, messages: list) -> None:
@@ -422,7 +655,13 @@ class _RequestCheck:
             return
         before = messages[i - 1] if i > 0 else {"content": []}
         asked = set(_block_ids(before, "tool_use", "id"))
+        answered = set()
         for j, rid in enumerate(_block_ids(msg, "tool_result", "tool_use_id")):
+            # Results lead the turn, so j is also the block's index.
+            if rid in answered:
+                raise _Invalid(f"messages.{i}.content.{j}: each tool_use must have a single "
+                               f"result. Found multiple `tool_result` blocks with id: {rid}")
+            answered.add(rid)
             if rid not in asked:
                 raise _Invalid(f"messages.{i}.content.{j}: unexpected tool_use_id found in "
                                f"tool_result blocks: {rid}. Each tool_result block must have "
@@ -496,7 +735,7 @@ def _message(step: dict, body: dict, raw_len: int, cache=(0, 0)) -> dict:
     """The complete Message object a non-streaming request would get."""
     # A step that scripts input_tokens scripts the whole bill: no simulated cache.
     read, write = (0, 0) if "input_tokens" in step["usage"] else cache
-    usage = {"input_tokens": max(1, raw_len // 4 - read - write),
+    usage = {"input_tokens": max(1, prompt_tokens(raw_len) - read - write),
              "output_tokens": _estimate(step["content"]),
              "cache_read_input_tokens": read, "cache_creation_input_tokens": write}
     usage.update(step["usage"])
@@ -634,6 +873,7 @@ class ScriptedAPI:
         self._lock = threading.Lock()
         self._steps: list = []
         self._log: list = []
+        self._invalid: list = []     # every refused request, kept across reset()
         self.exhausted = 0
         self.cache = PromptCache()
         self._server = None
@@ -674,10 +914,18 @@ class ScriptedAPI:
         with self._lock:
             self._steps.extend(steps)
 
-    def reset(self) -> None:
+    def reset(self, full: bool = False) -> None:
+        """Empty the script, the log and the cache, for a fresh conversation.
+
+        Refused requests survive unless `full`: a test that resets midway
+        must still answer for a bad request it sent before.  The fixtures
+        start each test with a full reset.
+        """
         with self._lock:
             self._steps, self._log, self.exhausted = [], [], 0
             self.cache = PromptCache()
+            if full:
+                self._invalid = []
 
     @property
     def requests(self) -> list:
@@ -685,7 +933,9 @@ class ScriptedAPI:
             return list(self._log)      # a snapshot: safe to iterate
 
     def invalid(self) -> list:
-        return [r for r in self.requests if not r["valid"]]
+        """The refused requests, in order, including those before a reset()."""
+        with self._lock:
+            return list(self._invalid)
 
     def remaining(self) -> int:
         with self._lock:
@@ -700,10 +950,12 @@ class ScriptedAPI:
         if problem:
             status, message = problem
             entry.update(valid=False, error=message)
+            with self._lock:
+                self._invalid.append(entry)
             return handler.send_json(status, _error_body(status, message))
         body = entry["body"]
         if handler.path.split("?")[0].endswith("/count_tokens"):
-            return handler.send_json(200, {"input_tokens": max(1, len(raw) // 4)})
+            return handler.send_json(200, {"input_tokens": prompt_tokens(len(raw))})
         step = self._next_step(body)
         entry["step"] = step
         self._answer(handler, step, body, len(raw))
@@ -732,8 +984,10 @@ class ScriptedAPI:
             return 404, f"Not found: {handler.command} {path}"
         if entry["body"] is None:
             return 400, "There was an error parsing the body" if raw else "Body required"
+        betas = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
         try:
-            _RequestCheck(entry["body"], count_only=path.endswith("/count_tokens")).run()
+            _RequestCheck(entry["body"], count_only=path.endswith("/count_tokens"),
+                          raw_len=len(raw), betas=betas).run()
         except _Invalid as exc:
             return 400, str(exc)
         return None

@@ -1,4 +1,4 @@
-"""The chapter rule (SPEC section 3), checked on the files as they are.
+"""The chapter rule (README, "The chapter rule"), checked on the files as they are.
 
 1. consecutive chapters differ by additions plus a small number of changed
    lines (the docstring aside, which every chapter rewrites);

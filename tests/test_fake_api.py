@@ -14,7 +14,7 @@ import time
 import anthropic
 import pytest
 
-from fake_api import ScriptedAPI, error, hangup, reply, text, tool
+from fake_api import DEFAULT_LIMITS, ScriptedAPI, error, hangup, model_limits, reply, text, tool
 
 try:        # the HTTP library underneath the SDK; its name varies by version
     import httpx2 as httpx
@@ -36,7 +36,7 @@ def server():
 def api(server):
     # Overrides the suite-wide `api` fixture on purpose: that one fails any
     # test that sent an invalid request, and here that is often the point.
-    server.reset()
+    server.reset(full=True)
     return server
 
 
@@ -162,6 +162,26 @@ def turns(*contents):
 
 TOOL = {"name": "bash", "input_schema": {"type": "object", "properties": {}}}
 EPH = {"type": "ephemeral"}
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+THINK = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+
+
+def image(**source):
+    return {"type": "image", "source": {**PNG, **source}}
+
+
+def schema(**fields):
+    """A tool whose input_schema is {"type": "object", **fields}."""
+    return {"tools": [{**TOOL, "input_schema": {"type": "object", **fields}}]}
+
+
+def thinking(budget, max_tokens=4_000):
+    return {"thinking": {"type": "enabled", "budget_tokens": budget}, "max_tokens": max_tokens}
+
+
+# The SDK refuses a non-streaming call with a large max_tokens unless the
+# caller sets a timeout; that is a client-side guard, not what is tested here.
+BIG = {"timeout": 30}
 
 # (request overrides, substring of the expected error message)
 REJECTIONS = {
@@ -204,7 +224,7 @@ REJECTIONS = {
     "tool_result after text": ({"messages": turns("x", [call()], [text("note"), result()])},
                                "tool_result blocks must come first"),
     "tool_result bad content": ({"messages": turns("x", [call()], [result(content=[call("t2")])])},
-                                "Input should be 'text' or 'image'"),
+                                "Input should be 'text', 'image', 'document' or 'search_result'"),
     "tool_result content not str/list": ({"messages": turns("x", [call()], [result(content=5)])},
                                          "content: Input should be a valid string or list"),
     "is_error not bool": ({"messages": turns("x", [call()], [result(is_error="yes")])},
@@ -230,6 +250,89 @@ REJECTIONS = {
     "tool_choice type": ({"tool_choice": {"type": "required"}}, "tool_choice.type"),
     "tool_choice tool without name": ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
     "stream not bool": ({"extra_body": {"stream": "yes"}}, "stream: Input should be a valid boolean"),
+    # tool_choice must choose among declared tools
+    "tool_choice without tools": ({"tool_choice": {"type": "auto"}},
+                                  "tool_choice.auto: tool_choice may only be specified while providing tools"),
+    "tool_choice none, empty tools": ({"tools": [], "tool_choice": {"type": "none"}},
+                                      "may only be specified while providing tools"),
+    "tool_choice names unknown tool": ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "grep"}},
+                                       "Tool 'grep' not found in provided tools"),
+    # tool results and tool ids
+    "duplicate tool_result": ({"messages": turns("x", [call()], [result(), result()])},
+                              "messages.2.content.1: each tool_use must have a single result. "
+                              "Found multiple `tool_result` blocks with id: toolu_a"),
+    "tool_use id not str": ({"messages": turns("x", [call(id=7)], [result("toolu_a")])},
+                            "messages.1.content.0.tool_use.id: Input should be a valid string"),
+    "tool_use id bad pattern": ({"messages": turns("x", [call(id="call:1")], [result("call:1")])},
+                                "tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"),
+    "tool_use id empty": ({"messages": turns("x", [call(id="")], [result("")])},
+                          "tool_use.id: String should match pattern"),
+    "tool_use_id not str": ({"messages": turns("x", [call()], [result(None)])},
+                            "messages.2.content.0.tool_result.tool_use_id: Input should be a valid string"),
+    "tool_use_id bad pattern": ({"messages": turns("x", [call()], [result("toolu a")])},
+                                "tool_result.tool_use_id: String should match pattern '^[a-zA-Z0-9_-]+$'"),
+    # images
+    "image empty data": ({"messages": turns([image(data="")])},
+                         "messages.0.content.0.image.source.base64: image cannot be empty"),
+    "image empty source": ({"messages": turns([{"type": "image", "source": {}}])},
+                           "image.source: Unable to extract tag using discriminator 'type'"),
+    "image bad media type": ({"messages": turns([image(media_type="image/tiff")])},
+                             "image.source.base64.media_type: Input should be 'image/jpeg', "
+                             "'image/png', 'image/gif' or 'image/webp'"),
+    "image in tool_result empty": ({"messages": turns("x", [call()], [result(content=[image(data="")])])},
+                                   "messages.2.content.0.content.0.image.source.base64: image cannot be empty"),
+    "image in assistant turn": ({"messages": turns("x", [text("see"), image()], "ok")},
+                                "messages.1.content: 'image' blocks are not permitted within assistant turns."),
+    # thinking
+    "thinking in user turn": ({"messages": turns([THINK, text("x")])},
+                              "messages.0.content: 'thinking' blocks are not permitted within user turns."),
+    "thinking without signature": ({"messages": turns("x", [{"type": "thinking", "thinking": "t"}, text("a")], "y")},
+                                   "messages.1.content.0.signature: Field required"),
+    "thinking signature not str": ({"messages": turns("x", [{**THINK, "signature": 5}, text("a")], "y")},
+                                   "messages.1.content.0.thinking.signature: Input should be a valid string"),
+    "thinking budget under 1024": (thinking(1_000),
+                                   "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+    "thinking budget not under max_tokens": (thinking(4_000, max_tokens=4_000),
+                                             "`max_tokens` must be greater than `thinking.budget_tokens`"),
+    # prefill
+    "prefill ends in space": ({"messages": turns("x", "The answer is ")},
+                              "messages: final assistant content cannot end with trailing whitespace"),
+    "prefill block ends in newline": ({"messages": turns("x", [text("Sure:\n")])},
+                                      "final assistant content cannot end with trailing whitespace"),
+    # output limit and sampling parameters
+    "max_tokens over model limit": ({"max_tokens": 64_001, **BIG},
+                                    "max_tokens: 64001 > 64000, which is the maximum allowed number "
+                                    "of output tokens for claude-test"),
+    "max_tokens over opus 4.1 limit": ({"model": "claude-opus-4-1", "max_tokens": 32_001, **BIG},
+                                       "max_tokens: 32001 > 32000"),
+    # (newer SDKs dropped temperature and top_k from create(): send them raw)
+    "temperature above 1": ({"extra_body": {"temperature": 1.5}},
+                            "temperature: Input should be less than or equal to 1"),
+    "temperature below 0": ({"extra_body": {"temperature": -0.1}},
+                            "temperature: Input should be greater than or equal to 0"),
+    "temperature not number": ({"extra_body": {"temperature": "hot"}}, "temperature: Input should be a valid number"),
+    "top_k not int": ({"extra_body": {"top_k": 2.5}}, "top_k: Input should be a valid integer"),
+    "top_k negative": ({"extra_body": {"top_k": -1}}, "top_k: Input should be greater than or equal to 0"),
+    "stop_sequences not list": ({"stop_sequences": "END"}, "stop_sequences: Input should be a valid list"),
+    "stop_sequences item not str": ({"stop_sequences": ["END", 3]},
+                                    "stop_sequences.1: Input should be a valid string"),
+    "stop_sequences empty item": ({"stop_sequences": [""]}, "stop_sequences: each stop sequence must be non-empty"),
+    "stop_sequences whitespace item": ({"stop_sequences": ["\n"]},
+                                       "stop_sequences: each stop sequence must contain non-whitespace"),
+    # tool input_schema must be valid JSON Schema
+    "schema property not a schema": (schema(properties={"x": "number"}),
+                                     "tools.0.custom.input_schema: JSON schema is invalid. "
+                                     "It must match JSON Schema draft 2020-12"),
+    "schema properties not object": (schema(properties=["x"]), "input_schema: JSON schema is invalid"),
+    "schema unknown type": (schema(properties={"x": {"type": "str"}}), "input_schema: JSON schema is invalid"),
+    "schema nested item type": (schema(properties={"x": {"type": "array", "items": {"type": "int"}}}),
+                                "input_schema: JSON schema is invalid"),
+    "schema required not list": (schema(properties={"x": {}}, required="x"), "input_schema: JSON schema is invalid"),
+    "schema required not strings": (schema(required=[1]), "input_schema: JSON schema is invalid"),
+    "schema property key": (schema(properties={"a b": {"type": "string"}}),
+                            "tools.0.custom.input_schema.properties: Property keys should match pattern"),
+    # the context window, measured on the request itself
+    "prompt too long": ({"messages": turns("x " * 420_000)}, "tokens > 200000 maximum"),
 }
 
 
@@ -270,6 +373,108 @@ def test_valid_complex_history_accepted(api, client):
                                  tool_choice={"type": "auto"}, messages=messages)
     assert msg.content[0].text == "All done."
     assert not api.invalid() and api.requests[0]["body"]["messages"] == messages
+
+
+def test_new_rules_accept_what_the_api_accepts(api, client):
+    # The other side of each rule above: the nearest valid request passes.
+    api.script([reply("ok")] * 6)
+    ask = lambda **kw: client.messages.create(**{"model": MODEL, "max_tokens": 10, "messages": HI, **kw})
+    pictures = [image(media_type=t) for t in ("image/jpeg", "image/png", "image/gif", "image/webp")]
+    ask(messages=turns([*pictures, image(type="url", url="https://example.com/a.png"), text("what?")],
+                       "Trailing space mid-history is fine ", "go on"),
+        extra_body={"temperature": 0, "top_k": 0}, stop_sequences=["END", "\n\nHuman:"])
+    ask(messages=turns("x", [THINK, call("toolu_01-A_b")], [result("toolu_01-A_b")], "The answer is"),
+        tools=[TOOL], tool_choice={"type": "tool", "name": "bash"}, extra_body={"temperature": 1})
+    ask(tools=[TOOL], tool_choice={"type": "none"}, **thinking(1_024, max_tokens=1_025))
+    # interleaved thinking spreads the budget over a turn: it may pass max_tokens
+    ask(**thinking(8_000), extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
+    # the meta-schema allows boolean schemas and `required` naming an unlisted
+    # property, and so does the API
+    ask(tools=[{**TOOL, "input_schema": {"type": "object", "required": ["later"], "properties": {
+        "any": True, "files": {"type": ["array", "null"], "items": {"type": "string"}},
+        "dotted.key": {"type": "object", "properties": {"n": {"type": "integer"}}}}}}])
+    ask(model="claude-sonnet-5-5", max_tokens=128_000, **BIG)
+    assert not api.invalid() and api.remaining() == 0
+
+
+def test_every_sdk_body_field_is_accepted(api, client):
+    # An "Extra inputs" 400 for a field the SDK itself offers would make the
+    # fake stricter than the service the SDK is written for.
+    api.script([reply("ok")])
+    client.messages.create(model=MODEL, max_tokens=10, messages=HI, inference_geo="us", speed="standard",
+                           diagnostics={"previous_message_id": "msg_01"}, user_profile_id="user_1",
+                           workspace_id="wrkspc_01", metadata={"user_id": "u"}, service_tier="auto")
+    assert not api.invalid() and api.remaining() == 0
+
+
+def test_model_limits_table():
+    # (max output, context window): first match wins, so the narrower
+    # prefixes must come before "claude-opus-4" and "claude-sonnet-4".
+    assert model_limits("claude-opus-4-20250514") == (32_000, 200_000)
+    assert model_limits("claude-opus-4-1-20250805") == (32_000, 200_000)
+    assert model_limits("claude-opus-4-5-20251101") == (64_000, 200_000)
+    assert model_limits("claude-opus-4-6") == (128_000, 1_000_000)
+    assert model_limits("claude-sonnet-4-5") == (64_000, 200_000)
+    assert model_limits("claude-sonnet-4-6") == (128_000, 1_000_000)
+    assert model_limits("claude-haiku-4-5-20251001") == (64_000, 200_000)
+    assert model_limits("claude-sonnet-5-5") == (128_000, 1_000_000)
+    assert model_limits("claude-test") == DEFAULT_LIMITS == (64_000, 200_000)
+
+
+def test_tool_result_accepts_documents_and_search_results(api, client):
+    api.script([reply("read it")])
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+           "title": "spec.pdf"}
+    note = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}}
+    found = {"type": "search_result", "source": "https://example.com", "title": "Example",
+             "content": [text("a snippet")]}
+    content = [text("two files and a hit"), pdf, note, found, image()]
+    msg = client.messages.create(model=MODEL, max_tokens=10, tools=[TOOL],
+                                 messages=turns("x", [call()], [result(content=content)]))
+    assert msg.content[0].text == "read it" and not api.invalid()
+
+
+def test_documents_are_refused_in_assistant_turns(api, client):
+    note = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "n"}}
+    with pytest.raises(anthropic.BadRequestError, match="'document' blocks are not permitted within assistant"):
+        client.messages.create(model=MODEL, max_tokens=10, messages=turns("x", [note], "y"))
+
+
+def test_context_window_is_the_request_size(api, client):
+    # The limit applies to the request's own size, with the estimate usage
+    # reports (bytes / 4); a step's scripted usage is only a figure.
+    api.script([reply("big but fits"), reply("scripted", usage={"input_tokens": 250_000})])
+    body = {"model": MODEL, "max_tokens": 5, "messages": turns("word " * 170_000)}
+    data = json.dumps(body).encode()
+    status, raw = raw_post(api, "/v1/messages", data, {"x-api-key": "k"})
+    assert status == 400 and json.loads(raw)["error"] == {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {len(data) // 4} tokens > 200000 maximum"}
+    assert api.remaining() == 2                     # no step consumed
+    # a 1M-context model takes the same prompt, and bills it at that estimate
+    data = json.dumps({**body, "model": "claude-sonnet-5-5"}).encode()
+    status, raw = raw_post(api, "/v1/messages", data, {"x-api-key": "k"})
+    assert status == 200 and json.loads(raw)["usage"]["input_tokens"] == len(data) // 4
+    # counting is how a client learns a prompt is too big, so it always answers
+    assert client.messages.count_tokens(model=MODEL, messages=body["messages"]).input_tokens > 200_000
+    usage = client.messages.create(model=MODEL, max_tokens=5, messages=HI).usage
+    assert usage.input_tokens == 250_000            # scripted, and not refused for it
+    assert len(api.invalid()) == 1
+
+
+def test_invalid_request_survives_a_mid_test_reset(api, client):
+    # Tests reset() between phases; a bad request from an earlier phase must
+    # still reach the fixture that checks invalid() at the end.
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=MODEL, max_tokens=0, messages=HI)
+    api.reset()
+    api.script([reply("fresh")])
+    assert client.messages.create(model=MODEL, max_tokens=5, messages=HI).content[0].text == "fresh"
+    assert len(api.requests) == 1 and api.requests[0]["valid"]     # the log did restart
+    (bad,) = api.invalid()
+    assert "max_tokens: Input should be greater than or equal to 1" in bad["error"]
+    api.reset(full=True)                            # what the fixtures do between tests
+    assert api.invalid() == []
 
 
 def test_invalid_json_rejected(api):

@@ -60,10 +60,10 @@ def test_valid_plan_is_stored_rendered_and_returned(mod, api, client, capsys):
     run(mod, api, client, [reply(text("Planning."), call)])
     result = result_for(api.requests[1]["body"], call)
     assert not result.get("is_error")
-    assert result["content"] == ("[x] Find the callers\n"
+    assert result["content"] == ("(1/3 completed)\n"
+                                 "[x] Find the callers\n"
                                  "[>] Rename the function (Renaming the function)\n"
-                                 "[ ] Update the docs\n"
-                                 "(1/3 completed)")
+                                 "[ ] Update the docs")
     assert [i["status"] for i in mod.agent_state().plan["items"]] == ["completed", "in_progress", "pending"]
     assert mod.agent_state().plan["rounds_since_update"] == 0
     err = capsys.readouterr().err  # the human's checklist goes to stderr, not stdout
@@ -84,7 +84,7 @@ def test_a_new_plan_replaces_the_old_one_and_empty_clears_it(mod, api, client):
     second = todo([{"content": "Only step", "status": "pending"}])
     clear = todo([])
     run(mod, api, client, [reply(todo(PLAN)), reply(second), reply(clear)])
-    assert result_for(api.requests[2]["body"], second)["content"] == "[ ] Only step\n(0/1 completed)"
+    assert result_for(api.requests[2]["body"], second)["content"] == "(0/1 completed)\n[ ] Only step"
     assert "empty" in result_for(api.requests[3]["body"], clear)["content"]
     assert mod.agent_state().plan["items"] == []
 

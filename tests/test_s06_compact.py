@@ -265,10 +265,10 @@ def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client
 @each
 def test_placeholder_names_a_path_only_for_a_result_saved_to_disk(mod):
     plain = {"type": "tool_result", "tool_use_id": "t1", "content": "model saved to: /tmp/m.bin\nok"}
-    assert "run the tool again" in mod.placeholder(plain)["content"]
+    assert "run the tool again" in mod.cleared_stub(plain)["content"]
     saved = ("<persisted-output>\nOutput too large (40,000 characters). Full output saved to: "
              ".agent/tool-results/t2.txt\nRead it with read_file")
-    shown = mod.placeholder({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]
+    shown = mod.cleared_stub({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]
     assert ".agent/tool-results/t2.txt" in shown
 
 
@@ -552,11 +552,13 @@ def test_retries_are_bounded_then_one_clear_line_and_a_valid_history(fast, api, 
 
 @each
 def test_a_stream_cut_mid_reply_is_retried(fast, api, client, capsys):
-    api.script([reply("a" * 60, cut_after=5), hangup(), reply("the whole answer")])
+    api.script([reply("a" * 60, cut_after=5), hangup(), reply("a" * 36 + ", the whole answer")])
     reason, history = run(fast, client)
     assert reason == "end_turn" and len(bodies(api)) == 3
-    assert bodies(api)[0] == bodies(api)[2]                 # the same request, retried
-    assert history[-1]["content"] == [text("the whole answer")]
+    first, retried = bodies(api)[0], bodies(api)[2]         # the same request, continued
+    assert strip_cc(retried["messages"][:-1]) == strip_cc(first["messages"])
+    assert strip_cc(retried["messages"][-1]) == {"role": "assistant", "content": [text("a" * 24)]}
+    assert history[-1]["content"] == [text("a" * 60 + ", the whole answer")]
     assert capsys.readouterr().err.count("retry ") == 2
 
 
@@ -587,13 +589,14 @@ def test_prompt_too_long_on_the_first_message_fails_with_one_clear_line(fast, ap
 @each
 def test_a_stream_cut_ends_the_partial_line_and_says_so(fast, api, client, capsys):
     answer = "The answer is forty-two, because reasons."
-    api.script([reply(answer, cut_after=6), reply(answer)])
+    call = tool("bash", {"command": "echo 42"})              # cut inside it: no prefill possible
+    api.script([reply(answer, call, cut_after=9), reply(answer, call), reply("Done.")])
     reason, history = run(fast, client)
     assert reason == "end_turn"
     out, err = capsys.readouterr()
-    partial, full = out.splitlines()                         # the cut line ended on its own
-    assert full == answer and partial and answer.startswith(partial) and partial != answer
-    assert "[stream cut: retrying the reply]" in err
+    partial, full, done = out.splitlines()                   # the cut line ended on its own
+    assert full == partial == answer and done == "Done."
+    assert "[stream cut in a reply that cannot be continued" in err
 
 
 # --- subagents: each loop its own context ----------------------------------------

@@ -349,7 +349,7 @@ def test_always_writes_the_narrow_rule_and_trusts_only_that_file(mod, api, clien
     assert yaml.safe_load(local.read_text())["permissions"]["allow"] == ["bash(npm run test *)"]
     assert "config.local.yaml" in (workspace / ".agent" / ".gitignore").read_text()
     ws = mod.agent_state().workdir
-    assert mod.is_trusted(ws, local)
+    assert mod.config_trusted(local)
     answers(monkeypatch)                                   # a new start: nobody asked
     again = mod.load_permissions(ws)
     state = mod.agent_state()

@@ -5,6 +5,9 @@ Watch stderr: every todo_write prints the checklist ([x] done, [>] current,
 loop appends a <system-reminder> after the tool results of round 6; the
 scripted model answers it in round 7 by updating the plan.
 """
+import subprocess
+import sys
+
 from fake_api import reply, text, tool
 
 PROMPT = "Create a tiny greeting module with a test and a README."
@@ -48,3 +51,13 @@ STEPS = [
     reply(plan(3)),                                                              # 9
     reply("Done: greet.py, test_greet.py (passing) and README.md."),             # 10
 ]
+
+
+def CHECK(workspace, stdout):
+    """greet.py, test_greet.py and README.md are on disk as written, and the test passes."""
+    for name, content in (("greet.py", MODULE), ("test_greet.py", TEST), ("README.md", README)):
+        assert (workspace / name).read_text() == content, f"{name} is not as written"
+    run = subprocess.run([sys.executable, "test_greet.py"], cwd=workspace, capture_output=True,
+                         text=True, timeout=30)
+    assert run.returncode == 0 and "1 test passed" in run.stdout, "test_greet.py does not pass"
+    assert "Done:" in stdout, "no final answer"

@@ -25,6 +25,7 @@ REPORT = ("4 retries (5 attempts in all). Defined in config.py:3 (MAX_RETRIES = 
 
 
 def SETUP(workspace):
+    """config.py sets MAX_RETRIES = 4; fetch.py loops over it."""
     (workspace / "config.py").write_text(CONFIG)
     (workspace / "fetch.py").write_text(FETCH)
 
@@ -47,3 +48,13 @@ STEPS = [
     reply(REPORT),                                                              # child 3
     parent_sees_only_the_report,                                                # parent 2
 ]
+
+
+def CHECK(workspace, stdout):
+    """The answer names the 4 retries and config.py; the read-only explore agent changed no file."""
+    assert "retried 4 times" in stdout and "config.py" in stdout, "the answer is missing"
+    assert "4 retries (5 attempts in all)" not in stdout, "the child's report leaked to stdout"
+    assert sorted(p.name for p in workspace.iterdir()) == ["config.py", "fetch.py"], \
+        "files appeared in the workspace"
+    assert (workspace / "config.py").read_text() == CONFIG, "config.py changed"
+    assert (workspace / "fetch.py").read_text() == FETCH, "fetch.py changed"

@@ -1,8 +1,11 @@
 """s05 demo: the model sees only skill names, loads review-code, then follows it.
 
-The skill's !`git ...` lines run before the model sees the body, so the diff is
-already in the tool_result; the model then reads the skill's linked checklist
-(outside the workspace, next to the chapter file) and the changed file.
+Watch stderr: "> load_skill", then one "> !git ..." line per command in the
+skill's body. Those !`git ...` lines run before the model sees the body, so
+the diff is already in the tool_result; the model then reads the skill's
+linked checklist (outside the workspace, next to the chapter file) and the
+changed file, and answers with ranked findings. The system prompt carries
+one line per skill; the full body arrives only when load_skill is called.
 """
 import re
 import subprocess
@@ -11,6 +14,8 @@ from fake_api import reply, text, tool
 
 
 def SETUP(ws):
+    """a git repository with src/stats.py committed, then an uncommitted change that
+    adds mean() (needs git on PATH)."""
     (ws / "src").mkdir()
     (ws / "src" / "stats.py").write_text("def total(xs):\n    return sum(xs)\n")
     git = ["git", "-c", "user.name=demo", "-c", "user.email=demo@example.com"]
@@ -47,3 +52,13 @@ STEPS = [
                "and for the empty case.\n\n"
                "Verdict: request changes"), delay=0.01),
 ]
+
+
+def CHECK(workspace, stdout):
+    """The review has a verdict and names src/stats.py:6; the reviewed file is unchanged."""
+    assert "Verdict: request changes" in stdout and "src/stats.py:6" in stdout, "no review"
+    assert (workspace / "src" / "stats.py").read_text().endswith("return total(xs) / len(xs)\n"), \
+        "the review edited src/stats.py"
+    status = subprocess.run(["git", "status", "--short"], cwd=workspace, capture_output=True,
+                            text=True, check=True).stdout
+    assert status.strip() == "M src/stats.py", f"unexpected git status: {status!r}"
