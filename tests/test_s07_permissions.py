@@ -312,6 +312,7 @@ def permission_loop(mod, api, client, workspace, monkeypatch, calls, *lines, mod
     answers(monkeypatch, *lines)
     state = mod.agent_state()
     state.mode = mode
+    state.permissions["sandbox"]["enabled"] = False    # a sandboxed bash would not ask
     return run_turn(mod, api, client, [reply(*calls)])
 
 
@@ -354,6 +355,7 @@ def test_always_writes_the_narrow_rule_and_trusts_only_that_file(mod, api, clien
     again = mod.load_permissions(ws)
     state = mod.agent_state()
     state.permissions = again
+    again["sandbox"]["enabled"] = False                    # a sandboxed bash would be allowed anyway
     assert mod.decide("bash", {"command": "npm run test"}, state)[0] == "allow"
     assert mod.decide("bash", {"command": "npm run build"}, state)[0] == "ask"
 
@@ -375,6 +377,7 @@ def test_a_parallel_batch_asks_everything_before_anything_runs(mod, api, client,
 @pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
 def test_three_denials_in_a_row_bring_a_reminder(mod, api, client, workspace, monkeypatch):
     answers(monkeypatch)
+    mod.agent_state().permissions["sandbox"]["enabled"] = False
     calls = [tool("bash", {"command": f"touch f{i}"}) for i in range(3)]
     history = run_turn(mod, api, client, [reply(*calls)])
     texts = [b.get("text", "") for b in history[2]["content"]]
@@ -389,6 +392,7 @@ def test_every_denial_leaves_a_valid_history_and_the_loop_goes_on(mod, api, clie
     answers(monkeypatch)
     state = mod.agent_state()
     state.mode = "plan"
+    state.permissions["sandbox"]["enabled"] = False
     state.permissions["rules"] = [mod.parse_rule("bash(curl *)") | {"effect": "deny", "scope": "user",
                                                                    "file": "user.yaml"}]
     calls = [tool("bash", {"command": "curl example.org"}), tool("bash", {"command": "rm -rf ~"}),
@@ -438,6 +442,7 @@ def test_a_child_inherits_mode_and_rules_and_its_questions_are_labelled(mod, api
     answers(monkeypatch, "n")
     state = mod.agent_state()
     state.mode = "default"
+    state.permissions["sandbox"]["enabled"] = False    # a sandboxed bash would not ask
     state.permissions["rules"] = [mod.parse_rule("bash(ls *)") | {"effect": "allow", "scope": "local",
                                                                  "file": "local.yaml"}]
     run_turn(mod, api, client, [reply(tool("agent", {"prompt": "look", "description": "scout"})),

@@ -49,11 +49,12 @@ def sandboxed(mod):
     ok, why = mod.sandbox_available()
     if not ok:
         pytest.skip(f"the OS sandbox does not work here: {why}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True   # the test default turns it off
     return mod
 
 
 def settings(mod, monkeypatch, **changes):
-    monkeypatch.setattr(mod, "sandbox_settings", lambda: {**mod.SANDBOX_DEFAULTS, **changes})
+    monkeypatch.setattr(mod, "sandbox_settings", lambda: {**mod.SANDBOX_DEFAULTS, "writable": (), **changes})
 
 
 def unsandboxed(mod, command):
@@ -129,6 +130,7 @@ def test_availability_is_decided_by_a_trial_run_once(mod, tmp_path, monkeypatch,
 @in_s07
 def test_without_a_sandbox_bash_falls_back_or_refuses(mod, workspace, monkeypatch, capsys):
     monkeypatch.setattr(mod, "sandbox_available", lambda: (False, "user namespaces are off"))
+    mod.agent_state().permissions["sandbox"]["enabled"] = True   # the test default turns it off
     assert mod.run_bash("echo hi").strip() == "hi"
     assert "bash runs unsandboxed: user namespaces are off" in capsys.readouterr().err
     settings(mod, monkeypatch, fail_if_unavailable=True)
