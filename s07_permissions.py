@@ -1564,10 +1564,13 @@ def ask_human(question):
     input, or no stdin at all, answers no."""
     print(question, end="", file=sys.stderr, flush=True)
     try:
-        return input()
+        answer = input()
     except (EOFError, OSError, RuntimeError):
         print(file=sys.stderr)
         return "no"
+    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
+        print(answer, file=sys.stderr)
+    return answer
 
 
 # Trust (seed: a cloned repository is untrusted input). What the human said yes
