@@ -1029,12 +1029,16 @@ def repl(client, prompt):
             agent_loop(client, history)
 
 
+def no_key_message():
+    demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+    return NO_KEY_HELP.format(demo=demo, chapter=CHAPTER)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     client = make_client()
     if client is None:
-        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
-        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        print(no_key_message(), file=sys.stderr)
         return 2
     try:
         turn_limit()

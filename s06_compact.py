@@ -1771,6 +1771,9 @@ def run_slash_once(client, line):
     text = handle_slash(line, ctx)
     if text is None:
         return 1 if ctx.get("error") else 0
+    if client is None:  # a prompt for the model, and no key to send it with
+        print(no_key_message(), file=sys.stderr)
+        return 2
     add_user_text(history, text)
     return 0 if agent_loop(client, history) == "end_turn" else 1
 
@@ -2673,12 +2676,16 @@ def repl(client, prompt):
             agent_loop(client, history)
 
 
+def no_key_message():
+    demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+    return NO_KEY_HELP.format(demo=demo, chapter=CHAPTER)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     client = make_client()
-    if client is None:
-        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
-        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+    if client is None and not (argv and argv[0].startswith("/")):  # s05: /help needs no key
+        print(no_key_message(), file=sys.stderr)
         return 2
     try:
         turn_limit()
