@@ -407,7 +407,6 @@ def test_agent_definitions_still_parse_beside_skills(mod, api, client, workspace
     assert agents["bare"]["system"] == mod.SUBAGENT_SYSTEM and "empty" not in agents
 
 
-@each
 def test_local_commands_need_no_key(mod, workspace, capsys):
     assert mod.run_slash_once(None, "/help") == 0
     assert "/skills" in capsys.readouterr().out
