@@ -165,6 +165,12 @@ DANGEROUS = [
     (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
     (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
     (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+    (r"(^|[;&|(`\n]\s*)(\S*/)?(shutdown|reboot|halt|poweroff)(\s|[;&|)]|$)",
+     "shutting down or rebooting the machine"),
+    (r"(^|[;&|(`\n]\s*)(tel)?init\s+[06](\s|[;&|)]|$)", "shutting down or rebooting the machine"),
+    (r"\bsystemctl\s+(-\S+\s+)*(poweroff|reboot|halt|kexec)\b", "shutting down or rebooting"),
+    (r"\bcd(\s+[\"']?(/|~|\$HOME|\$\{HOME\})/?[\"']?)?\s*(;|&&|\n)\s*rm\s+(-\S+\s+)*[\"']?(\./)?\.?\*",
+     "deleting everything in / or the home directory (cd there, then a glob)"),
 ]
 
 
@@ -181,6 +187,17 @@ def clip(text, limit=MAX_OUTPUT):
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+# The agent's own credentials. No child process gets them: a command the model
+# runs, or a script in a cloned repository, has no business reading the key.
+# load_dotenv puts .env values into os.environ, so one filter covers both.
+AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+def child_env():
+    """The environment of every process the agent starts: its own, minus its credentials."""
+    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -236,7 +253,8 @@ def run_bash(command, timeout=None):
     # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
-                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=child_env())
         if stopped := watch_command(p, sink, timeout):
             raise ToolError(f"{read_head(sink)}\n[{stopped}]")
         out = read_head(sink) or "(no output)"
@@ -665,7 +683,8 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
     with rg_walk_args(root) as args:
-        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True)
+        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True,
+                           env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -1497,12 +1516,16 @@ def repl(client, prompt):
             agent_loop(client, history)
 
 
+def no_key_message():
+    demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+    return NO_KEY_HELP.format(demo=demo, chapter=CHAPTER)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     client = make_client()
     if client is None:
-        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
-        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+        print(no_key_message(), file=sys.stderr)
         return 2
     try:
         turn_limit()

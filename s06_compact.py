@@ -172,6 +172,12 @@ DANGEROUS = [
     (r":\s*\(\s*\)\s*\{.*:\s*\|\s*:.*\}", "fork bomb"),
     (r"\b(curl|wget)\b[^|]*\|\s*(sudo\s+)?(ba|z|da)?sh\b", "piping a download into a shell"),
     (r">\s*/dev/(sd|nvme|hd|vd|disk)", "overwriting a disk device"),
+    (r"(^|[;&|(`\n]\s*)(\S*/)?(shutdown|reboot|halt|poweroff)(\s|[;&|)]|$)",
+     "shutting down or rebooting the machine"),
+    (r"(^|[;&|(`\n]\s*)(tel)?init\s+[06](\s|[;&|)]|$)", "shutting down or rebooting the machine"),
+    (r"\bsystemctl\s+(-\S+\s+)*(poweroff|reboot|halt|kexec)\b", "shutting down or rebooting"),
+    (r"\bcd(\s+[\"']?(/|~|\$HOME|\$\{HOME\})/?[\"']?)?\s*(;|&&|\n)\s*rm\s+(-\S+\s+)*[\"']?(\./)?\.?\*",
+     "deleting everything in / or the home directory (cd there, then a glob)"),
 ]
 
 
@@ -188,6 +194,17 @@ def clip(text, limit=MAX_OUTPUT):
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
+
+
+# The agent's own credentials. No child process gets them: a command the model
+# runs, or a script in a cloned repository, has no business reading the key.
+# load_dotenv puts .env values into os.environ, so one filter covers both.
+AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+
+
+def child_env():
+    """The environment of every process the agent starts: its own, minus its credentials."""
+    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -243,7 +260,8 @@ def run_bash(command, timeout=None):
     # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
         p = subprocess.Popen(command, shell=True, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,
-                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=child_env())
         if stopped := watch_command(p, sink, timeout):
             raise ToolError(f"{read_head(sink)}\n[{stopped}]")
         out = read_head(sink, KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
@@ -674,7 +692,8 @@ def grep_rg(pattern, root, glob, ignore_case, mode):
     cmd += ["-i"] * ignore_case  # no -g: rg's globs override .gitignore, so filter after
     cmd += {"files_with_matches": ["-l"], "count": ["-c"], "content": []}[mode]
     with rg_walk_args(root) as args:
-        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True)
+        p = subprocess.run(cmd + ["-e", pattern] + args, cwd=workdir, capture_output=True,
+                           env=child_env())
     if p.returncode >= 2 and not p.stdout:  # 2 with output: some file was unreadable
         raise ToolError(f"grep failed: {p.stderr.decode('utf-8', 'replace').strip()[:500]}")
     out = p.stdout.decode("utf-8", "replace")
@@ -1540,10 +1559,13 @@ def ask_human(question):
     input, or no stdin at all, answers no."""
     print(question, end="", file=sys.stderr, flush=True)
     try:
-        return input()
+        answer = input()
     except (EOFError, OSError, RuntimeError):
         print(file=sys.stderr)
         return "no"
+    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
+        print(answer, file=sys.stderr)
+    return answer
 
 
 # Trust (seed: a cloned repository is untrusted input). What the human said yes
@@ -1749,6 +1771,9 @@ def run_slash_once(client, line):
     text = handle_slash(line, ctx)
     if text is None:
         return 1 if ctx.get("error") else 0
+    if client is None:  # a prompt for the model, and no key to send it with
+        print(no_key_message(), file=sys.stderr)
+        return 2
     add_user_text(history, text)
     return 0 if agent_loop(client, history) == "end_turn" else 1
 
@@ -2651,12 +2676,16 @@ def repl(client, prompt):
             agent_loop(client, history)
 
 
+def no_key_message():
+    demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
+    return NO_KEY_HELP.format(demo=demo, chapter=CHAPTER)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     client = make_client()
-    if client is None:
-        demo = os.path.relpath(Path(__file__).parent / "tests" / "demo.py")
-        print(NO_KEY_HELP.format(demo=demo, chapter=CHAPTER), file=sys.stderr)
+    if client is None and not (argv and argv[0].startswith("/")):  # s05: /help needs no key
+        print(no_key_message(), file=sys.stderr)
         return 2
     try:
         turn_limit()

@@ -111,7 +111,10 @@ def mod(request, workspace):
     """The chapter named by the parametrisation, reset, with a fresh agent on the workspace."""
     m = load(request.param)
     restore(m)
-    with m.acting_as(m.AgentState(workspace)):
+    with m.acting_as(m.AgentState(workspace)) as state:
+        if hasattr(m, "PERMISSION_MODES") and not request.node.get_closest_marker("permissions"):
+            state.mode = "bypassPermissions"         # earlier mechanisms' tests: nobody is asked
+            state.permissions["sandbox"]["enabled"] = False
         yield m
 
 
@@ -140,6 +143,8 @@ def run_chapter(name, *args, api=None, input=None, cwd=None, env=None, timeout=6
                 if not k.startswith("ANTHROPIC") and k not in ("MODEL_ID", "AGENT_PERMISSION_MODE")}
     if api is not None:
         full_env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url}
+    if name >= "s07" and "AGENT_PERMISSION_MODE" not in (env or {}):
+        full_env["AGENT_PERMISSION_MODE"] = "bypassPermissions"   # earlier mechanisms' runs
     full_env |= env or {}
     return subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *args], input=input,
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

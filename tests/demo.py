@@ -19,7 +19,8 @@ outcome (the file made, the answer given, the artefact on disk) does not hold.
 
 A scenario module defines PROMPT and STEPS (fake_api steps: replies, or
 callables that look at the request first), and optionally SETUP(workspace),
-ENV (extra environment for the chapter), FAKED (what else is faked) and
+ENV (extra environment for the chapter), INPUT (the human's typed answers, piped
+to the chapter's stdin), FAKED (what else is faked) and
 CHECK(workspace, stdout), which raises AssertionError when the outcome is
 wrong; its docstring says what the demo shows and what to watch.
 """
@@ -136,10 +137,15 @@ def intro(name, path, scenario):
 # Running the chapter: stdout is shown as it streams and kept for CHECK.
 # --------------------------------------------------------------------------
 
-def run_chapter(path, prompt, workspace, env):
-    """(exit status or None on timeout, stdout text); stderr goes straight to ours."""
+def run_chapter(path, prompt, workspace, env, answers=None):
+    """(exit status or None on timeout, stdout text); stderr goes straight to ours.
+    `answers`: what the human types at the chapter's questions, one per line."""
     proc = subprocess.Popen([sys.executable, str(path), prompt], cwd=workspace, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL if answers is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    if answers is not None:
+        proc.stdin.write(answers.encode())
+        proc.stdin.close()
     chunks = []
 
     def relay():
@@ -229,7 +235,8 @@ def run_demo(name, keep=False, show=False):
           f"  (scripted model at {server.url}, workspace {workspace})\n", flush=True)
     started = time.monotonic()
     try:
-        code, stdout = run_chapter(path, scenario.PROMPT, workspace, child_env(server.url, home, scenario))
+        code, stdout = run_chapter(path, scenario.PROMPT, workspace, child_env(server.url, home, scenario),
+                                   getattr(scenario, "INPUT", None))
     finally:
         server.close()
     seconds = time.monotonic() - started

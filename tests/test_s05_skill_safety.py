@@ -276,7 +276,7 @@ def test_ask_human_reads_a_pipe_and_prompts_on_stderr(mod, monkeypatch, capsys):
     assert mod.ask_human("Again? ") == "yes"
     assert mod.ask_human("Once more? ") == "no"  # end of input
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("Go? Again? Once more? ")
+    assert out == "" and err.startswith("Go? maybe\nAgain? yes\nOnce more? ")   # piped answers echoed
 
 
 @pytest.mark.e2e("s05")

@@ -405,3 +405,10 @@ def test_agent_definitions_still_parse_beside_skills(mod, api, client, workspace
     assert mod.agent_loop(client, [{"role": "user", "content": "x"}]) == "end_turn"
     agents = mod.load_agents()
     assert agents["bare"]["system"] == mod.SUBAGENT_SYSTEM and "empty" not in agents
+
+
+def test_local_commands_need_no_key(mod, workspace, capsys):
+    assert mod.run_slash_once(None, "/help") == 0
+    assert "/skills" in capsys.readouterr().out
+    assert mod.run_slash_once(None, "/spec a todo app") == 2    # a prompt for the model: no key
+    assert "No API key" in capsys.readouterr().err
