@@ -2571,6 +2571,9 @@ WRAPPERS = {
     "stdbuf": ({"-i", "-o", "-e", "--input", "--output", "--error"}, 0),
     "ionice": ({"-c", "--class", "-n", "--classdata"}, 0),
     "builtin": (set(), 0),
+    "setsid": (set(), 0),
+    "flock": ({"-w", "--wait", "--timeout", "-E", "--conflict-exit-code"}, 1),  # the 1: its lock file
+    "chroot": ({"--userspec", "--groups"}, 1),  # the 1: the new root
 }
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument

@@ -1,4 +1,4 @@
-"""Run modes from SPEC section 4, exercised as a learner runs them: subprocesses.
+"""Run modes (README: Running a chapter), exercised as a learner runs them: subprocesses.
 
 These are the slow tests (each starts Python and imports the SDK), so the
 behaviour-heavy ones run on the first and the newest chapter only; the cheap

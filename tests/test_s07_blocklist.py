@@ -13,6 +13,9 @@ from fake_api import reply, tool
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
 
 REFUSED = [
+    "setsid rm -rf ~",                                       # wrappers the review found
+    "flock /tmp/lock rm -rf /",
+    "chroot / rm -rf /*",
     # rm -r of / or home, however spelled
     "rm -rf /", "rm -fr /", "rm -r -f /", "rm -Rf /*", "rm --recursive --force /", "rm --rec -f /",
     "rm / -rf", "rm -rf -- /", 'rm -rf "/"', "rm -rf ///", "rm -rf /usr/..", "rm -rf /.*",
