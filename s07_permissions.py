@@ -6,7 +6,7 @@ runs inside an OS sandbox (bubblewrap) when the machine has one.
 New since s06: decide, permit, subcommands, blocked_command, load_permissions,
 parse_rule, protected, ask_permission, narrow_rule, plan mode (/plan,
 exit_plan_mode, PLAN_MODE_REMINDER), /mode, /permissions, sandbox_argv,
-child_env, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
+bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 
     tool_use --> decide(tool, input, mode, rules)
       1 blocklist (bash, parsed per subcommand) ........ deny
