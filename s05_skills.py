@@ -1440,6 +1440,8 @@ def discover_skills():
             except (OSError, ValueError) as e:
                 warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
+            if skill["name"] in skills:  # a later source wins; say whose skill it replaced
+                skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
     return skills
 
@@ -1682,7 +1684,13 @@ def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
 def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
-            "handler": lambda args, ctx: render_skill(skill, args)}  # typed /name: the human's yes
+            "handler": lambda args, ctx: render_skill(skill, args, typed_consent(skill))}
+
+
+def typed_consent(skill):
+    """Typing /name is the human's yes, unless a project skill took over the name of
+    their own (built-in or user) skill: then they may think they run that one."""
+    return may_run(skill) if skill.get("replaces") else True
 
 
 def all_commands():

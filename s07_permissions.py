@@ -97,6 +97,7 @@ class AgentState:
         self.permissions = {"rules": [], "additional_directories": [],  # s07: from the config
                             "sandbox": dict(SANDBOX_DEFAULTS)}  # s07: files, shared with subagents
         self.denials, self.decided, self.approved = 0, {}, set()  # s07: see permit()
+        self.git_before = {}  # s07: git's pointer files before a sandboxed command (undo_git_redirects)
         self.run_id, self.label = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", ""  # s07
 
 
@@ -1456,6 +1457,8 @@ def discover_skills():
             except (OSError, ValueError) as e:
                 warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
+            if skill["name"] in skills:  # a later source wins; say whose skill it replaced
+                skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
     return skills
 
@@ -1698,7 +1701,13 @@ def command(name, description, handler, aliases=(), arg_hint="", kind="local"):
 def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
-            "handler": lambda args, ctx: render_skill(skill, args)}  # typed /name: the human's yes
+            "handler": lambda args, ctx: render_skill(skill, args, typed_consent(skill))}
+
+
+def typed_consent(skill):
+    """Typing /name is the human's yes, unless a project skill took over the name of
+    their own (built-in or user) skill: then they may think they run that one."""
+    return may_run(skill) if skill.get("replaces") else True
 
 
 def all_commands():
@@ -3248,7 +3257,7 @@ def fnmatch_tool(pattern, name):
 RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
 
 
-WRITE_REDIRECT = re.compile(r"^\d*(?:>>?|&>>?|>\|)(?!&\d+$|/dev/null$)")  # into a file, not 2>&1
+WRITE_REDIRECT = re.compile(r"^\d*(?:<>|>>?|&>>?|>\|)(?!&\d+$|/dev/null$)")  # into a file, not 2>&1
 
 
 def command_parts(command):
@@ -3456,6 +3465,7 @@ SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sa
 SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
                     "fail_if_unavailable": False}  # the config's sandbox: keys
 MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
+GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
 HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
                 ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
@@ -3532,6 +3542,8 @@ def sandbox_paths(workdir):
     masked: it holds the key that child_env keeps out of the environment."""
     protected = [str(Path(workdir) / p) for p in SANDBOX_PROTECTED]
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
+    if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
+        protected.append(str(Path(workdir) / ".git"))
     return protected, [p for p in [find_dotenv()] if p]
 
 
@@ -3615,6 +3627,7 @@ def bash_process(command):
         warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
         return command, True
     state = agent_state()
+    state.git_before = git_pointers(state.workdir)
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
     late, writable = [], settings["writable"]
@@ -3628,8 +3641,41 @@ def bash_process(command):
 
 
 def sandbox_note(out, returncode):
-    """A write the sandbox refused says why, not just EROFS."""
-    return f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
+    """After a sandboxed command: a write the sandbox refused says why, not just
+    EROFS; and git's pointer files are put back if the command changed them."""
+    note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
+    return note + undo_git_redirects(agent_state())
+
+
+def git_pointers(workdir):
+    """The files that send git to another directory (and its config and hooks):
+    bytes, "dir" for a .git folder, None when absent."""
+    found = {}
+    for name in GIT_POINTERS:
+        p = Path(workdir) / name
+        found[name] = None if not p.exists() else "dir" if p.is_dir() else p.read_bytes()
+    return found
+
+
+def undo_git_redirects(state):
+    """A sandboxed command may write inside .git (commits need it) but may not make
+    git look elsewhere: `echo ../evil > .git/commondir` would run evil/config's
+    fsmonitor the next time the human runs git. Such files are put back."""
+    undone = []
+    for name, before in state.git_before.items():
+        p = state.workdir / name
+        now = None if not p.exists() else "dir" if p.is_dir() else p.read_bytes()
+        if now == before or before == "dir" or (before is None and now == "dir"):
+            continue  # unchanged, a repository deleted, or one made (git init)
+        if now == "dir":
+            shutil.rmtree(p)
+        elif now is not None:
+            p.unlink()
+        if before is not None:
+            p.write_bytes(before)
+        undone.append(name)
+    state.git_before = {}
+    return f"\n[sandbox: changes to {', '.join(undone)} were undone: they redirect git]" if undone else ""
 
 # --- s07.5: the human, the verdict, plan mode ---
 # permit() is what run_tool calls: decide(), then, for "ask", one question to

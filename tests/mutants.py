@@ -80,8 +80,8 @@ MUTANTS = [
      ["tests/test_s06_compact.py"], ONLY),
     # subagent bill
     ("bill-ignores-cache", CH,
-     'usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)\n'
-     '                       + (u.cache_creation_input_tokens or 0))',
+     'usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens\n'
+     '                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper',
      'usage["input"] += u.input_tokens',
      ["tests/test_s06_edges.py", "tests/test_s04_subagent.py"], ONLY),
     # saved results

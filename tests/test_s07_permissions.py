@@ -163,6 +163,7 @@ TABLE = [
     ("bash", {"command": "/usr/bin/rm -f x"}, "bypassPermissions", rules(deny=["bash(rm *)"]), "deny", "rule"),
     ("bash", {"command": "git status > ~/.bashrc"}, "default", rules(allow=["bash(git *)"]), "ask", "mode"),
     ("bash", {"command": "git status 2>&1 >/dev/null"}, "default", rules(allow=["bash(git *)"]), "allow", "rule"),
+    ("bash", {"command": "echo x 1<>~/.bashrc"}, "default", rules(allow=["bash(echo *)"]), "ask", "mode"),
     # the plan file is the one writable file in plan mode
     ("write_file", {"path": "PLAN_FILE", "content": "# plan"}, "plan", [], "allow", "mode"),
     ("edit_file", {"path": "src/app.py", "old_string": "a", "new_string": "b"}, "plan",

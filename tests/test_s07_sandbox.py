@@ -307,3 +307,18 @@ def test_argv_binds_only_what_exists_and_never_widens_through_links(mod, tmp_pat
     assert "--unshare-net" not in argv and "--unshare-pid" in argv
     assert argv.index("/tmp") < argv.index(str(ws))  # the private /tmp first: ws may live in it
     assert argv[argv.index("--setenv"):][:3] == ["--setenv", "TMPDIR", "/tmp"]
+
+
+@in_s07
+def test_git_cannot_be_pointed_elsewhere_from_the_sandbox(sandboxed, workspace):
+    mod = sandboxed
+    import subprocess
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    out = bash(mod, "mkdir -p evil/objects evil/refs && echo ../evil > .git/commondir && "
+                    "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' > evil/config")
+    assert not (workspace / ".git" / "commondir").exists()
+    assert "were undone" in out
+    subprocess.run(["git", "status"], cwd=workspace, capture_output=True)
+    assert not (workspace / "PWNED").exists()
+    assert bash(mod, "git add -A && git -c user.email=a@b -c user.name=a commit -qm x && echo ok").strip() \
+        .endswith("ok")                                             # commits still work
