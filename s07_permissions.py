@@ -3158,14 +3158,28 @@ def trust_config(path):
     trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def loosening(data):
+    """What a config file would widen, in a few words for the trust question."""
+    perms, parts = data.get("permissions") or {}, []
+    if perms.get("allow"):
+        parts.append("allows " + ", ".join(map(str, perms["allow"][:5])) + (" ..." if len(perms["allow"]) > 5 else ""))
+    if perms.get("additional_directories"):
+        parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
+    if perms.get("default_mode"):
+        parts.append(f"starts in {perms['default_mode']}")
+    if data.get("sandbox"):
+        parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
+    return printable("; ".join(parts))
+
+
 def file_trusted(workdir, path, trust_all=False):
     """A project-scope file counts in full only once the human said yes to this
     exact content (its hash); --trust-workspace says yes for a run without a human."""
     if config_trusted(path):
         return True
     if not trust_all:
-        answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions. "
-                           f"Trust this file? [y/N] ")
+        answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions: "
+                           f"{loosening(read_config(path))}. Trust this file? [y/N] ")
         trust_all = answer.strip().lower() in ("y", "yes")
     if trust_all:
         trust_config(path)

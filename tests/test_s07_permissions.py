@@ -257,7 +257,9 @@ def test_an_untrusted_project_config_can_only_tighten(mod, workspace, monkeypatc
     assert effects == ["ask", "deny"]                      # allow rules dropped
     assert settings["additional_directories"] == [] and settings["default_mode"] is None
     assert settings["sandbox"]["enabled"] is True
-    assert "not trusted" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not trusted" in err
+    assert "allows bash, write_file" in err and "starts in bypassPermissions" in err   # the question says what
 
 
 @pytest.mark.permissions
