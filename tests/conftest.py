@@ -118,6 +118,19 @@ def mod(request, workspace):
         yield m
 
 
+@pytest.fixture
+def fast(mod, monkeypatch):
+    """The chapter's retries without waiting (s06 and later)."""
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.0)
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.0)
+    return mod
+
+
+def message_bodies(api):
+    """The bodies of Messages requests only (count_tokens calls are logged too)."""
+    return [r["body"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
+
+
 def run_turn(mod, api, client, steps, prompt="do the work"):
     """One user turn over a script that must be used up exactly; ends on 'Finished.'."""
     from fake_api import reply

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TESTS, chapters_from, run_chapter, strip_cache
+from conftest import TESTS, chapters_from, run_chapter, strip_cache, message_bodies
 from fake_api import error, hangup, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
@@ -25,17 +25,12 @@ TOO_LONG = "prompt is too long: 210000 tokens > 200000 maximum"
 
 # --- helpers -------------------------------------------------------------------
 
-def bodies(api):
-    """Message requests only (count_tokens calls are logged too)."""
-    return [r["body"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
-
-
 def is_summary(body):
     return body.get("tool_choice") == {"type": "none"}
 
 
 def kinds(api):
-    return ["summary" if is_summary(b) else "main" for b in bodies(api)]
+    return ["summary" if is_summary(b) else "main" for b in message_bodies(api)]
 
 
 strip_cc = strip_cache
@@ -86,14 +81,6 @@ def history_of(rounds, size=200, parallel=()):
             {"type": "tool_result", "tool_use_id": i, "content": f"out {i} " + "x" * size} for i in ids]})
     h.append({"role": "assistant", "content": [text("All rounds done.")]})
     return h
-
-
-@pytest.fixture
-def fast(mod, monkeypatch):
-    """Retries without waiting."""
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.0)
-    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.0)
-    return mod
 
 
 # --- context size ----------------------------------------------------------------
@@ -149,7 +136,7 @@ def test_huge_output_is_saved_to_disk_and_replaced_once_by_preview_and_path(mod,
     full = "".join(f"{n}\n" for n in range(1, 60001))
     saved = workspace / ".agent" / "tool-results" / f"{call['id']}.txt"
     assert saved.read_text() == full                        # the file holds all of it
-    seen = [results_in(b).get(call["id"]) for b in bodies(api)[1:]]
+    seen = [results_in(b).get(call["id"]) for b in message_bodies(api)[1:]]
     assert seen[0] == seen[1]                               # replaced once, then stable
     shown = seen[0]
     assert shown.startswith("<persisted-output>") and shown.endswith("</persisted-output>")
@@ -179,7 +166,7 @@ def test_reading_a_saved_result_with_read_file_does_not_save_it_again(mod, api, 
     again = tool("read_file", {"path": saved, "offset": 100, "limit": 19_900})
     api.script([reply(big), reply(again), reply("done")])
     assert run(mod, client)[0] == "end_turn"
-    shown = results_in(bodies(api)[2])[again["id"]]
+    shown = results_in(message_bodies(api)[2])[again["id"]]
     assert not shown.startswith("<persisted-output>") and "   100\t100\n" in shown
     assert len(shown) > 30_000                              # over the persist line, yet left alone
     assert len(list((workspace / ".agent" / "tool-results").iterdir())) == 1
@@ -203,7 +190,7 @@ def test_old_results_are_cleared_in_batches_after_the_model_saw_them(mod, api, c
     monkeypatch.setattr(mod, "WORKING_BUDGET", 6_000)
     monkeypatch.setattr(mod, "KEEP_RESULTS", 2)
     calls, history = reading_session(mod, api, client, workspace, 16)
-    reqs = bodies(api)
+    reqs = message_bodies(api)
     for call in calls:   # each result arrives in full before any request shows it cleared
         states = [("END-" in c) if c else None for c in (results_in(b).get(call["id"]) for b in reqs)]
         first = states.index(True)
@@ -227,7 +214,7 @@ def test_a_result_is_never_cleared_before_the_model_has_seen_it(mod, api, client
     monkeypatch.setattr(mod, "WORKING_BUDGET", 0)
     monkeypatch.setattr(mod, "KEEP_RESULTS", 0)
     calls, _ = reading_session(mod, api, client, workspace, 4)
-    reqs = bodies(api)
+    reqs = message_bodies(api)
     for k, call in enumerate(calls):
         assert f"END-{k:02d}" in results_in(reqs[k + 1])[call["id"]]       # full, once
         if k + 2 < len(reqs):
@@ -237,12 +224,12 @@ def test_a_result_is_never_cleared_before_the_model_has_seen_it(mod, api, client
 @each
 def test_a_cold_cache_clears_old_results_even_under_budget(mod, api, client, workspace):
     calls, history = reading_session(mod, api, client, workspace, 5)
-    assert "END-00" in results_in(bodies(api)[-1])[calls[0]["id"]]          # warm: kept
+    assert "END-00" in results_in(message_bodies(api)[-1])[calls[0]["id"]]          # warm: kept
     mod.last_usage(history)["at"] -= 5 * 60 + 1                              # 5 minutes idle
     mod.add_user_text(history, "and now?")
     api.script([reply("fine")])
     assert mod.agent_loop(client, history) == "end_turn"
-    last = results_in(bodies(api)[-1])
+    last = results_in(message_bodies(api)[-1])
     assert [("old tool result cleared" in last[c["id"]]) for c in calls] == [True, True, False, False, False]
 
 
@@ -257,7 +244,7 @@ def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client
     steps += [reply(tool("bash", {"command": f"head -c 1600 big.txt; echo {i}"})) for i in range(14)]
     api.script(steps + [reply("done")])
     assert run(mod, client)[0] == "end_turn"
-    reqs = bodies(api)
+    reqs = message_bodies(api)
     cleared = [sum("old tool result cleared" in str(c) for c in results_in(b).values()) for b in reqs]
     breaks = [k for k in range(1, len(reqs)) if cleared[k] != cleared[k - 1]]
     assert 1 <= len(breaks) <= 3 and cleared[-1] >= 5      # a few big batches, not one a turn
@@ -287,7 +274,7 @@ def test_cache_breakpoints_on_tools_system_and_newest_messages(mod, api, client,
                 reply(tool("bash", {"command": "echo hi"})), reply("done")])
     reason, history = run(mod, client)
     assert reason == "end_turn"
-    reqs = bodies(api)
+    reqs = message_bodies(api)
     for body in reqs:
         assert breakpoints(body) <= 4
         assert "cache_control" in body["tools"][-1] and "cache_control" in body["system"][-1]
@@ -332,7 +319,7 @@ def test_usage_near_the_window_triggers_compaction(mod, api, client, workspace, 
     monkeypatch.setattr(mod, "save_transcript", lambda m: before.append(copy.deepcopy(m)) or real(m))
     assert mod.agent_loop(client, history) == "end_turn"
     assert kinds(api) == ["main", "main", "main", "summary", "main"]
-    summary_req, after = bodies(api)[3], bodies(api)[4]
+    summary_req, after = message_bodies(api)[3], message_bodies(api)[4]
     # the summary call: the 9-section prompt, analysis then summary, no tool usable
     prompt = dump(summary_req["messages"][-1])
     for section in ("<analysis>", "<summary>", "1. Primary request", "6. All user messages",
@@ -360,7 +347,7 @@ def test_compaction_never_splits_parallel_tool_calls(mod, api, client, monkeypat
         history = copy.deepcopy(base)
         api.script([reply(SUMMARY), reply("continuing")])
         mod.compact_now(client, history)
-        assert is_summary(bodies(api)[0])
+        assert is_summary(message_bodies(api)[0])
         check_history(history)
         assert history[0]["role"] == "user" and "SUMMARY-TEXT" in dump(history[0])
         ids = lambda h, kind: {b.get("id") or b.get("tool_use_id") for m in h if not isinstance(m["content"], str)
@@ -422,7 +409,7 @@ def test_circuit_breaker_after_three_failures_and_the_forced_line_above_it(mod, 
                           "main", "main", "summary", "main"]
     assert "compaction failed (3/3" in capsys.readouterr().err
     assert mod.agent_state().compaction["failures"] == 0              # a success closes the breaker
-    assert "SUMMARY-TEXT" in dump(bodies(api)[-1]["messages"][0])
+    assert "SUMMARY-TEXT" in dump(message_bodies(api)[-1]["messages"][0])
     check_history(history)
 
 
@@ -432,8 +419,8 @@ def test_the_model_can_ask_for_compaction_with_a_focus(mod, api, client):
     reason, history = run(mod, client, "PROMPT-TWO")
     assert reason == "end_turn"
     assert kinds(api) == ["main", "summary", "main"]
-    assert "FOCUS-PARSER" in dump(bodies(api)[1]["messages"][-1])
-    assert "SUMMARY-TEXT" in dump(bodies(api)[2]["messages"][0])
+    assert "FOCUS-PARSER" in dump(message_bodies(api)[1]["messages"][-1])
+    assert "SUMMARY-TEXT" in dump(message_bodies(api)[2]["messages"][0])
     check_history(history)
 
 
@@ -443,7 +430,7 @@ def test_compact_now_mutates_the_history_in_place(mod, api, client):
     api.script([reply(SUMMARY)])
     assert mod.compact_now(client, history, "the tests") is history
     assert "SUMMARY-TEXT" in dump(history[0]) and len(history) < 14
-    assert "the tests" in dump(bodies(api)[0]["messages"][-1])
+    assert "the tests" in dump(message_bodies(api)[0]["messages"][-1])
 
 
 @each
@@ -454,7 +441,7 @@ def test_a_one_message_history_has_nothing_to_compact_and_never_crashes(mod, api
     assert mod.handle_slash("/compact", ctx) is None
     assert "error" not in ctx and history == [{"role": "user", "content": "first prompt"}]
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and "nothing to compact" in err[0] and bodies(api) == []
+    assert len(err) == 1 and "nothing to compact" in err[0] and message_bodies(api) == []
     monkeypatch.setattr(mod, "AUTO_COMPACT_AT", 1_000)          # a huge first prompt
     api.script([reply("read it all")])
     reason, history = run(mod, client, "x " * 5_000)
@@ -473,7 +460,7 @@ def test_prompt_too_long_compacts_and_retries_the_same_turn(mod, api, client, mo
     reason, history = run(mod, client, "PROMPT-THREE")
     assert reason == "end_turn"
     assert kinds(api) == ["main", "main", "main", "summary", "main"]
-    failed, retried = bodies(api)[2], bodies(api)[4]
+    failed, retried = message_bodies(api)[2], message_bodies(api)[4]
     assert strip_cc(failed["messages"][-1]) == strip_cc(retried["messages"][-1])   # same turn
     assert "SUMMARY-TEXT" in dump(retried["messages"][0]) and "PROMPT-THREE" not in dump(retried)
     check_history(history)
@@ -501,7 +488,7 @@ def test_max_tokens_stop_is_continued(mod, api, client):
                 reply("PART-TWO, finished")])
     reason, history = run(mod, client)
     assert reason == "end_turn"
-    second = bodies(api)[1]["messages"]
+    second = message_bodies(api)[1]["messages"]
     assert second[-2] == {"role": "assistant", "content": [text("PART-ONE of the answer")]}
     assert "Continue exactly where it stopped" in dump(second[-1])
     assert "tool_use" not in dump(second)                   # the cut call is dropped
@@ -513,7 +500,7 @@ def test_max_tokens_continuations_are_bounded(mod, api, client):
     n = 3 + 1                                               # the documented 3 continuations
     api.script([reply(f"piece {k}", stop_reason="max_tokens") for k in range(n)] + [reply("never")])
     reason, history = run(mod, client)
-    assert reason == "end_turn" and len(bodies(api)) == n and api.remaining() == 1
+    assert reason == "end_turn" and len(message_bodies(api)) == n and api.remaining() == 1
     check_history(history)
 
 
@@ -521,7 +508,7 @@ def test_max_tokens_continuations_are_bounded(mod, api, client):
 def test_repeated_overload_backs_off_then_succeeds(fast, api, client, capsys):
     api.script([error(529), error(529), error(429), reply("made it")])
     reason, history = run(fast, client)
-    assert reason == "end_turn" and len(bodies(api)) == 4
+    assert reason == "end_turn" and len(message_bodies(api)) == 4
     assert history[-1]["content"] == [text("made it")]
     assert capsys.readouterr().err.count("retry ") == 3
 
@@ -548,7 +535,7 @@ def test_backoff_is_exponential_and_honours_retry_after(mod, api, client, monkey
 def test_retries_are_bounded_then_one_clear_line_and_a_valid_history(fast, api, client, capsys):
     api.script([error(529)] * (4 + 1) + [reply("later")])   # the documented 4 retries
     reason, history = run(fast, client)
-    assert reason == "api_error" and len(bodies(api)) == 4 + 1
+    assert reason == "api_error" and len(message_bodies(api)) == 4 + 1
     failures = [ln for ln in capsys.readouterr().err.splitlines() if "API error" in ln]
     assert len(failures) == 1 and "529" in failures[0]
     assert history == [{"role": "user", "content": "do the work"}]
@@ -560,8 +547,8 @@ def test_retries_are_bounded_then_one_clear_line_and_a_valid_history(fast, api, 
 def test_a_stream_cut_mid_reply_is_retried(fast, api, client, capsys):
     api.script([reply("a" * 60, cut_after=5), hangup(), reply("a" * 36 + ", the whole answer")])
     reason, history = run(fast, client)
-    assert reason == "end_turn" and len(bodies(api)) == 3
-    first, retried = bodies(api)[0], bodies(api)[2]         # the same request, continued
+    assert reason == "end_turn" and len(message_bodies(api)) == 3
+    first, retried = message_bodies(api)[0], message_bodies(api)[2]         # the same request, continued
     assert strip_cc(retried["messages"][:-1]) == strip_cc(first["messages"])
     assert strip_cc(retried["messages"][-1]) == {"role": "assistant", "content": [text("a" * 24)]}
     assert history[-1]["content"] == [text("a" * 60 + ", the whole answer")]
@@ -572,7 +559,7 @@ def test_a_stream_cut_mid_reply_is_retried(fast, api, client, capsys):
 def test_other_errors_fail_the_turn_at_once_with_one_line(fast, api, client, capsys):
     api.script([error(400, "messages: something odd"), reply("unused")])
     reason, history = run(fast, client)
-    assert reason == "api_error" and len(bodies(api)) == 1
+    assert reason == "api_error" and len(message_bodies(api)) == 1
     err = capsys.readouterr().err.splitlines()
     assert len([ln for ln in err if "API error" in ln]) == 1 and "retry" not in " ".join(err)
     check_history(history)
@@ -620,7 +607,7 @@ def test_a_child_loop_keeps_its_own_compaction_state_and_prefix(mod, api, client
     assert kinds(api) == ["main", "main", "summary", "main", "main"]
     assert mod.agent_state().compaction["failures"] == 2 and not mod.agent_state().compaction["requested"]
     assert mod.agent_state().compaction["focus"] is None
-    child, summary = bodies(api)[1], bodies(api)[2]        # the child's own prompt prefix
+    child, summary = message_bodies(api)[1], message_bodies(api)[2]        # the child's own prompt prefix
     assert strip_cc(summary["system"]) == strip_cc(child["system"])
     assert strip_cc(summary["tools"]) == strip_cc(child["tools"])
     err = capsys.readouterr().err                          # cost: one session total
@@ -639,8 +626,8 @@ def test_compaction_requests_never_cross_between_parent_and_child(mod, api, clie
                 reply("parent final")])
     assert mod.agent_loop(client, history) == "end_turn"
     assert kinds(api) == ["main", "main", "summary", "main"]
-    assert "PARENT-FOCUS" in dump(bodies(api)[2]["messages"][-1])
-    assert "start the work" in dump(bodies(api)[2]["messages"])
+    assert "PARENT-FOCUS" in dump(message_bodies(api)[2]["messages"][-1])
+    assert "start the work" in dump(message_bodies(api)[2]["messages"])
     check_history(history)
     agents = workspace / ".agent" / "agents"
     agents.mkdir(parents=True)
@@ -677,7 +664,7 @@ def test_a_fork_sees_old_results_as_cleared_as_the_parent_sent_them(mod, api, cl
     api.script([reply(c) for c in calls] + [reply(tool("agent", {"prompt": "sum up", "fork": True})),
                                             reply("Scope: fork report"), reply("done")])
     assert run(mod, client)[0] == "end_turn"
-    parent, fork = bodies(api)[6], bodies(api)[7]          # the agent call's request, the fork's
+    parent, fork = message_bodies(api)[6], message_bodies(api)[7]          # the agent call's request, the fork's
     assert "<fork_boilerplate>" in dump(fork["messages"][-1])
     cleared = {i for i, c in results_in(parent).items() if "old tool result cleared" in c}
     assert cleared and all("old tool result cleared" in results_in(fork)[i] for i in cleared)
@@ -693,8 +680,8 @@ def test_repl_compact_line_runs_compaction_with_its_focus(mod, api, workspace):
                     input="hello there\n/compact the parser work\nwhat next?\n")
     assert p.returncode == 0, p.stderr
     assert kinds(api) == ["main", "summary", "main"]
-    assert "the parser work" in dump(bodies(api)[1]["messages"][-1])
-    assert "SUMMARY-TEXT" in dump(bodies(api)[2]["messages"])
+    assert "the parser work" in dump(message_bodies(api)[1]["messages"][-1])
+    assert "SUMMARY-TEXT" in dump(message_bodies(api)[2]["messages"])
     assert "[compacted (requested)" in p.stderr
     assert len(list((workspace / ".agent" / "transcripts").glob("*.jsonl"))) == 1
 
@@ -709,6 +696,6 @@ def test_demo_scenario_compacts_visibly(mod, api, workspace):
     api.script(list(scenario.STEPS))
     p = run_chapter(mod.__name__, scenario.PROMPT, api=api, cwd=workspace)
     assert p.returncode == 0, p.stderr
-    assert "<persisted-output>" in dump(bodies(api))
+    assert "<persisted-output>" in dump(message_bodies(api))
     assert "[compacted (" in p.stderr and "summary" in kinds(api)
     assert api.remaining() == 0 and api.exhausted == 0

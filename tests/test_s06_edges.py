@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import chapters_from, run_turn
+from conftest import chapters_from, run_turn, message_bodies
 from fake_api import error, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
@@ -14,12 +14,8 @@ SUMMARY = "<summary>1. Primary request: SUMMARY-TEXT</summary>"
 TOO_LONG = "prompt is too long: 210000 tokens > 200000 maximum"
 
 
-def bodies(api):
-    return [r["body"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
-
-
 def kinds(api):
-    return ["summary" if b.get("tool_choice") == {"type": "none"} else "main" for b in bodies(api)]
+    return ["summary" if b.get("tool_choice") == {"type": "none"} else "main" for b in message_bodies(api)]
 
 
 def history_of(rounds, size=200):
@@ -61,7 +57,7 @@ def test_a_prompt_too_long_summary_call_is_retried_without_the_oldest_turns(mod,
     api.script([error(400, TOO_LONG), reply(SUMMARY)])
     mod.compact_now(client, history)
     assert kinds(api) == ["summary", "summary"]
-    first, second = (b["messages"] for b in bodies(api))
+    first, second = (b["messages"] for b in message_bodies(api))
     assert len(second) < len(first)
     assert "start the work" in json.dumps(first) and "start the work" not in json.dumps(second)
     assert json.dumps(first[-2]) == json.dumps(second[-2])      # the newest turns stay

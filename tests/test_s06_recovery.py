@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import chapters_from, strip_cache
+from conftest import chapters_from, message_bodies, strip_cache
 from fake_api import error, reply, text, tool
-from test_s06_compact import (SUMMARY, bodies, check_history, dump, history_of, kinds,
+from test_s06_compact import (SUMMARY, check_history, dump, history_of, kinds,
                               results_in, run)
 
 each = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
@@ -24,14 +24,6 @@ each = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
 # The real API's 400 when the prompt fits but the reply would not.
 NO_ROOM = ("input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000, "
            "decrease input length or `max_tokens` and try again")
-
-
-@pytest.fixture
-def fast(mod, monkeypatch):
-    """Retries without waiting."""
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.0)
-    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.0)
-    return mod
 
 
 # --- 1. many results in one message ---------------------------------------------
@@ -46,7 +38,7 @@ def test_many_parallel_reads_together_fit_the_message_budget(mod, api, client, w
     api.script([reply(*calls), reply("read them all")])
     reason, history = run(mod, client, "read every part")
     assert reason == "end_turn"
-    sent = results_in(bodies(api)[1])
+    sent = results_in(message_bodies(api)[1])
     assert sum(len(c) for c in sent.values()) <= mod.MESSAGE_BUDGET_CHARS
     kept = [i for i, c in enumerate(calls) if f"PART-{i:02d}" in sent[c["id"]]]
     assert 1 <= len(kept) < 24
@@ -95,7 +87,7 @@ def test_a_kept_tail_too_big_on_its_own_is_shrunk_the_same_way(mod, api, client,
     api.script([reply(SUMMARY), reply("done")])
     assert mod.agent_loop(client, history) == "end_turn"
     assert kinds(api) == ["summary", "main"]
-    after = results_in(bodies(api)[1])
+    after = results_in(message_bodies(api)[1])
     assert sum(len(c) for c in after.values()) <= mod.MESSAGE_BUDGET_CHARS
     assert "offset" in after["toolu_p00"] and "part00.txt" in after["toolu_p00"]
     check_history(history)
@@ -110,7 +102,7 @@ def test_no_room_for_max_tokens_retries_with_max_tokens_lowered_to_fit(mod, api,
     api.script([error(400, message), reply("done")])
     reason, history = run(mod, client)
     assert reason == "end_turn" and kinds(api) == ["main", "main"]
-    first, retried = bodies(api)
+    first, retried = message_bodies(api)
     assert first["max_tokens"] == 8_000 and retried["max_tokens"] == 200_000 - 195_112
     assert strip_cache(retried["messages"]) == strip_cache(first["messages"])   # the same turn
     assert history[-1]["content"] == [text("done")]
@@ -125,7 +117,7 @@ def test_too_little_room_for_a_useful_reply_compacts_and_retries(mod, api, clien
     api.script([error(400, tight), reply(SUMMARY), reply("done")])
     assert mod.agent_loop(client, history) == "end_turn"
     assert kinds(api) == ["main", "summary", "main"]
-    retried = bodies(api)[2]
+    retried = message_bodies(api)[2]
     assert retried["max_tokens"] == 8_000 and "SUMMARY-TEXT" in dump(retried["messages"][0])
     assert "PROMPT-NEXT" in dump(retried["messages"][-1])
     check_history(history)
@@ -138,7 +130,7 @@ def test_a_summary_call_without_room_for_its_output_trims_and_retries(mod, api, 
     api.script([error(400, full), reply(SUMMARY)])
     mod.compact_now(client, history)
     assert kinds(api) == ["summary", "summary"]
-    first, second = bodies(api)
+    first, second = message_bodies(api)
     assert "start the work" in dump(first["messages"])            # the oldest part...
     assert "start the work" not in dump(second["messages"])       # ...is dropped
     assert len(second["messages"]) < len(first["messages"])
@@ -178,7 +170,7 @@ def test_a_big_result_that_cannot_be_saved_is_clipped_with_a_note(mod, api, clie
     api.script([reply(call), reply("done")])
     reason, history = run(mod, client)
     assert reason == "end_turn"                                   # the turn goes on
-    shown = results_in(bodies(api)[1])[call["id"]]
+    shown = results_in(message_bodies(api)[1])[call["id"]]
     assert shown.startswith("1\n2\n3\n") and "59999" not in shown
     assert len(shown) < mod.PREVIEW_CHARS + 500
     assert "could not be saved" in shown and "saved to:" not in shown
@@ -223,7 +215,7 @@ def test_a_cut_reply_is_continued_by_prefill_so_stdout_holds_one_reply(fast, api
     out, err = capsys.readouterr()
     assert out == answer + "\n" and out.count(SENTENCE.strip()) == 20
     assert history[-1]["content"] == [text(answer)]              # one reply, not two
-    first, again = bodies(api)
+    first, again = message_bodies(api)
     prefill = again["messages"][-1]
     assert prefill["role"] == "assistant" and len(prefill["content"]) == 1
     assert prefill["content"][0]["text"] == answer[:107]          # trailing space trimmed
@@ -255,7 +247,7 @@ def test_a_continuation_that_starts_with_a_tool_call_keeps_the_text_before_it(fa
     api.script([reply(words, call, cut_after=7), reply(call), reply("Checked.")])
     reason, history = run(fast, client)
     assert reason == "end_turn"
-    assert strip_cache(bodies(api)[1]["messages"][-1]["content"]) == [text(words)]
+    assert strip_cache(message_bodies(api)[1]["messages"][-1]["content"]) == [text(words)]
     assert history[1]["content"] == [text(words), call]           # one reply: text, then call
     assert capsys.readouterr().out.splitlines() == [words, "Checked."]
     check_history(history)
@@ -276,7 +268,7 @@ def test_a_cut_reply_that_cannot_be_prefilled_restarts_on_a_fresh_line(fast, api
     assert reason == "end_turn"
     out, err = capsys.readouterr()
     assert out.splitlines() == ["Let me check.", "Let me check.", "Checked."]
-    assert bodies(api)[1] == bodies(api)[0]                       # restarted: the same request
+    assert message_bodies(api)[1] == message_bodies(api)[0]                       # restarted: the same request
     assert len([ln for ln in err.splitlines() if "stream cut" in ln]) == 1
     check_history(history)
 
@@ -289,7 +281,7 @@ def test_the_summary_call_is_streamed_billed_and_not_printed(mod, api, client, c
     api.script([reply(SUMMARY, usage={"input_tokens": 150_000, "output_tokens": 2_000})])
     mod.compact_now(client, history)
     assert "SUMMARY-TEXT" in dump(history[0])
-    assert bodies(api)[0].get("stream") is True
+    assert message_bodies(api)[0].get("stream") is True
     assert mod.agent_state().session["cost"] == pytest.approx(0.48)   # 150K x $3/M + 2K x $15/M
     out, err = capsys.readouterr()
     assert "SUMMARY-TEXT" not in out + err and "DRAFT-NOTES" not in out + err
