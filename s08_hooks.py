@@ -4243,12 +4243,12 @@ def hook_env(payload, state):
     args = payload.get("tool_input") or {}
     raw = args.get("path", args.get("file_path")) if isinstance(args, dict) else None
     file_path = os.path.normpath(state.workdir / raw) if isinstance(raw, str) and raw and "\0" not in raw else ""
-    env = {k: v for k, v in child_env().items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
-    env |= {"EVENT": payload["event"], "TOOL_NAME": payload.get("tool_name", ""), "FILE_PATH": file_path,
+    ours = {"EVENT": payload["event"], "TOOL_NAME": payload.get("tool_name", ""), "FILE_PATH": file_path,
             "MESSAGE": payload.get("prompt", payload.get("last_assistant_message", "")),
             "ERROR": payload.get("error", ""), "CLAUDE_PROJECT_DIR": str(state.workdir)}
-    env |= {env_name(k): env_value(v) for k, v in args.items()}
-    return {k: env_value(v) for k, v in env.items()}
+    ours |= {env_name(k): v for k, v in args.items()}
+    env = {k: v for k, v in child_env().items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
+    return env | {k: env_value(v) for k, v in ours.items()}
 
 
 def quote_vars(command):
@@ -4457,15 +4457,20 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 # hook sees. Async hooks run in a thread and can only be logged.
 def hook_payload(event, fields, state):
     """The JSON a hook gets (Claude Code's fields), plus our event name."""
-    return {"session_id": state.run_id, "transcript_path": str(hook_transcript(state)),
+    return {"session_id": state.run_id, "transcript_path": str(transcript_file(state)),
             "cwd": str(state.workdir), "permission_mode": state.mode,
-            "hook_event_name": HOOK_EVENTS[event], "event": event} | fields
+            "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
+        | ({"agent_name": state.label} if state.label else {})
 
 
-def hook_transcript(state):
+def transcript_file(state):
+    return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
+
+
+def write_transcript(state):
     """The session's history as JSONL for hooks that read transcript_path: the main
-    agent's, rewritten when it grew since the last hook saw it."""
-    path = state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
+    agent's, rewritten before a hook runs when it grew since the last one."""
+    path = transcript_file(state)
     messages = state.messages if not state.label else None
     mark = messages and (len(messages), len(json.dumps(messages[-1], default=str)))
     if messages and state.hooks.get("transcript") != mark:
@@ -4476,7 +4481,6 @@ def hook_transcript(state):
                                    for m in messages), encoding="utf-8")
             os.replace(tmp, path)
             state.hooks["transcript"] = mark
-    return path
 
 
 def log_hook(hook, event, outcome, seconds):
@@ -4495,12 +4499,16 @@ def log_hook(hook, event, outcome, seconds):
 def run_hook(hook, payload, state):
     """One action; never raises (but Ctrl+C): a failure is logged and changes nothing."""
     start = time.monotonic()
+    if hook["action"]["type"] != "prompt":
+        write_transcript(state)
     try:
         v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state), state)
     except Exception as e:  # HookFailed, or a bug in a hook we must survive
         log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
         warn_once(f"[hook {hook['name']} ({payload['event']}) failed and was skipped: "
                   f"{' '.join(str(e).split())[:200]}; .agent/hooks.log has each run]")
+        if hook["reject"]:  # a reject hook fails closed: reaching its action refuses the call
+            return verdict(block=f"rejected by hook {hook['name']} (its action failed: {e})")
         return verdict()
     outcome = f"blocked: {v['block']}" if v["block"] else v["decision"] or "ok"
     log_hook(hook, payload["event"], outcome, time.monotonic() - start)
@@ -4589,7 +4597,7 @@ def pre_tool_hooks(block):
     input rewritten in place, checked against the schema (permit's layers follow)."""
     state = agent_state()
     if state.halt:
-        return verdict(block=f"the turn was ended by a hook: {state.halt}", by="the hooks")
+        return verdict(block=f"the turn was ended by a hook: {state.halt}", by="")
     args = block.input if isinstance(block.input, dict) else {}
     v = fire("pre_tool_use", tool_name=block.name, tool_input=args, tool_use_id=block.id)
     if v["input"] is not None and v["block"] is None:
@@ -4607,7 +4615,7 @@ def hook_effect(block, hooked, decided):
     hook overrides the blocklist, a protected path or a deny rule."""
     effect, layer, reason = decided
     if hooked["block"] is not None:
-        return "deny", f"hook {hooked['by']}", hooked["block"]
+        return "deny", f"hook {hooked['by']}".strip(), hooked["block"]
     if effect == "deny":
         return decided
     if hooked["decision"]:
@@ -4671,7 +4679,7 @@ def start_hooks(messages):
     if prompt is None:
         return None
     event = "subagent_start" if state.label else "user_prompt_submit"
-    v = fire(event, prompt=prompt, **({"agent_name": state.label} if state.label else {}))
+    v = fire(event, prompt=prompt)
     if (v["block"] is not None or v["stop"]) and event == "user_prompt_submit":
         drop_prompt(messages)
         say(printable(f"[prompt blocked by hook {v['by']}: {v['block'] or v['stop']}]"))
@@ -4716,11 +4724,10 @@ def begin_session():
     """At start-up, after the config is read: the hooks summary, then session_start."""
     state = agent_state()
     hooks = state.permissions.get("hooks", [])
-    skipped = sorted({h["file"] for h in hooks if not h["trusted"]})
-    for path in skipped:
-        say(f"[hooks in {rel(Path(path))} skipped: the file is not trusted (/hooks lists them)]")
+    active = sum(h["trusted"] for h in hooks)  # load_permissions named each untrusted file
     if hooks:
-        say(f"[{sum(h['trusted'] for h in hooks)} hook(s) active; /hooks lists them]")
+        say(f"[hooks: {active} active, {len(hooks) - active} not run (untrusted file); "
+            f"/hooks lists them]")
     v = fire("session_start", source="startup")
     note(v["context"], "session_start")
 
