@@ -22,6 +22,10 @@ for _var in ("NO_PROXY", "no_proxy"):
     _hosts = ["127.0.0.1", "localhost"] + [h.strip() for h in os.environ.get(_var, "").split(",")]
     os.environ[_var] = ",".join(h for h in dict.fromkeys(_hosts) if h)
 
+# The memory side calls (s09) would take scripted replies meant for the loop: off for
+# every process the suite starts, unless a test turns them on (marker memory).
+os.environ["AGENT_AUTO_MEMORY"] = "0"
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(TESTS)]
@@ -93,8 +97,10 @@ def client(api):
 
 
 @pytest.fixture
-def workspace(tmp_path, monkeypatch):
-    """A fresh project directory as cwd, and a fresh HOME for user-level state."""
+def workspace(tmp_path, monkeypatch, request):
+    """A fresh project directory as cwd, and a fresh HOME for user-level state. The
+    memory side calls (s09) are off unless the test is marked memory: they would
+    take scripted replies meant for the loop."""
     ws, home = tmp_path / "ws", tmp_path / "home"
     ws.mkdir()
     home.mkdir()
@@ -103,6 +109,7 @@ def workspace(tmp_path, monkeypatch):
     for var in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
                 "MODEL_ID", "AGENT_PERMISSION_MODE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AGENT_AUTO_MEMORY", "1" if request.node.get_closest_marker("memory") else "0")
     return ws
 
 
@@ -153,11 +160,13 @@ def strip_cache(obj):
 def run_chapter(name, *args, api=None, input=None, cwd=None, env=None, timeout=60):
     """Run a chapter file as a learner would: python sNN_x.py [args] < input."""
     full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("ANTHROPIC") and k not in ("MODEL_ID", "AGENT_PERMISSION_MODE")}
+                if not k.startswith("ANTHROPIC") and k not in ("MODEL_ID", "AGENT_PERMISSION_MODE", "AGENT_AUTO_MEMORY")}
     if api is not None:
         full_env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url}
     if name >= "s07" and "AGENT_PERMISSION_MODE" not in (env or {}):
         full_env["AGENT_PERMISSION_MODE"] = "bypassPermissions"   # earlier mechanisms' runs
+    if "AGENT_AUTO_MEMORY" not in (env or {}):
+        full_env["AGENT_AUTO_MEMORY"] = "0"                       # no memory side calls (s09)
     full_env |= env or {}
     return subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *args], input=input,
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
