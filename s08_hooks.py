@@ -4016,9 +4016,9 @@ command("permissions", "List the effective permission rules and where each comes
 # event, condition, action). Hooks live in the same files as the rules, and the
 # lists add up: user hooks first, then project, then local, each in file order.
 #     hooks:
-#       - event: post_tool_use                       # lint every Python file written
-#         if: tool == "write_file" && args.path ~= "**/*.py"
-#         action: {type: command, command: "ruff check $FILE_PATH"}
+#       - event: post_tool_use                       # lint every Python file written; ruff
+#         if: tool == "write_file" && args.path ~= "**/*.py"   # exits 1 on findings, exit 2 shows them
+#         action: {type: command, command: "ruff check -q $FILE_PATH >&2 || exit 2"}
 #       - event: pre_tool_use                        # exit 2: refused, stderr is the reason
 #         if: tool == "write_file" && args.path ~= "*.lock"
 #         action: {type: command, command: "echo 'generated: run npm install' >&2; exit 2"}
