@@ -368,7 +368,11 @@ def safe_path(p):
 
 
 def rel(path):
-    return path.relative_to(agent_state().workdir).as_posix() or "."
+    """A path as the human reads it: relative inside the workspace, absolute outside
+    (a path the human allowed for one call, or an additional directory)."""
+    path = Path(path)
+    return path.relative_to(agent_state().workdir).as_posix() or "." \
+        if path.is_relative_to(agent_state().workdir) else str(path)
 
 
 # --- s02.3: read, write and edit ---

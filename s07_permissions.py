@@ -391,7 +391,11 @@ def safe_path(p):
 
 
 def rel(path):
-    return path.relative_to(agent_state().workdir).as_posix() or "."
+    """A path as the human reads it: relative inside the workspace, absolute outside
+    (a path the human allowed for one call, or an additional directory)."""
+    path = Path(path)
+    return path.relative_to(agent_state().workdir).as_posix() or "." \
+        if path.is_relative_to(agent_state().workdir) else str(path)
 
 
 # --- s02.3: read, write and edit ---
@@ -3553,8 +3557,14 @@ def masked_paths(state):
 def sandbox_paths(workdir):
     """(protected, masked) for a workspace: paths bound read-only, and paths
     hidden from reads. The agent's own .env (the one make_client loads) is
-    masked: it holds the key that child_env keeps out of the environment."""
-    protected = [str(Path(workdir) / p) for p in SANDBOX_PROTECTED]
+    masked: it holds the key that child_env keeps out of the environment.
+    All of .agent is read-only inside (file tools may still write its notes and
+    plans): a command could otherwise plant a link where the agent itself later
+    writes (transcripts, logs) and so write outside the sandbox through the agent.
+    It is made first, as a folder that does not exist cannot be bound."""
+    with contextlib.suppress(OSError):
+        (Path(workdir) / ".agent").mkdir(exist_ok=True)
+    protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))

@@ -27,7 +27,7 @@ Run:
 Try:
     put the first example of the s08 section's comment in ~/.agent/config.yaml, then
     (real model) write a small Python file with an unused import
-    python -c "import s08_hooks as s; print(s.quote_vars('lint $FILE_PATH $TOOL_ARGS.path'))"
+    python -c 'import s08_hooks as s; print(s.quote_vars("lint $FILE_PATH $TOOL_ARGS.path"))'
 
 Key insight: the loop stays a stable core and extensions hang outside it; a
 hook is the human's code, so it is trusted like code, and event values reach
@@ -54,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -400,7 +401,11 @@ def safe_path(p):
 
 
 def rel(path):
-    return path.relative_to(agent_state().workdir).as_posix() or "."
+    """A path as the human reads it: relative inside the workspace, absolute outside
+    (a path the human allowed for one call, or an additional directory)."""
+    path = Path(path)
+    return path.relative_to(agent_state().workdir).as_posix() or "." \
+        if path.is_relative_to(agent_state().workdir) else str(path)
 
 
 # --- s02.3: read, write and edit ---
@@ -3573,8 +3578,14 @@ def masked_paths(state):
 def sandbox_paths(workdir):
     """(protected, masked) for a workspace: paths bound read-only, and paths
     hidden from reads. The agent's own .env (the one make_client loads) is
-    masked: it holds the key that child_env keeps out of the environment."""
-    protected = [str(Path(workdir) / p) for p in SANDBOX_PROTECTED]
+    masked: it holds the key that child_env keeps out of the environment.
+    All of .agent is read-only inside (file tools may still write its notes and
+    plans): a command could otherwise plant a link where the agent itself later
+    writes (transcripts, logs) and so write outside the sandbox through the agent.
+    It is made first, as a folder that does not exist cannot be bound."""
+    with contextlib.suppress(OSError):
+        (Path(workdir) / ".agent").mkdir(exist_ok=True)
+    protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))
@@ -4033,6 +4044,7 @@ command("permissions", "List the effective permission rules and where each comes
 HOOK_TIMEOUT = 60           # seconds, default for one hook action (the seed's and Claude Code's)
 HOOK_MAX_TIMEOUT = 600      # seconds: the most a config may set
 HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
+HOOK_JSON_CHARS = 1_000_000  # characters of stdout read to parse its JSON (a long reason is still a decision)
 HOOK_ENV_CHARS = 32_000     # characters per variable: Linux refuses one over 128 KiB (E2BIG)
 HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old copy is kept)
 HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
@@ -4053,12 +4065,14 @@ ACTION_KEYS = {"command": ({"command"}, set()), "prompt": ({"message"}, set()),
                "agent": ({"prompt"}, set()),
                "http": ({"url"}, {"method", "headers", "body", "allowed_env_vars"})}
 HOOK_VARS = ("EVENT", "TOOL_NAME", "FILE_PATH", "MESSAGE", "ERROR")  # the seed's, plus TOOL_ARGS_<KEY>
+QUOTED_VARS = HOOK_VARS + ("CLAUDE_PROJECT_DIR",)  # put in double quotes where a command leaves them bare
 HOOK_TOOL_NAMES = TOOL_ALIASES | {"WriteFile": "write_file", "ReadFile": "read_file",
                                   "EditFile": "edit_file"}  # the seed's names, so its examples work
 CLAUSE = re.compile(r"\s*(tool|event|prompt|args\.\w+)\s*(==|!=|=~|~=)\s*"
                     r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|]+)\s*(&&|\|\||$)")
 VAR_REF = re.compile(r"\$(?:TOOL_ARGS\.(\w+)|\{(\w+)\}|(\w+))")  # $TOOL_ARGS.key, ${X}, $X
 HEADER_VAR = re.compile(r"\$\{(\w+)\}")
+PATH_FIELDS = ("args.path", "args.file_path")  # ~= on these also sees the workspace-relative path
 AGENT_HOOK_SYSTEM = (
     "You are a hook: an automatic check the user configured, run on one event of a coding "
     "agent. Read what you need with read_file, glob and grep (you cannot change anything). "
@@ -4147,8 +4161,8 @@ def parse_hook(item, where):
         raise ValueError(f"{where}.if must be a string such as: tool == \"bash\"")
     try:
         cond = parse_condition(condition) if condition is not None else None
-    except (ValueError, re.error) as e:
-        raise ValueError(f"{where}.if {e}")
+    except (ValueError, re.error, OverflowError, RecursionError) as e:  # a regex can fail many ways
+        raise ValueError(f"{where}.if {' '.join(str(e).split())[:200]}")
     return {"event": event, "if": condition, "cond": cond, "action": item["action"],
             "reject": item.get("reject", False), "once": item.get("once", False),
             "async": item.get("async", False), "timeout": timeout}
@@ -4173,21 +4187,23 @@ def read_hooks(path, data, scope, trusted):
 
 
 def describe_hook(hook):
-    """One line: event, condition, action."""
+    """Event, condition and the whole action: the trust question and /hooks show
+    everything it would run or send, never a cut command."""
     action = hook["action"]
     what = {"command": "command", "prompt": "message", "http": "url", "agent": "prompt"}[action["type"]]
     flags = [k for k in ("reject", "once", "async") if hook[k]]
     cond = f" if {hook['if']}" if hook["if"] else ""
-    return printable(f"{hook['event']}{cond} -> {action['type']}: "
-                     f"{' '.join(str(action[what]).split())[:100]}{' (' + ', '.join(flags) + ')' if flags else ''}")
+    extra = "".join(f"; {k}: {json.dumps(action[k], ensure_ascii=False)}"
+                    for k in ("method", "headers", "allowed_env_vars", "body") if k in action)
+    return printable(f"{hook['event']}{cond} -> {action['type']}: {action[what]}{extra}"
+                     f"{' (' + ', '.join(flags) + ')' if flags else ''}")
 
 
 def hooks_question(data):
     """What a file's hooks would run, for s07's trust question."""
     hooks = data.get("hooks") or []
-    lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks[:10])
-    more = f"\n    ... {len(hooks) - 10} more" if len(hooks) > 10 else ""
-    return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}{more}\n  "
+    lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
+    return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
 
 # --- s08.2: conditions and the event's values ---
 def payload_value(field, payload):
@@ -4198,18 +4214,27 @@ def payload_value(field, payload):
     return str(payload.get({"tool": "tool_name", "event": "event", "prompt": "prompt"}[field], ""))
 
 
-def glob_hit(pattern, text, state):
-    """~=: a glob over the text; for a path, over its workspace-relative form too,
-    and a pattern without a / matches the file name at any depth (.gitignore's rule)."""
+def glob_hit(pattern, text, field, state):
+    """~=: a glob over the text. For a path field, over the path the tool will use
+    (relative to the workspace when inside it), and a pattern without a / matches
+    the file name at any depth (.gitignore's rule). Other fields: the text only."""
     regex, has_slash = pattern
     candidates = {text}
-    with contextlib.suppress(ValueError, OSError):
-        p = Path(os.path.normpath(state.workdir / text))
+    if field in PATH_FIELDS and (p := tool_path(text, state)):
         if p.is_relative_to(state.workdir):
             candidates.add(p.relative_to(state.workdir).as_posix())
-        if not has_slash:
-            candidates.add(p.name)
+        candidates |= {str(p)} | ({p.name} if not has_slash else set())
     return any(regex.fullmatch(c) for c in candidates)
+
+
+def tool_path(raw, state):
+    """The path a file tool would use for `raw` (~ expanded, links followed), or None."""
+    if not isinstance(raw, str) or not raw or "\0" in raw:
+        return None
+    try:
+        return (state.workdir / os.path.expanduser(raw)).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
 
 
 def hook_applies(hook, payload, state):
@@ -4220,7 +4245,7 @@ def hook_applies(hook, payload, state):
     for field, op, value in clauses:
         text = payload_value(field, payload)
         hits.append(text == value if op == "==" else text != value if op == "!="
-                    else bool(value.search(text)) if op == "=~" else glob_hit(value, text, state))
+                    else bool(value.search(text)) if op == "=~" else glob_hit(value, text, field, state))
     return all(hits) if joiner == "&&" else any(hits)
 
 
@@ -4242,7 +4267,7 @@ def hook_env(payload, state):
     values as variables, so `lint $FILE_PATH` works without splicing anything."""
     args = payload.get("tool_input") or {}
     raw = args.get("path", args.get("file_path")) if isinstance(args, dict) else None
-    file_path = os.path.normpath(state.workdir / raw) if isinstance(raw, str) and raw and "\0" not in raw else ""
+    file_path = str(tool_path(raw, state) or "")  # the file the tool touches, as the tool resolves it
     ours = {"EVENT": payload["event"], "TOOL_NAME": payload.get("tool_name", ""), "FILE_PATH": file_path,
             "MESSAGE": payload.get("prompt", payload.get("last_assistant_message", "")),
             "ERROR": payload.get("error", ""), "CLAUDE_PROJECT_DIR": str(state.workdir)}
@@ -4255,22 +4280,44 @@ def quote_vars(command):
     """The command with the seed's $TOOL_ARGS.key rewritten to ${TOOL_ARGS_KEY}, and
     each hook variable outside quotes put in double quotes: the shell expands a
     variable into data, never into code, and quoted it stays one word (a file
-    called `a b` is one argument). Inside single quotes nothing changes, as in sh."""
-    out, quote, i = [], None, 0
+    called `a b` is one argument). A small scanner keeps sh's quoting contexts:
+    '...' and $'...' are left alone, "..." is quoted already, $( ) and backticks
+    start a fresh unquoted context, a # comment runs to the end of its line."""
+    out, stack, i = [], [None], 0  # stack: None (unquoted), '"', "$(", "`"
     while i < len(command):
-        c = command[i]
-        if c == "\\" and quote != "'":
+        c, top = command[i], stack[-1]
+        if c == "\\":
             out.append(command[i:i + 2])
             i += 2
             continue
-        m = VAR_REF.match(command, i) if c == "$" and quote != "'" else None
+        m = VAR_REF.match(command, i) if c == "$" else None
         name = m and (env_name(m[1]) if m[1] else m[2] or m[3])
-        if m and (m[1] or name in HOOK_VARS or name.startswith("TOOL_ARGS_")):
-            out.append("${%s}" % name if quote else '"${%s}"' % name)
+        if m and (m[1] or name in QUOTED_VARS or name.startswith("TOOL_ARGS_")):
+            out.append("${%s}" % name if top == '"' else '"${%s}"' % name)
             i = m.end()
             continue
-        if c in "'\"" and quote in (None, c):
-            quote = None if quote else c
+        if top != '"' and (c == "'" or command.startswith("$'", i)):  # single quotes: copied as they are
+            j = i + (2 if c == "$" else 1)
+            while j < len(command) and command[j] != "'":
+                j += 2 if c == "$" and command[j] == "\\" else 1
+            out.append(command[i:j + 1])
+            i = j + 1
+            continue
+        if top != '"' and c == "#" and (i == 0 or command[i - 1] in " \t\n;&|("):
+            j = command.find("\n", i)
+            j = len(command) if j < 0 else j
+            out.append(command[i:j])
+            i = j
+            continue
+        if command.startswith("$(", i):
+            stack.append("$(")
+            out.append("$(")
+            i += 2
+            continue
+        if c == ")" and top == "$(" or c == '"' and top == '"' or c == "`" and top == "`":
+            stack.pop()
+        elif c == '"' or c == "`":
+            stack.append(c)
         out.append(c)
         i += 1
     return "".join(out)
@@ -4312,12 +4359,18 @@ def read_reply(data, event):
     if not isinstance(spec, dict):
         raise HookFailed("hookSpecificOutput must be an object")
     v = verdict(messages=[str(data["systemMessage"])] if data.get("systemMessage") else [])
+    for key in ("decision", "reason", "stopReason", "systemMessage"):
+        if data.get(key) is not None and not isinstance(data[key], (str, dict) if key == "decision" else str):
+            raise HookFailed(f"{key} must be a string")
     if data.get("decision") == "block":
-        v["block"] = str(data.get("reason") or "a hook blocked it")
-    decision = spec.get("permissionDecision") or {"approve": "allow"}.get(data.get("decision"))
-    behavior = spec.get("decision", {}).get("behavior") if isinstance(spec.get("decision"), dict) else None
-    decision = decision or behavior  # permission_request: {"decision": {"behavior": "allow"}}
-    reason = str(spec.get("permissionDecisionReason") or data.get("reason") or "")
+        v["block"] = str(data.get("reason") or "a hook blocked it")[:HOOK_OUTPUT_CHARS]
+    asked = spec.get("decision") if isinstance(spec.get("decision"), dict) else {}
+    decision = spec.get("permissionDecision") or ("allow" if data.get("decision") == "approve" else None)
+    decision = decision or asked.get("behavior")  # permission_request: {"decision": {"behavior": "allow"}}
+    if decision is not None and not isinstance(decision, str):
+        raise HookFailed("permissionDecision must be allow, deny or ask")
+    reason = str(spec.get("permissionDecisionReason") or asked.get("message") or data.get("reason") or "")
+    reason = reason[:HOOK_OUTPUT_CHARS]
     if decision == "deny":
         v["block"] = v["block"] or reason or "a hook denied it"
     elif decision in ("allow", "ask"):
@@ -4348,7 +4401,8 @@ def read_output(text, event):
 
 def watch_hook(p, sinks, timeout):
     """watch_command for a hook: two output files, its own timeout. None when it
-    ended by itself, else why it was killed (with its whole process group)."""
+    ended by itself, else why it was killed. Either way its process group goes
+    after it: a hook's `daemon &` must not outlive the hook."""
     deadline = time.monotonic() + timeout
     try:
         while p.poll() is None:
@@ -4360,10 +4414,9 @@ def watch_hook(p, sinks, timeout):
                 p.wait(timeout=BASH_POLL)
         return None
     finally:
-        if p.returncode is None:  # stopped or Ctrl+C: the hook's children go too
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # its children, and itself
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 def run_command_hook(hook, payload, env, state):
@@ -4381,11 +4434,11 @@ def run_command_hook(hook, payload, env, state):
             stopped = watch_hook(p, (out, err), hook["timeout"])
         finally:
             state.hooks["procs"].discard(p)
-        text, errors = read_head(out, HOOK_OUTPUT_CHARS), read_head(err, HOOK_OUTPUT_CHARS).strip()
+        text, errors = read_head(out, HOOK_JSON_CHARS), read_head(err, HOOK_OUTPUT_CHARS).strip()
     if stopped:
         raise HookFailed(stopped)
     if hook["reject"]:  # the seed's reject: reaching the action refuses the call
-        return verdict(block=(errors or text.strip() or f"rejected by hook {hook['name']}"))
+        return verdict(block=(errors or clip(text.strip(), HOOK_OUTPUT_CHARS) or f"rejected by hook {hook['name']}"))
     if p.returncode == 2:
         return verdict(block=errors or f"hook {hook['name']} exited with status 2")
     if p.returncode != 0:
@@ -4395,8 +4448,30 @@ def run_command_hook(hook, payload, env, state):
 
 def header_value(text, allowed):
     """${VAR} in a header, only for variables the hook names in allowed_env_vars:
-    a config cannot send the user's secrets anywhere unasked. Others become ""."""
-    return HEADER_VAR.sub(lambda m: os.environ.get(m[1], "") if m[1] in allowed else "", text)
+    a config cannot send the user's secrets anywhere unasked. Others become "";
+    the agent's own key is never there to expand (child_env)."""
+    env = child_env()
+    return HEADER_VAR.sub(lambda m: env.get(m[1], "") if m[1] in allowed else "", text)
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failure: following it would send the headers to another origin."""
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
+
+
+def read_reply_body(reply, deadline):
+    """The reply's body up to HOOK_JSON_CHARS bytes, by HOOK's deadline: a server that
+    drips a byte a second cannot hold the loop past the timeout."""
+    data = b""
+    while len(data) < HOOK_JSON_CHARS:
+        if time.monotonic() > deadline:
+            raise HookFailed("the reply did not arrive within the timeout")
+        chunk = reply.read1(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8", "replace")
 
 
 def run_http_hook(hook, payload, env, state):
@@ -4410,14 +4485,15 @@ def run_http_hook(hook, payload, env, state):
             else json.dumps(payload, ensure_ascii=False, default=str))
     request = urllib.request.Request(action["url"], data=body.encode("utf-8", "replace"),
                                      headers=headers, method=action.get("method", "POST"))
+    deadline = time.monotonic() + hook["timeout"]
     try:
-        with urllib.request.urlopen(request, timeout=hook["timeout"]) as reply:
-            text = reply.read(4 * HOOK_OUTPUT_CHARS).decode("utf-8", "replace")
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=hook["timeout"]) as reply:
+            text = read_reply_body(reply, deadline)
     except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPError, URLError, timeouts
         raise HookFailed(f"{action['url']}: {e}")
     if hook["reject"]:
         return verdict(block=text.strip()[:HOOK_OUTPUT_CHARS] or f"rejected by hook {hook['name']}")
-    return read_output(text[:HOOK_OUTPUT_CHARS], payload["event"]) if text.lstrip().startswith("{") else verdict()
+    return read_output(text, payload["event"]) if text.lstrip().startswith("{") else verdict()
 
 
 def run_prompt_hook(hook, payload, env, state):
@@ -4437,7 +4513,7 @@ def run_agent_hook(hook, payload, env, state):
     task = (f"{expand_text(hook['action']['prompt'], env)}\n\nThe event, as JSON:\n"
             f"{clip(json.dumps(payload, ensure_ascii=False, default=str), HOOK_OUTPUT_CHARS)}")
     history, child = [{"role": "user", "content": task}], child_state(False, f"hook {hook['name']}")
-    child.permissions = dict(state.permissions, hooks=[])
+    child.permissions, child.mode = dict(state.permissions, hooks=[]), "bypassPermissions"  # reads only; never asks
     client = state.client.with_options(timeout=hook["timeout"], max_retries=0)
     if (reason := run_child(client, history, child, settings)) != "end_turn":
         raise HookFailed(f"the agent stopped early ({reason})")
@@ -4476,10 +4552,12 @@ def write_transcript(state):
     if messages and state.hooks.get("transcript") != mark:
         with HOOK_LOCK, contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                                   for m in messages), encoding="utf-8")
-            os.replace(tmp, path)
+            if not (path.parent / ".gitignore").exists():  # the conversation stays out of git
+                (path.parent / ".gitignore").write_text("*\n")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".session-")  # a new file: no planted link
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages))
+            os.replace(tmp, path)  # replaces a link at path, never its target
             state.hooks["transcript"] = mark
 
 
@@ -4492,7 +4570,9 @@ def log_hook(hook, event, outcome, seconds):
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size > HOOK_LOG_BYTES:
             os.replace(path, path.with_name("hooks.log.1"))
-        with open(path, "a", encoding="utf-8") as fh:
+        # O_NOFOLLOW: a symlink planted at hooks.log must not make us append to ~/.profile
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with open(fd, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
 
@@ -4532,7 +4612,8 @@ def merge(total, v, hook):
     if v["decision"] == "ask" or (v["decision"] == "allow" and total["decision"] is None):
         total["decision"], total["reason"], total["by"] = v["decision"], v["reason"], hook["name"]
     total["context"] += v["context"]
-    total["stop"] = total["stop"] or v["stop"]
+    if v["stop"] and not total["stop"]:
+        total["stop"], total["by"] = v["stop"], total["by"] or hook["name"]
     if v["input"] is not None:
         total["input"] = v["input"]
 
@@ -4618,7 +4699,7 @@ def hook_effect(block, hooked, decided):
         return "deny", f"hook {hooked['by']}".strip(), hooked["block"]
     if effect == "deny":
         return decided
-    if hooked["decision"]:
+    if hooked["decision"] == "ask" or (hooked["decision"] == "allow" and may_allow(decided, agent_state())):
         effect, layer, reason = hooked["decision"], f"hook {hooked['by']}", hooked["reason"] or reason
     if effect == "ask":
         asked = fire("permission_request", tool_name=block.name, tool_input=block.input,
@@ -4630,6 +4711,13 @@ def hook_effect(block, hooked, decided):
     if effect == "allow" and decided[0] == "ask":
         approve(block.name, block.input, agent_state())
     return effect, layer, reason
+
+
+def may_allow(decided, state):
+    """Can a hook's allow stand in for the human here? For the mode's question and an
+    outside path, yes; an ask rule is the human's own "ask me", and plan mode is
+    read-only by their choice, so those still ask (Claude Code: same for ask rules)."""
+    return decided[0] != "ask" or (decided[1] in ("mode", "path sandbox") and state.mode != "plan")
 
 
 def approve(name, args, state):
@@ -4747,7 +4835,10 @@ def end_session(reason):
 @contextlib.contextmanager
 def hook_session():
     """main()'s session: session_start on entry, session_end on the way out."""
-    begin_session()
+    try:
+        begin_session()
+    except KeyboardInterrupt:  # Ctrl+C in a session_start hook cancels the hooks, not the session
+        say("\n[session_start hooks cancelled]")
     reason = "other"
     try:
         yield
@@ -4756,7 +4847,10 @@ def hook_session():
         reason = "interrupted"
         raise
     finally:
-        end_session(reason)
+        try:
+            end_session(reason)
+        except KeyboardInterrupt:
+            say("\n[session_end hooks cancelled]")
 
 
 def show_hooks(args, ctx):

@@ -239,7 +239,7 @@ def test_masked_paths_cannot_be_read(sandboxed, workspace, on_root_fs, monkeypat
     out = bash(mod, f"{peek}; echo x > private/new; mv private elsewhere; mv secret.txt moved")
     assert "TOP SECRET" not in out and "No such file" in out  # private/ looks empty
     assert "private/new: Read-only file system" in out  # and takes nothing in
-    assert sorted(p.name for p in workspace.iterdir()) == ["private", "secret.txt"]
+    assert sorted(p.name for p in workspace.iterdir()) == [".agent", "private", "secret.txt"]
     assert not (workspace / "private" / "new").exists()
 
 
