@@ -5119,9 +5119,10 @@ def attach_context(messages):
 # leaves at most a torn last line). Records: {"type": "message", "i": index,
 # "ts", "message"}; a later record with the same index replaces the earlier one
 # (a user message grows in place: tool results, merged prompts); a "boundary"
-# record starts the history again (a compaction, a resume); "mode" records the
-# permission mode. Each record is flushed before the loop acts on it: the reply
-# before its tools run, the prompt and the results before the next model call.
+# record starts the history again (a compaction, a resume), once the n messages
+# it announces have followed it; "mode" records the permission mode. Each
+# record is flushed before the loop acts on it: the reply before its tools
+# run, the prompt and the results before the next model call.
 def sessions_dir(state):
     return state.workdir / ".agent" / "sessions"
 
@@ -5175,7 +5176,7 @@ def session_boundary(messages):
     """The history was replaced (compaction, resume): a boundary, then all of it again."""
     state = agent_state()
     if state.record is not None:
-        write_records([{"type": "boundary"}])
+        write_records([{"type": "boundary", "n": len(messages)}])  # n: see read_session
         state.record["written"] = 0
         sync_session(messages)
 
@@ -5187,8 +5188,10 @@ def append_message(messages, message):
 
 
 def read_session(path):
-    """(messages after the last boundary, last mode, last timestamp, bad lines)."""
-    messages, mode, last_ts, bad = [], None, None, 0
+    """(messages after the last boundary, last mode, last timestamp, bad lines).
+    A boundary counts once the n messages it announces have followed it: a crash
+    while they are written leaves the history before it in place."""
+    messages, before, owed, mode, last_ts, bad = [], [], 0, None, None, 0
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
@@ -5198,7 +5201,8 @@ def read_session(path):
                 bad += 1
                 continue
             if kind == "boundary":
-                messages = []
+                before = before if owed else messages  # an unfinished rewrite never counted
+                messages, owed = [], r["n"] if isinstance(r.get("n"), int) else 0
             elif kind == "mode":
                 mode = r.get("mode")
             elif kind == "truncate" and isinstance(r.get("n"), int):
@@ -5207,11 +5211,12 @@ def read_session(path):
                     and isinstance(r.get("message"), dict) and r["message"].get("role") in ("user", "assistant"):
                 messages[r["i"]:r["i"] + 1] = [r["message"]]
                 del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
+                owed = 0 if len(messages) >= owed else owed
             else:
                 bad += 1
                 continue
             last_ts = ts
-    return messages, mode, last_ts, bad
+    return before if owed else messages, mode, last_ts, bad
 
 
 def complete_prefix(messages):
@@ -5234,6 +5239,16 @@ def complete_prefix(messages):
     return messages
 
 
+def end_torn_line(path):
+    """A crash mid-write can leave a last line without its newline: end it there,
+    so the next record is a line of its own and not glued to the torn one."""
+    with contextlib.suppress(OSError), open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - 1))
+        if size and fh.read(1) != b"\n":
+            fh.write(b"\n")
+
+
 def find_session(state, which):
     """The session file for --continue (which True: the newest) or --resume ID."""
     files = sorted(sessions_dir(state).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
@@ -5254,6 +5269,7 @@ def resume(client, path):
     messages, mode, last_ts, bad = read_session(path)
     kept = complete_prefix(messages)
     cut = len(messages) - len(kept)
+    end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
     if mode in ("default", "acceptEdits"):  # plan and bypassPermissions are never resumed
         state.mode = state.mode_before_plan = mode

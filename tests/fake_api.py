@@ -945,6 +945,8 @@ class ScriptedAPI:
 
     def _serve(self, handler: _Handler) -> None:
         raw = handler.read_body()
+        if len(raw) < int(handler.headers.get("Content-Length") or 0):
+            return handler.drop()   # the client died mid-request: nothing arrived to judge
         entry = self._record(handler, raw)
         problem = self._reject(handler, entry, raw)
         if problem:
