@@ -5172,8 +5172,8 @@ def resume(client, path):
     cut = len(messages) - len(kept)
     state.record = {"path": path, "written": 0, "last": None}
     state.files.clear()  # what this history saw of a file is not what is on disk now: read it again
-    if mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits"):  # plan and
-        state.mode = state.mode_before_plan = mode  # bypassPermissions are never resumed, nor replaced
+    if mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits"):
+        state.mode = state.mode_before_plan = mode  # plan and bypassPermissions: never resumed, never replaced
     say(f"[resumed {path.stem}: {len(kept)} messages"
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
@@ -5620,9 +5620,12 @@ def consolidate(state, before):
     except Exception as e:
         log_memory(f"consolidation failed: {type(e).__name__}: {e}")
         ok = False
-    if not ok:  # no lock before: none after either, so the gates are as they were
+    if not ok:  # the gates as they were: the old mtime back, or no lock at all
         with contextlib.suppress(OSError):
-            lock_path(state).unlink() if before is None else os.utime(lock_path(state), (before, before))
+            if before is None:
+                lock_path(state).unlink()
+            else:
+                os.utime(lock_path(state), (before, before))
     log_memory(f"consolidation {'done' if ok else 'failed'}: {last_text(history)[:300]}")
 
 
