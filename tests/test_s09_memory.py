@@ -198,8 +198,8 @@ def test_the_instruction_chain_one_file_per_folder_root_first_includes_guarded(m
 
 
 def test_an_env_include_without_a_deny_rule_is_read_so_the_rule_is_what_stops_it(mod, workspace):
-    write(workspace / ".env", "SECRET=hunter2\n")
-    write(workspace / "AGENTS.md", "Secrets: @.env\n")
+    write(workspace / "conf" / ".env", "SECRET=hunter2\n")  # not the .env the agent's own key may be in
+    write(workspace / "AGENTS.md", "Secrets: @conf/.env\n")
     assert "hunter2" in mod.load_instructions(mod.agent_state())
     mod.agent_state().permissions["rules"] = [deny_rule(mod, "read_file(**/.env)")]
     assert "hunter2" not in mod.load_instructions(mod.agent_state())
@@ -379,9 +379,10 @@ def test_the_index_cap_holds_with_a_more_line(mod, workspace, description):
 
 @pytest.mark.memory
 def test_a_slow_extraction_does_not_delay_the_next_prompt(mod, api, client, workspace):
-    release = threading.Event()
+    arrived, release = threading.Event(), threading.Event()
 
     def slow_extraction(body):
+        arrived.set()
         release.wait(20)
         return ops_reply(op("late-memory"))
 
@@ -391,6 +392,7 @@ def test_a_slow_extraction_does_not_delay_the_next_prompt(mod, api, client, work
         assert mod.agent_loop(client, history) == "end_turn"
         job = mod.agent_state().memory["jobs"][0]
         assert job.is_alive()  # the turn returned while its extraction still waits for the model
+        assert arrived.wait(10)  # its request took its scripted step: the next one is the loop's
         mod.add_user_text(history, "second")
         api.add(reply("Two."), ops_reply())
         assert mod.agent_loop(client, history) == "end_turn"  # not held up by the first extraction
