@@ -5151,6 +5151,16 @@ def write_records(records):
         warn_once(f"[session not saved ({e.strerror or e}): a resume will miss this part]")
 
 
+def saved(message):
+    """A message as the session file keeps it: without the loop's private marks
+    (_usage, _sent, ...), which change after the message is written."""
+    out = {k: v for k, v in message.items() if not k.startswith("_")}
+    if isinstance(out.get("content"), list):
+        out["content"] = [{k: v for k, v in b.items() if not k.startswith("_")} if isinstance(b, dict) else b
+                          for b in out["content"]]
+    return out
+
+
 def sync_session(messages, reply=None):
     """Write what the file lacks: new messages, a changed last one, then `reply`
     (before the caller appends it: file first)."""
@@ -5161,15 +5171,15 @@ def sync_session(messages, reply=None):
     start = min(rec["written"], len(messages))
     if start < rec["written"]:  # messages were taken back (an empty reply, a blocked prompt)
         records.append({"type": "truncate", "n": start})
-    if start and (start < rec["written"] or rec["last"] != json.dumps(messages[start - 1], default=str)):
+    if start and (start < rec["written"] or rec["last"] != json.dumps(saved(messages[start - 1]), default=str)):
         start -= 1  # the last written message may have grown in place
     for i in range(start, len(messages)):
-        records.append({"type": "message", "i": i, "message": messages[i]})
+        records.append({"type": "message", "i": i, "message": saved(messages[i])})
     if reply is not None:
-        records.append({"type": "message", "i": len(messages), "message": reply})
+        records.append({"type": "message", "i": len(messages), "message": saved(reply)})
     write_records(records)
     final = messages + ([reply] if reply is not None else [])
-    rec["written"], rec["last"] = len(final), json.dumps(final[-1], default=str) if final else None
+    rec["written"], rec["last"] = len(final), json.dumps(saved(final[-1]), default=str) if final else None
 
 
 def session_boundary(messages):
@@ -5271,8 +5281,9 @@ def resume(client, path):
     cut = len(messages) - len(kept)
     end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
-    if mode in ("default", "acceptEdits"):  # plan and bypassPermissions are never resumed
-        state.mode = state.mode_before_plan = mode
+    state.files.clear()  # what this history saw of a file is not what is on disk now: read it again
+    if mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits"):
+        state.mode = state.mode_before_plan = mode  # plan and bypassPermissions: never resumed, never replaced
     say(f"[resumed {path.stem}: {len(kept)} messages"
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
@@ -5291,6 +5302,8 @@ def start_session(argv, client):
     """--continue / --resume ID, or a new session. Returns (argv, history)."""
     argv = list(argv)
     state = agent_state()
+    if argv and argv[-1] == "--resume":  # pop_flag's own message would list permission modes
+        raise ValueError("--resume needs a session ID: /resume lists them")
     which = pop_flag(argv, "--continue", False) or pop_flag(argv, "--resume", True)
     state.record = new_session(state)  # written from the first message on
     if not which:
@@ -5305,12 +5318,10 @@ def note_mode(mode):
 def session_summary(path):
     """(first prompt, message count) of a session file, for /resume."""
     messages = read_session(path)[0]
-    first = next((m["content"] for m in messages if m["role"] == "user" and isinstance(m["content"], str)), "")
-    if not first and messages:
-        texts = [b.get("text", "") for b in as_blocks(messages[0]["content"]) if b.get("type") == "text"
-                 and not b.get("text", "").startswith("<system-reminder>")]
-        first = texts[-1] if texts else ""
-    return " ".join(first.split())[:60], len(messages)
+    first = next((m["content"] for m in messages if m["role"] == "user"), "")
+    texts = [b.get("text", "") for b in as_blocks(first) if b.get("type") == "text"
+             and not b.get("text", "").startswith("<system-reminder>")]
+    return " ".join((texts[0] if texts else "").split())[:60], len(messages)
 
 
 def resume_command(args, ctx):
@@ -5363,7 +5374,8 @@ def read_memories(state):
             if path.name == "MEMORY.md":
                 continue
             try:
-                meta, body = split_frontmatter(path.read_text(encoding="utf-8", errors="replace")[:4 * MEMORY_BODY_CHARS])
+                with open(path, encoding="utf-8", errors="replace") as fh:  # a file of any size: read a head
+                    meta, body = split_frontmatter(fh.read(4 * MEMORY_BODY_CHARS))
             except (OSError, ValueError):
                 continue
             found.append({"name": path.stem, "type": str(meta.get("type", "project")),
@@ -5456,7 +5468,7 @@ def turn_text(messages):
 def same_meaning(a, b):
     """Two descriptions saying the same thing (case, spacing and punctuation aside)."""
     norm = lambda s: " ".join(re.sub(r"[^\w\s]", " ", s.casefold()).split())
-    return norm(a) == norm(b) or difflib.SequenceMatcher(None, norm(a), norm(b)).ratio() > 0.9
+    return norm(a) == norm(b)  # not "similar": port 8080 and 8081 are two facts (dream merges near-twins)
 
 
 def check_operation(op):
@@ -5559,6 +5571,9 @@ def recall(messages):
     prompt = prompt_text(messages)
     if state.label or prompt is None or not auto_memory() or state.client is None:
         return
+    words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
+             and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
+    prompt = words[-1] if words else prompt
     memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
     if not memories:
         return
@@ -5715,9 +5730,12 @@ def consolidate(state, before):
     except Exception as e:
         log_memory(f"consolidation failed: {type(e).__name__}: {e}")
         ok = False
-    if not ok:
+    if not ok:  # the gates as they were: the old mtime back, or no lock at all
         with contextlib.suppress(OSError):
-            os.utime(lock_path(state), (before, before) if before else None)
+            if before is None:
+                lock_path(state).unlink()
+            else:
+                os.utime(lock_path(state), (before, before))
     log_memory(f"consolidation {'done' if ok else 'failed'}: {last_text(history)[:300]}")
 
 
