@@ -3883,6 +3883,8 @@ def judge(block):
     state, args = agent_state(), block.input if isinstance(block.input, dict) else {}
     effect, layer, reason = decide(block.name, args, state)
     effect, layer, reason = hook_effect(block, hooked, (effect, layer, reason))  # s08: deny > ask > allow
+    if effect == "ask" and state.write_roots is not None:  # s09: the consolidator runs in the background
+        effect, reason = "deny", f"{reason}; nobody can be asked during a memory consolidation"  # s09
     if effect == "ask":
         refusal = ask_permission(block.name, args, reason, state)
         if refusal is None:  # exactly these paths, for this call (or batch) only
@@ -5016,10 +5018,13 @@ def instruction_files(state):
 
 
 def include_allowed(path, state):
-    """Why @path may not be read, or None: inside the workspace or ~/.agent only, and
-    s07's read rules apply (a denied .env stays unread)."""
+    """Why @path (resolved) may not be read, or None: inside the project (the
+    workspace, or its git root when it is below one) or ~/.agent only, and s07's
+    read rules apply (a denied .env stays unread). The chain's own files pass the
+    same check: a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
     home = (Path.home() / ".agent").resolve()
-    if not (path.is_relative_to(state.workdir) or path.is_relative_to(home)):
+    project = repo_root(state.workdir) or state.workdir
+    if not (path.is_relative_to(project) or path.is_relative_to(home)):
         return "outside the workspace and ~/.agent"
     if decide("read_file", {"path": str(path)}, state)[0] == "deny":
         return "a read rule denies it"
@@ -5072,6 +5077,9 @@ def load_instructions(state):
     """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes."""
     parts = []
     for path in instruction_files(state):
+        if why := include_allowed(path.resolve(), state):
+            parts.append(f"# From {path}\n\n(not read: {why})")
+            continue
         try:
             with open(path, "rb") as fh:
                 raw = fh.read(INSTRUCTIONS_CAP + 1).decode("utf-8", "replace")

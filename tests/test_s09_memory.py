@@ -959,3 +959,34 @@ def test_recall_reads_the_users_prompt_not_a_reminder_added_to_it(mod, api, clie
                     [reply("no idea"), reply("Ran it."), ops_reply()])
     assert "The request:\nplease run the pytest suite" in side_bodies(api)[0]["messages"][0]["content"]
     assert "## pytest-preference " in memory_reminder(main_bodies(api)[0])
+
+
+# --- regressions from the review of the test findings ---------------------------------
+
+@pytest.mark.permissions
+def test_the_consolidator_never_asks_the_human(mod, workspace, monkeypatch):
+    state = mod.agent_state()
+    state.write_roots, state.mode = [workspace / ".agent" / "memory"], "default"
+    state.permissions["sandbox"]["enabled"] = False
+    state.permissions["rules"] = [mod.parse_rule("glob") | {"effect": "ask", "scope": "user", "file": "u"}]
+    monkeypatch.setattr(mod, "ask_permission", lambda *a: pytest.fail("the consolidator asked the human"))
+    block = type("Block", (), {"name": "glob", "input": {"pattern": "*"}, "id": "toolu_1"})()
+    assert "nobody can be asked" in mod.judge(block)
+
+
+def test_a_linked_agents_md_outside_the_project_is_not_read(mod, workspace, tmp_path):
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY\n")
+    (workspace / "AGENTS.md").symlink_to(secret)
+    text = mod.load_instructions(mod.agent_state())
+    assert "PRIVATE KEY" not in text and "not read: outside" in text
+
+
+def test_an_include_in_the_git_roots_agents_md_is_read_from_a_subfolder(mod, workspace, monkeypatch):
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    (workspace / "docs").mkdir()
+    (workspace / "docs" / "style.md").write_text("Use tabs.\n")
+    (workspace / "AGENTS.md").write_text("Root. @docs/style.md\n")
+    (workspace / "sub").mkdir()
+    with mod.acting_as(mod.AgentState(workspace / "sub")) as state:
+        assert "Use tabs." in mod.load_instructions(state)
