@@ -5151,7 +5151,10 @@ def write_records(records):
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
+        if not (path.parent / ".gitignore").exists():  # conversations stay out of git
+            (path.parent / ".gitignore").write_text("*\n")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # no planted link
+        with open(fd, "a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r | {"ts": time.time()}, ensure_ascii=False, default=str) + "\n"
                              for r in records))
             fh.flush()

@@ -990,3 +990,15 @@ def test_an_include_in_the_git_roots_agents_md_is_read_from_a_subfolder(mod, wor
     (workspace / "sub").mkdir()
     with mod.acting_as(mod.AgentState(workspace / "sub")) as state:
         assert "Use tabs." in mod.load_instructions(state)
+
+
+def test_the_session_file_follows_no_planted_link_and_stays_out_of_git(mod, workspace, tmp_path):
+    state = mod.agent_state()
+    victim = tmp_path / "victim"
+    victim.write_text("original\n")
+    state.record = mod.new_session(state)
+    state.record["path"].parent.mkdir(parents=True)
+    state.record["path"].symlink_to(victim)
+    mod.sync_session([{"role": "user", "content": "hi"}])
+    assert victim.read_text() == "original\n"
+    assert (state.record["path"].parent / ".gitignore").read_text() == "*\n"
