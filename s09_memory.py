@@ -5017,16 +5017,16 @@ def instruction_files(state):
     return found
 
 
-def include_allowed(path, state):
-    """Why @path (resolved) may not be read, or None: inside the project (the
-    workspace, or its git root when it is below one) or ~/.agent only, and s07's
-    read rules apply (a denied .env stays unread). The chain's own files pass the
-    same check: a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
+def include_allowed(path, state, root=None):
+    """Why @path (resolved) may not be read, or None: inside the workspace (or
+    `root`) or ~/.agent only, and s07's read rules apply (a denied .env stays
+    unread). The chain's own files pass the same check with the git root as
+    `root`: a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
     home = (Path.home() / ".agent").resolve()
-    project = repo_root(state.workdir) or state.workdir
-    if not (path.is_relative_to(project) or path.is_relative_to(home)):
+    if not (path.is_relative_to(root or state.workdir) or path.is_relative_to(home)):
         return "outside the workspace and ~/.agent"
-    if decide("read_file", {"path": str(path)}, state)[0] == "deny":
+    rules = state.permissions["rules"]
+    if path == own_dotenv() or first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], state.workdir):
         return "a read rule denies it"
     return None if path.is_file() else "no such file"
 
@@ -5077,7 +5077,7 @@ def load_instructions(state):
     """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes."""
     parts = []
     for path in instruction_files(state):
-        if why := include_allowed(path.resolve(), state):
+        if why := include_allowed(path.resolve(), state, repo_root(state.workdir) or state.workdir):
             parts.append(f"# From {path}\n\n(not read: {why})")
             continue
         try:

@@ -730,7 +730,8 @@ def test_a_compaction_writes_a_boundary_and_resume_loads_only_what_follows(mod, 
     kinds = [json.loads(line)["type"] for line in lines]
     assert kinds.count("boundary") == 1
     cut = write(workspace / "cut.jsonl", "".join(lines[:kinds.index("boundary") + 1]))
-    assert mod.read_session(cut)[0] == []  # a boundary starts the history again
+    before = mod.read_session(cut)[0]  # a boundary whose messages never came: the old history holds
+    assert "question 0" in json.dumps(before) and "THE-SUMMARY" not in json.dumps(before)
     loaded = mod.read_session(path)[0]
     assert loaded == public(mod, history) and "THE-SUMMARY" in json.dumps(loaded[0])
     assert "question 0" not in json.dumps(loaded)
@@ -982,14 +983,17 @@ def test_a_linked_agents_md_outside_the_project_is_not_read(mod, workspace, tmp_
     assert "PRIVATE KEY" not in text and "not read: outside" in text
 
 
-def test_an_include_in_the_git_roots_agents_md_is_read_from_a_subfolder(mod, workspace, monkeypatch):
+def test_the_git_roots_agents_md_is_read_from_a_subfolder_but_its_includes_stay_in_the_workspace(
+        mod, workspace):
     subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
     (workspace / "docs").mkdir()
     (workspace / "docs" / "style.md").write_text("Use tabs.\n")
-    (workspace / "AGENTS.md").write_text("Root. @docs/style.md\n")
+    (workspace / "AGENTS.md").write_text("ROOT-TEXT @docs/style.md\n")
     (workspace / "sub").mkdir()
     with mod.acting_as(mod.AgentState(workspace / "sub")) as state:
-        assert "Use tabs." in mod.load_instructions(state)
+        text = mod.load_instructions(state)
+    assert "ROOT-TEXT" in text and "Use tabs." not in text and "not read: outside the workspace" in text
+
 
 
 def test_the_session_file_follows_no_planted_link_and_stays_out_of_git(mod, workspace, tmp_path):
