@@ -4081,7 +4081,10 @@ def parse_condition(text):
         field, op, raw, join = m.groups()
         value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
         if op == "=~":
-            value = re.compile(value)  # re.error (a ValueError) names the bad regex
+            try:
+                value = re.compile(value)
+            except re.error as e:  # not a ValueError: say it as one
+                raise ValueError(f"has a bad regular expression {raw}: {e}")
         elif op == "~=":
             value = (glob_regex(value), "/" in value)
         elif field == "tool":
@@ -4093,6 +4096,8 @@ def parse_condition(text):
         raise ValueError("mixes && and ||: split it into two hooks")
     if not clauses:
         raise ValueError("is empty")
+    if join:  # `a &&` with nothing after it
+        raise ValueError(f"ends with {join}: add a clause after it, or drop it")
     return (joiners.pop() if joiners else "&&"), clauses
 
 
