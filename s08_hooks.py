@@ -4554,6 +4554,8 @@ def fire(event, **fields):
             start_async(hook, dict(payload), state)
             continue
         v = run_hook(hook, dict(payload), state)
+        if v["stop"] and event == "pre_tool_use":  # the turn ends before this call, not after it
+            v["block"] = v["block"] or f"the turn was ended by a hook: {v['stop']}"
         if v["input"] is not None and event == "pre_tool_use":
             v = checked_input(v, payload["tool_name"], hook)
             payload["tool_input"] = v["input"] or payload["tool_input"]  # the next hook sees the rewrite

@@ -469,6 +469,69 @@ def test_deny_beats_ask_beats_allow(mod, api, client, workspace, monkeypatch, ca
         assert "Permission denied (hook" in result["content"] and "hook says deny" in result["content"]
 
 
+@pytest.mark.permissions
+@each
+@pytest.mark.parametrize("behavior,ran", [("allow", True), ("deny", False)])
+def test_a_permission_request_hook_answers_for_the_human(mod, api, client, workspace, monkeypatch, capsys,
+                                                         behavior, ran):
+    asking(mod)
+    answers(monkeypatch, "y")                                    # a question would say yes
+    use_hooks(mod, hook("permission_request", f"{recorder(workspace, 'asked')}; " + emit(
+        {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": behavior}}})))
+    run_turn(mod, api, client, [reply(tool("bash", {"command": "touch made"}))])
+    assert (workspace / "made").exists() == ran
+    assert "Allow bash?" not in capsys.readouterr().err         # nobody was asked
+    assert calls(workspace, "asked")[0]["stdin"]["hook_event_name"] == "PermissionRequest"
+
+
+@each
+def test_post_hooks_see_failures_and_a_post_block_reaches_the_model(mod, api, client, workspace):
+    (workspace / "folder").mkdir()
+    use_hooks(mod, hook("post_tool_use", "echo 'the file has 2 lint errors' >&2; exit 2"),
+              hook("post_tool_failure", recorder(workspace, "failed")),
+              hook("pre_tool_use", "echo 'no' >&2; exit 2", cond='args.path == "denied.txt"'),
+              hook("post_tool_failure", recorder(workspace, "failed-denied"), cond='args.path == "denied.txt"'))
+    good = tool("write_file", {"path": "a.py", "content": "x"})
+    bad = tool("write_file", {"path": "folder", "content": "x"})
+    denied = tool("write_file", {"path": "denied.txt", "content": "x"})
+    run_turn(mod, api, client, [reply(good, bad, denied)])
+    [failure] = calls(workspace, "failed")                       # the denied call never ran: no post hook
+    assert failure["stdin"]["tool_use_id"] == bad["id"] and "is a directory" in failure["stdin"]["error"]
+    assert failure["stdin"]["hook_event_name"] == "PostToolUseFailure" and not calls(workspace, "failed-denied")
+    got = texts(message_bodies(api)[1]["messages"][-1]["content"])
+    assert any("<system-reminder>" in t and "the file has 2 lint errors" in t for t in got)
+
+
+@each
+def test_subagent_hooks_fire_for_a_child(mod, api, client, workspace):
+    use_hooks(mod, hook("subagent_start", recorder(workspace, "start")),
+              hook("subagent_stop", recorder(workspace, "stop")),
+              hook("user_prompt_submit", recorder(workspace, "prompt")))
+    run_turn(mod, api, client, [reply(tool("agent", {"prompt": "look around", "description": "scout"})),
+                                reply("child done")])
+    [start], [stop] = calls(workspace, "start"), calls(workspace, "stop")
+    assert start["stdin"]["prompt"] == "look around" and start["stdin"]["agent_name"] == "scout"
+    assert stop["stdin"]["hook_event_name"] == "SubagentStop"
+    assert stop["stdin"]["last_assistant_message"] == "child done"
+    assert len(calls(workspace, "prompt")) == 1                  # the child's prompt is not the user's
+
+
+@each
+def test_compact_hooks_fire_around_a_compaction(mod, api, client, workspace):
+    use_hooks(mod, hook("pre_compact", recorder(workspace, "pre")), hook("post_compact", recorder(workspace, "post")))
+    history = [{"role": "user", "content": "start"}]
+    for n in range(6):
+        call = tool("bash", {"command": f"echo {n}"})
+        history += [{"role": "assistant", "content": [call]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "x"}]}]
+    history.append({"role": "assistant", "content": [text("done")]})
+    api.script([reply("<summary>1. Primary request: SUMMARY-TEXT</summary>")])
+    mod.compact_now(client, history, "the tests")
+    [before], [after] = calls(workspace, "pre"), calls(workspace, "post")
+    assert before["stdin"]["trigger"] == "manual" and before["stdin"]["custom_instructions"] == "the tests"
+    assert "SUMMARY-TEXT" in after["stdin"]["summary"]
+
+
 # --- values reach a hook as data ------------------------------------------------------
 
 @each
@@ -649,6 +712,23 @@ def test_continue_false_ends_the_turn(mod, api, client, workspace, capsys):
     assert mod.agent_loop(client, history) == "end_turn"
 
 
+@each
+def test_continue_false_before_a_call_stops_that_call_too(mod, api, client, workspace):
+    use_hooks(mod, hook("pre_tool_use", emit({"continue": False, "stopReason": "over budget"}),
+                        cond='args.path == "a.txt"'))
+    first = tool("write_file", {"path": "a.txt", "content": "x"})
+    second = tool("write_file", {"path": "b.txt", "content": "x"})
+    api.script([reply(first, second)])
+    history = [{"role": "user", "content": "go"}]
+    assert mod.agent_loop(client, history) == "hook_stop"
+    assert not (workspace / "a.txt").exists() and not (workspace / "b.txt").exists()
+    done = [b for b in history[-1]["content"] if b.get("type") == "tool_result"]
+    assert [b.get("is_error") for b in done] == [True, True] and "over budget" in done[0]["content"]
+    mod.add_user_text(history, "carry on")
+    api.script([reply("ok")])
+    assert mod.agent_loop(client, history) == "end_turn"
+
+
 # --- http hooks -----------------------------------------------------------------------
 
 @each
@@ -756,6 +836,22 @@ def test_end_of_input_skips_project_hooks_but_user_hooks_run(mod, api, client, w
     load(mod, monkeypatch=monkeypatch)
     run_turn(mod, api, client, [])
     assert (workspace / "user-ran").exists() and not (workspace / "project-ran").exists()
+
+
+@pytest.mark.permissions
+@each
+def test_always_does_not_trust_hooks_a_clone_shipped_in_the_local_file(mod, api, client, workspace, monkeypatch):
+    local = workspace / ".agent" / "config.local.yaml"
+    write_config(local, {"hooks": [hook("user_prompt_submit", "touch pwned")]})
+    state = load(mod, "n", monkeypatch=monkeypatch)
+    state.mode = "default"
+    monkeypatch.setitem(mod.TOOL_HANDLERS, "bash", lambda command, timeout=None: "ran")
+    answers(monkeypatch, "a")                                    # always: a rule goes into that file
+    run_turn(mod, api, client, [reply(tool("bash", {"command": "make test"}))])
+    assert "bash(make test *)" in local.read_text()
+    load(mod, monkeypatch=monkeypatch)
+    run_turn(mod, api, client, [])
+    assert not (workspace / "pwned").exists()
 
 
 @each
