@@ -4056,7 +4056,7 @@ HOOK_VARS = ("EVENT", "TOOL_NAME", "FILE_PATH", "MESSAGE", "ERROR")  # the seed'
 HOOK_TOOL_NAMES = TOOL_ALIASES | {"WriteFile": "write_file", "ReadFile": "read_file",
                                   "EditFile": "edit_file"}  # the seed's names, so its examples work
 CLAUSE = re.compile(r"\s*(tool|event|prompt|args\.\w+)\s*(==|!=|=~|~=)\s*"
-                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|]+)\s*(&&|\|\||$)")
+                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|\"'][^\s&|]*)\s*(&&|\|\||$)")  # a bare word opens no quote
 VAR_REF = re.compile(r"\$(?:TOOL_ARGS\.(\w+)|\{(\w+)\}|(\w+))")  # $TOOL_ARGS.key, ${X}, $X
 HEADER_VAR = re.compile(r"\$\{(\w+)\}")
 AGENT_HOOK_SYSTEM = (
@@ -4079,7 +4079,10 @@ def parse_condition(text):
             raise ValueError(f"cannot read {text[pos:]!r}: write field op \"value\", field one of "
                              f"tool, event, prompt, args.<key>; op one of == != =~ ~=")
         field, op, raw, join = m.groups()
-        value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
+        try:
+            value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
+        except json.JSONDecodeError:  # "\.py$": JSON knows no \.
+            raise ValueError(f"cannot read {raw}: inside \"...\" double each backslash, or use '...'")
         if op == "=~":
             try:
                 value = re.compile(value)

@@ -228,10 +228,20 @@ def test_joined_clauses_and_the_other_operators(mod, workspace):
     '',
     'tool == "bash" &&',                              # a dangling joiner
     'args.command =~ "("',                            # a bad regex
+    "tool == 'bash",                                  # an unclosed quote is not a shorter value
+    'tool == "bash',
 ])
 def test_parse_condition_refuses_bad_input_with_a_value_error(mod, cond):
     with pytest.raises(ValueError):
         mod.parse_condition(cond)
+
+
+@each
+def test_a_backslash_in_double_quotes_is_doubled_or_the_line_says_so(mod):
+    assert mod.parse_condition(r"args.path =~ '\.py$'")[1][0][2].pattern == r"\.py$"   # single quotes: as is
+    assert mod.parse_condition(r'args.path =~ "\\.py$"')[1][0][2].pattern == r"\.py$"  # double: JSON's rules
+    with pytest.raises(ValueError, match="backslash"):
+        mod.parse_condition(r'args.path =~ "\.py$"')
 
 
 @each
