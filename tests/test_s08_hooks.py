@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from conftest import chapters_from, message_bodies, run_chapter, run_turn
-from fake_api import reply, text, tool
+from fake_api import error, reply, text, tool
 
 each = pytest.mark.parametrize("mod", chapters_from("s08"), indirect=True)
 PY = shlex.quote(sys.executable)
@@ -494,6 +494,8 @@ def test_a_permission_request_hook_answers_for_the_human(mod, api, client, works
     assert calls(workspace, "asked")[0]["stdin"]["hook_event_name"] == "PermissionRequest"
 
 
+# --- the other events -----------------------------------------------------------------
+
 @each
 def test_post_hooks_see_failures_and_a_post_block_reaches_the_model(mod, api, client, workspace):
     (workspace / "folder").mkdir()
@@ -605,7 +607,7 @@ def test_an_async_http_hook_does_not_hold_up_the_turn(mod, api, client, workspac
     for job in state.hooks["jobs"]:
         job.join(5)
     assert receiver.replied.is_set() and receiver.posts[0]["body"]["hook_event_name"] == "PostToolUse"
-    assert "post_tool_use user#1 http" in hooks_log(workspace), (hooks_log(workspace), state.hooks, [j.is_alive() for j in state.hooks["jobs"]])
+    assert "post_tool_use user#1 http" in hooks_log(workspace)
 
 
 @each
@@ -661,6 +663,67 @@ def test_a_hook_that_prints_without_end_is_stopped(mod, api, client, workspace):
     assert "user_prompt_submit user#1 command" in log and "killed: its output passed 8 MB" in log
     assert "user_prompt_submit user#2 command" in log
     assert len(json.dumps(message_bodies(api)[0])) < 50_000      # what reached the model is clipped
+
+
+@each
+def test_a_huge_argument_still_reaches_the_hook(mod, api, client, workspace):
+    # One variable over 128 KiB makes exec fail (E2BIG): the variable is cut, stdin has it all.
+    content = "x" * 300_000
+    use_hooks(mod, hook("post_tool_use", f"printf '%s' \"$TOOL_ARGS_CONTENT\" | wc -c > env.txt; "
+                                         f"{recorder(workspace, 'big')}"))
+    run_turn(mod, api, client, [reply(tool("write_file", {"path": "a.txt", "content": content}))])
+    assert calls(workspace, "big")[0]["stdin"]["tool_input"]["content"] == content
+    assert 30_000 < int((workspace / "env.txt").read_text()) < 40_000
+
+
+@each
+def test_the_hooks_log_keeps_one_old_copy(mod, api, client, workspace):
+    log = workspace / ".agent" / "hooks.log"
+    log.parent.mkdir()
+    log.write_text("old line\n" * 150_000)                      # past HOOK_LOG_BYTES
+    use_hooks(mod, hook("user_prompt_submit", "true"))
+    run_turn(mod, api, client, [])
+    assert (workspace / ".agent" / "hooks.log.1").read_text().startswith("old line")
+    assert log.read_text().count("\n") == 1 and "user_prompt_submit user#1" in log.read_text()
+
+
+@each
+def test_the_session_end_stops_async_hooks_still_running(mod, api, client, workspace, monkeypatch):
+    monkeypatch.setattr(mod, "HOOK_EXIT_WAIT", 0.2)
+    state = use_hooks(mod, hook("session_start", "sleep 60 & echo $! > child.pid; sleep 60", **{"async": True}))
+    mod.begin_session()
+    deadline = time.monotonic() + 5
+    while not (workspace / "child.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = int((workspace / "child.pid").read_text() or 0)
+    mod.end_session("exit")
+    for job in state.hooks["jobs"]:
+        job.join(5)
+    assert gone(pid) and not any(job.is_alive() for job in state.hooks["jobs"])
+
+
+@each
+def test_an_api_error_fires_the_error_hook(mod, api, client, workspace):
+    use_hooks(mod, hook("error", recorder(workspace, "error")))
+    api.script([error(400, "scripted refusal")])
+    assert mod.agent_loop(client, [{"role": "user", "content": "go"}]) == "api_error"
+    [call] = calls(workspace, "error")
+    assert call["stdin"]["hook_event_name"] == "Error" and "scripted refusal" in call["stdin"]["error"]
+
+
+@each
+def test_hooks_of_a_parallel_batch_each_reach_the_model(mod, api, client, workspace):
+    for name in ("a.txt", "b.txt"):
+        (workspace / name).write_text(name)
+    use_hooks(mod, hook("post_tool_use", action={"type": "prompt", "message": "read $TOOL_ARGS.path"}),
+              hook("pre_tool_use", "exit 2", cond='args.path == "c.txt"'))
+    reads = [tool("read_file", {"path": n}) for n in ("a.txt", "b.txt", "c.txt")]
+    run_turn(mod, api, client, [reply(*reads)])
+    content = message_bodies(api)[1]["messages"][-1]["content"]
+    assert [b.get("is_error", False) for b in results({"messages": [{"content": content}]})] == [False, False, True]
+    got = texts(content)
+    assert any("read a.txt" in t for t in got) and any("read b.txt" in t for t in got)
+    assert not any("read c.txt" in t for t in got)
 
 
 # --- the turn: prompt, stop, continue ---------------------------------------------------
@@ -768,6 +831,15 @@ def test_an_http_error_reply_is_a_logged_failure_not_a_block(mod, api, client, w
     use_hooks(mod, hook("pre_tool_use", action={"type": "http", "url": receiver.url}))
     run_turn(mod, api, client, [reply(tool("write_file", {"path": "a.txt", "content": "x"}))])
     assert (workspace / "a.txt").exists() and "500" in hooks_log(workspace)
+
+
+@each
+def test_an_http_body_template_gets_values_as_json_strings(mod, api, client, workspace, receiver):
+    use_hooks(mod, hook("post_tool_use", action={
+        "type": "http", "url": receiver.url, "body": '{"file": "$FILE_PATH", "text": "$TOOL_ARGS.content"}'}))
+    content = 'a "quoted", x\\y\n", "evil": "1'
+    run_turn(mod, api, client, [reply(tool("write_file", {"path": "a.txt", "content": content}))])
+    assert receiver.posts[0]["body"] == {"file": str(mod.agent_state().workdir / "a.txt"), "text": content}
 
 
 # --- agent hooks ----------------------------------------------------------------------
