@@ -4404,7 +4404,7 @@ def read_output(text, event):
             return read_reply(json.loads(text), event)
         except json.JSONDecodeError as e:
             raise HookFailed(f"the output starts with {{ but is not JSON ({e})")
-    return verdict(context=[text.strip()] if event in CONTEXT_EVENTS and text.strip() else [])
+    return verdict(context=[clip(text.strip(), HOOK_OUTPUT_CHARS)] if event in CONTEXT_EVENTS and text.strip() else [])
 
 
 def watch_hook(p, sinks, timeout):

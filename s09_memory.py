@@ -4084,7 +4084,7 @@ QUOTED_VARS = HOOK_VARS + ("CLAUDE_PROJECT_DIR",)  # put in double quotes where 
 HOOK_TOOL_NAMES = TOOL_ALIASES | {"WriteFile": "write_file", "ReadFile": "read_file",
                                   "EditFile": "edit_file"}  # the seed's names, so its examples work
 CLAUSE = re.compile(r"\s*(tool|event|prompt|args\.\w+)\s*(==|!=|=~|~=)\s*"
-                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|]+)\s*(&&|\|\||$)")
+                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|\"'][^\s&|]*)\s*(&&|\|\||$)")  # a bare word opens no quote
 VAR_REF = re.compile(r"\$(?:TOOL_ARGS\.(\w+)|\{(\w+)\}|(\w+))")  # $TOOL_ARGS.key, ${X}, $X
 HEADER_VAR = re.compile(r"\$\{(\w+)\}")
 PATH_FIELDS = ("args.path", "args.file_path")  # ~= on these also sees the workspace-relative path
@@ -4108,9 +4108,15 @@ def parse_condition(text):
             raise ValueError(f"cannot read {text[pos:]!r}: write field op \"value\", field one of "
                              f"tool, event, prompt, args.<key>; op one of == != =~ ~=")
         field, op, raw, join = m.groups()
-        value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
+        try:
+            value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
+        except json.JSONDecodeError:  # "\.py$": JSON knows no \.
+            raise ValueError(f"cannot read {raw}: inside \"...\" double each backslash, or use '...'")
         if op == "=~":
-            value = re.compile(value)  # re.error (a ValueError) names the bad regex
+            try:
+                value = re.compile(value)
+            except re.error as e:  # not a ValueError: say it as one
+                raise ValueError(f"has a bad regular expression {raw}: {e}")
         elif op == "~=":
             value = (glob_regex(value), "/" in value)
         elif field == "tool":
@@ -4122,6 +4128,8 @@ def parse_condition(text):
         raise ValueError("mixes && and ||: split it into two hooks")
     if not clauses:
         raise ValueError("is empty")
+    if join:  # `a &&` with nothing after it
+        raise ValueError(f"ends with {join}: add a clause after it, or drop it")
     return (joiners.pop() if joiners else "&&"), clauses
 
 
@@ -4411,7 +4419,7 @@ def read_output(text, event):
             return read_reply(json.loads(text), event)
         except json.JSONDecodeError as e:
             raise HookFailed(f"the output starts with {{ but is not JSON ({e})")
-    return verdict(context=[text.strip()] if event in CONTEXT_EVENTS and text.strip() else [])
+    return verdict(context=[clip(text.strip(), HOOK_OUTPUT_CHARS)] if event in CONTEXT_EVENTS and text.strip() else [])
 
 
 def watch_hook(p, sinks, timeout):
@@ -4657,6 +4665,8 @@ def fire(event, **fields):
             start_async(hook, dict(payload), state)
             continue
         v = run_hook(hook, dict(payload), state)
+        if v["stop"] and event == "pre_tool_use":  # the turn ends before this call, not after it
+            v["block"] = v["block"] or f"the turn was ended by a hook: {v['stop']}"
         if v["input"] is not None and event == "pre_tool_use":
             v = checked_input(v, payload["tool_name"], hook)
             payload["tool_input"] = v["input"] or payload["tool_input"]  # the next hook sees the rewrite

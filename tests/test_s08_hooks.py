@@ -889,8 +889,9 @@ def test_an_untrusted_project_hook_does_not_run(mod, api, client, workspace, mon
     assert not list(workspace.glob("pwned*")) and (workspace / "a.txt").exists()
     err = capsys.readouterr().err
     assert "runs 3 hook(s) on your machine" in err and "touch pwned-start" in err     # the question says what
-    assert [line for line in err.splitlines() if "skipped" in line] == [
-        "[hooks in .agent/config.yaml skipped: the file is not trusted (/hooks lists them)]"]
+    assert [line for line in err.splitlines() if "hooks" in line and "not trusted" in line] == [
+        "[.agent/config.yaml is not trusted: its allow rules, directories, sandbox and mode settings "
+        "and its hooks are ignored; its deny and ask rules apply]"]                 # one line says so
 
 
 @each
