@@ -4924,9 +4924,12 @@ DREAM_SCAN_EVERY = 600      # ...and seconds between two looks at the gates
 LOCK_STALE = 3600           # seconds: a consolidation lock this old is taken over, live PID or not
 DREAM_TURNS = 30            # model calls the consolidating child may make
 GAP_HOURS = 24              # a resumed session older than this gets a reminder
+OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>" per session started
 SESSION_LIST = 20           # sessions /resume lists, newest first
 MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
 MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
+MAX_OPERATIONS = 50         # extractor operations applied from one reply
+RECALL_LIST = 200           # memories offered to one recall call, newest first
 
 PROMPT_RULES = """Rules, in this order of priority:
 - The user's requests in this conversation come first. Then the project instructions \
@@ -4954,7 +4957,8 @@ Reply with JSON only: {"operations": [{"op": "create" | "update" | "delete", "na
 "kebab-case-name", "type": "user" | "feedback" | "project" | "reference", "description": \
 "one line", "body": "the memory; for feedback add **Why:** and **How to apply:** lines"}]}
 Update a memory whose meaning already exists instead of creating it again; delete one \
-the turn proves wrong. Nothing worth keeping: {"operations": []}."""
+the turn proves wrong. Never save secrets (passwords, tokens, keys, URLs with \
+credentials). Nothing worth keeping: {"operations": []}."""
 RECALL_SYSTEM = """Pick the memories that would help with the user's next request. \
 Reply with JSON only: {"names": ["name", ...]}, at most 5, most useful first; \
 {"names": []} when none clearly helps."""
@@ -5028,12 +5032,11 @@ def instruction_files(state):
 
 
 def include_allowed(path, state, root=None):
-    """Why @path (resolved) may not be read, or None: inside the workspace (or
+    """Why `path` (resolved) may not be read, or None: inside the workspace (or
     `root`) or ~/.agent only, and s07's read rules apply (a denied .env stays
     unread). The chain's own files pass the same check with the git root as
     `root`: a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
-    home = (Path.home() / ".agent").resolve()
-    if not (path.is_relative_to(root or state.workdir) or path.is_relative_to(home)):
+    if not (path.is_relative_to(root or state.workdir) or path.is_relative_to(user_agent_dir())):
         return "outside the workspace and ~/.agent"
     rules = state.permissions["rules"]
     if path == own_dotenv() or first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], state.workdir):
@@ -5041,17 +5044,35 @@ def include_allowed(path, state, root=None):
     return None if path.is_file() else "no such file"
 
 
+def user_agent_dir():
+    return (Path.home() / ".agent").resolve()
+
+
 FENCE = re.compile(r"^\s*(```|~~~)")
 INCLUDE = re.compile(r"(?<![\w`@/])@((?:~/|\.{0,2}/)?[\w.-][\w./-]*)")
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+FENCED = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)", re.S | re.M)  # a fenced block, to its end
 
 
-def expand_includes(text, path, state, depth=0, chain=()):
+def strip_comments(text):
+    """HTML comments go, except inside fenced code (an example stays an example)."""
+    out, pos = [], 0
+    for m in FENCED.finditer(text):
+        out += [HTML_COMMENT.sub("", text[pos:m.start()]), m[0]]
+        pos = m.end()
+    return "".join(out + [HTML_COMMENT.sub("", text[pos:])])
+
+
+def expand_includes(text, path, state, depth=0, chain=(), budget=None):
     """The file's text with HTML comments gone and each @path outside code replaced
-    by that file's text (depth at most INCLUDE_DEPTH; a cycle is noted, not followed)."""
+    by that file's text (depth at most INCLUDE_DEPTH; a cycle is noted, not followed).
+    `budget` holds the bytes still to be read: shared by every include of the
+    chain, so a file included ten times at each of five levels cannot expand
+    into gigabytes before the cap applies."""
+    budget = [2 * INSTRUCTIONS_CAP] if budget is None else budget
     out, fenced = [], False
-    for line in HTML_COMMENT.sub("", text).split("\n"):
+    for line in strip_comments(text).split("\n"):
         if FENCE.match(line):
             fenced = not fenced
         if fenced or FENCE.match(line) or "@" not in line:
@@ -5061,12 +5082,16 @@ def expand_includes(text, path, state, depth=0, chain=()):
         def include(m):
             if any(a <= m.start() < b for a, b in spans):
                 return m[0]
-            return included(m[1], path, state, depth, chain) or m[0]
+            ref, tail = m[1], ""
+            while ref[-1:] in ".,;:!?" and not (path.parent / os.path.expanduser(ref)).exists():
+                ref, tail = ref[:-1], ref[-1] + tail  # "see @docs/style.md." ends a sentence
+            found = included(ref, path, state, depth, chain, budget) if ref else None
+            return m[0] if found is None else found + tail
         out.append(INCLUDE.sub(include, line))
     return "\n".join(out)
 
 
-def included(ref, path, state, depth, chain):
+def included(ref, path, state, depth, chain, budget):
     """One @ref's replacement text, or None to leave it as written (not a file)."""
     try:
         target = (path.parent / os.path.expanduser(ref)).resolve()
@@ -5078,16 +5103,22 @@ def included(ref, path, state, depth, chain):
         return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
     if why := include_allowed(target, state):
         return None if why == "no such file" else f"(@{ref} not read: {why})"
+    if target.is_relative_to(user_agent_dir()) and not path.resolve().is_relative_to(user_agent_dir()):
+        return f"(@{ref} not read: a project file cannot include your ~/.agent files)"
+    if budget[0] <= 0:
+        return f"(@{ref} skipped: the instructions are over their size cap)"
     with open(target, "rb") as fh:
-        text = fh.read(INSTRUCTIONS_CAP + 1).decode("utf-8", "replace")
-    return expand_includes(text, target, state, depth + 1, chain + (path.resolve(),))
+        text = fh.read(min(budget[0], INSTRUCTIONS_CAP) + 1).decode("utf-8", "replace")
+    budget[0] -= len(text)
+    return expand_includes(text, target, state, depth + 1, chain + (path.resolve(),), budget)
 
 
 def load_instructions(state):
     """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes."""
-    parts = []
+    parts, budget = [], [2 * INSTRUCTIONS_CAP]
     for path in instruction_files(state):
-        if why := include_allowed(path.resolve(), state, repo_root(state.workdir) or state.workdir):
+        own = path.parent == Path.home() / ".agent"  # the user's own file: a link (dotfiles) is fine
+        if not own and (why := include_allowed(path.resolve(), state, repo_root(state.workdir) or state.workdir)):
             parts.append(f"# From {path}\n\n(not read: {why})")
             continue
         try:
@@ -5095,7 +5126,8 @@ def load_instructions(state):
                 raw = fh.read(INSTRUCTIONS_CAP + 1).decode("utf-8", "replace")
         except OSError:
             continue
-        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state).strip()}")
+        budget[0] -= len(raw)
+        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
     text = "\n\n".join(parts)
     data = text.encode("utf-8")
     if len(data) <= INSTRUCTIONS_CAP:
@@ -5159,6 +5191,7 @@ def write_records(records):
     path = state.record["path"]
     if not path.exists():  # a new file opens with the mode, so a resume knows it
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
+        register_session(state, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not (path.parent / ".gitignore").exists():  # conversations stay out of git
@@ -5204,8 +5237,10 @@ def sync_session(messages, reply=None):
 
 
 def session_boundary(messages):
-    """The history was replaced (compaction, resume): a boundary, then all of it again."""
+    """The history was replaced (compaction, resume): a boundary, then all of it again.
+    Recalled memories may be gone with the old part: they can be attached again."""
     state = agent_state()
+    state.memory["attached"] = set()
     if state.record is not None:
         write_records([{"type": "boundary", "n": len(messages)}])  # n: see read_session
         state.record["written"] = 0
@@ -5239,7 +5274,7 @@ def read_session(path):
             elif kind == "truncate" and isinstance(r.get("n"), int):
                 del messages[max(0, r["n"]):]
             elif kind == "message" and isinstance(r.get("i"), int) and 0 <= r["i"] <= len(messages) \
-                    and isinstance(r.get("message"), dict) and r["message"].get("role") in ("user", "assistant"):
+                    and well_formed(r.get("message")):
                 messages[r["i"]:r["i"] + 1] = [r["message"]]
                 del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
                 owed = 0 if len(messages) >= owed else owed
@@ -5250,13 +5285,33 @@ def read_session(path):
     return before if owed else messages, mode, last_ts, bad
 
 
+def well_formed(m):
+    """A message the loop can hold: a role, and text or a list of typed blocks."""
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        return False
+    content = m.get("content")
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str)
+                                             and (b["type"] != "text" or isinstance(b.get("text"), str))
+                                             for b in content)
+
+
 def complete_prefix(messages):
     """The longest start of the history the API accepts: every tool_use answered
-    in the next message, every tool_result answering the call before it."""
+    in the next message, every tool_result answering the call before it, no call
+    id twice, no empty message."""
+    seen = set()
     for i, m in enumerate(messages):
         blocks = as_blocks(m["content"])
+        if not blocks:
+            return messages[:i]
         if m["role"] == "assistant":
-            calls = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+            ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+            if len(set(ids)) < len(ids) or seen & set(ids):
+                return messages[:i]
+            seen |= set(ids)
+            calls = set(ids)
             after = as_blocks(messages[i + 1]["content"]) if i + 1 < len(messages) else []
             if calls and (i + 1 >= len(messages) or messages[i + 1]["role"] != "user"
                           or not calls <= {b.get("tool_use_id") for b in after}):
@@ -5280,17 +5335,54 @@ def end_torn_line(path):
             fh.write(b"\n")
 
 
+def session_files(state):
+    """The session files here, oldest first: regular files only (a link or a
+    folder named x.jsonl is not a session)."""
+    folder = sessions_dir(state)
+    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()] if folder.is_dir() else []
+    return sorted(files, key=lambda p: p.lstat().st_mtime)
+
+
+def own_sessions(state):
+    """The session files this user's agent started in this workspace. A clone can
+    ship .agent/sessions too, and a resumed history reaches the model as if the
+    user had said it, so sessions are recorded in ~/.agent/sessions.txt when made."""
+    try:
+        lines = (Path.home() / OWN_SESSIONS).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    ids = {line.split("\t", 1)[1] for line in lines if line.startswith(f"{state.workdir}\t")}
+    return [p for p in session_files(state) if p.stem in ids]
+
+
+def register_session(state, path):
+    with contextlib.suppress(OSError):
+        (Path.home() / OWN_SESSIONS).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(Path.home() / OWN_SESSIONS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(fd, "a", encoding="utf-8") as fh:
+            fh.write(f"{state.workdir}\t{path.stem}\n")
+
+
 def find_session(state, which):
-    """The session file for --continue (which True: the newest) or --resume ID."""
-    files = sorted(sessions_dir(state).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    """The session file for --continue (which True: the newest of the user's own)
+    or --resume ID (one the user did not start here is resumed only if they say so)."""
+    files, own = session_files(state), own_sessions(state)
     if which is True:
-        if not files:
-            raise ValueError("--continue: no session to continue in this directory (.agent/sessions is empty)")
-        return files[-1]
-    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(str(which))]
+        if not own:
+            extra = f" ({len(files)} session file(s) from elsewhere: /resume lists them)" if files else ""
+            raise ValueError(f"--continue: no session started here to continue{extra}")
+        return own[-1]
+    if not isinstance(which, str) or not which.strip():
+        raise ValueError("--resume needs a session ID: /resume lists them")
+    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(which)]
     if len(hits) != 1:
         raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
                          f"; /resume lists them")
+    if hits[0] not in own and ask_human(
+            f"{printable(hits[0].stem)} was not started here by you (a cloned repository can ship session "
+            f"files, and its history would reach the model as yours). Resume it anyway? [y/N] "
+            ).strip().lower() not in ("y", "yes"):
+        raise ValueError(f"--resume {which}: not resumed")
     return hits[0]
 
 
@@ -5303,9 +5395,12 @@ def resume(client, path):
     end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
     state.files.clear()  # what this history saw of a file is not what is on disk now: read it again
-    if mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits"):
-        state.mode = state.mode_before_plan = mode  # plan and bypassPermissions: never resumed, never replaced
-    say(f"[resumed {path.stem}: {len(kept)} messages"
+    restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
+        and mode != state.mode and path in own_sessions(state)  # a shipped file never loosens the mode
+    if restored:  # plan and bypassPermissions: never resumed, never replaced
+        state.mode = state.mode_before_plan = mode
+    say(printable(f"[resumed {path.stem}: {len(kept)} messages")
+        + (f", permission mode {mode} as the session left it" if restored else "")
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
     if client is not None and estimate_tokens(kept) > AUTO_COMPACT_AT:
@@ -5325,7 +5420,10 @@ def start_session(argv, client):
     state = agent_state()
     if argv and argv[-1] == "--resume":  # pop_flag's own message would list permission modes
         raise ValueError("--resume needs a session ID: /resume lists them")
-    which = pop_flag(argv, "--continue", False) or pop_flag(argv, "--resume", True)
+    going_on, which = pop_flag(argv, "--continue", False), pop_flag(argv, "--resume", True)
+    if going_on and which is not None:
+        raise ValueError("use --continue (the newest session) or --resume ID, not both")
+    which = going_on or which
     state.record = new_session(state)  # written from the first message on
     if not which:
         return argv, []
@@ -5357,12 +5455,15 @@ def resume_command(args, ctx):
             return
         ctx["history"][:] = loaded
         return
-    files = sorted(sessions_dir(state).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)[-SESSION_LIST:]
+    files, own = session_files(state)[-SESSION_LIST:], own_sessions(state)
     for p in reversed(files):
         prompt, count = session_summary(p)
-        started = time.strftime("%Y-%m-%d %H:%M", time.strptime(p.stem[:15], "%Y%m%d-%H%M%S")) \
-            if re.match(r"\d{8}-\d{6}", p.stem) else "?"
-        print(f"  {p.stem}  {started}  {count:>4} messages  {printable(prompt)}")
+        try:
+            started = time.strftime("%Y-%m-%d %H:%M", time.strptime(p.stem[:15], "%Y%m%d-%H%M%S"))
+        except ValueError:
+            started = "?"
+        mark = "" if p in own else "  (not started here by you)"
+        print(printable(f"  {p.stem}  {started}  {count:>4} messages  {prompt}{mark}"))
     if not files:
         print("  no sessions saved in this directory yet")
 
@@ -5372,11 +5473,39 @@ def resume_command(args, ctx):
 # never disagrees with them and its cap always holds. Extraction runs after a
 # turn that ends without tool use, in the background; recall runs at each prompt.
 def memory_dirs(state):
-    return {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
+    """The two folders. The project's counts only when neither .agent nor
+    .agent/memory is a link: a clone could point it at HOME, and every read,
+    write and the consolidator's write permission would follow."""
+    dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
+    if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
+        warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
+        del dirs["project"]
+    return dirs
 
 
 def memory_dir(kind, state):
-    return memory_dirs(state)["user" if kind in USER_MEMORY else "project"]
+    dirs = memory_dirs(state)
+    if (scope := "user" if kind in USER_MEMORY else "project") not in dirs:
+        raise OSError(f"the {scope} memory folder is a link, not written")
+    return dirs[scope]
+
+
+def plain_file(path):
+    """A regular file, not a link: memory files are never followed anywhere
+    (a cloned MEMORY.md -> /proc/self/environ would send the key to the model)."""
+    return path.is_file() and not path.is_symlink()
+
+
+def replace_file(folder, name, text):
+    """Write folder/name atomically through a new temporary file (mkstemp: no
+    planted link is ever written through); a project folder keeps out of git."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.parent.name == ".agent" and folder.parent.parent != Path.home() and not (folder / ".gitignore").exists():
+        (folder / ".gitignore").write_text("*\n")  # memories are this user's notes: share them on purpose
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, folder / name)
 
 
 def auto_memory():
@@ -5392,7 +5521,7 @@ def read_memories(state):
     found = []
     for folder in memory_dirs(state).values():
         for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
-            if path.name == "MEMORY.md":
+            if path.name == "MEMORY.md" or not plain_file(path):
                 continue
             try:
                 with open(path, encoding="utf-8", errors="replace") as fh:  # a file of any size: read a head
@@ -5421,11 +5550,7 @@ def index_lines(folder):
 
 def write_index(folder):
     """Rebuild folder/MEMORY.md from its files (atomically)."""
-    lines = index_lines(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / ".MEMORY.md.tmp"
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, folder / "MEMORY.md")
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
 
 
 def memory_index(state):
@@ -5433,7 +5558,7 @@ def memory_index(state):
     parts = []
     for scope, folder in memory_dirs(state).items():
         path = folder / "MEMORY.md"
-        if path.is_file():
+        if plain_file(path):
             with open(path, "rb") as fh:
                 raw = fh.read(INDEX_BYTES).decode("utf-8", "ignore")
             lines = raw.splitlines()[:INDEX_LINES]
@@ -5508,41 +5633,55 @@ def check_operation(op):
 
 def write_memory(op, state):
     folder = memory_dir(op["type"], state)
-    folder.mkdir(parents=True, exist_ok=True)
     meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
     text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
-    tmp = folder / f".{op['name']}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, folder / f"{op['name']}.md")
+    replace_file(folder, f"{op['name']}.md", text)
     return folder
 
 
 def apply_operations(ops, state):
-    """Apply checked operations; returns what changed, one short phrase each."""
+    """Apply checked operations (at most MAX_OPERATIONS); returns what changed, one
+    short phrase each. The indexes of the folders touched are rebuilt whatever
+    happens, so an index never disagrees with its files."""
     done, touched = [], set()
-    for op in ops if isinstance(ops, list) else []:
-        if problem := check_operation(op):
-            log_memory(f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}")
-            continue
-        existing = {m["name"]: m for m in read_memories(state)}
-        if op["op"] == "create" and (op["name"] in existing or any(
-                same_meaning(op["description"], m["description"]) for m in existing.values())):
-            log_memory(f"create {op['name']} skipped: a memory with that meaning exists")
-            continue
-        if op["op"] == "delete":
-            if op["name"] in existing:
-                existing[op["name"]]["path"].unlink()
-                touched.add(existing[op["name"]]["path"].parent)
-                done.append(f"forgot {op['name']}")
-            continue
-        if op["op"] == "update" and op["name"] in existing and existing[op["name"]]["type"] != op["type"]:
-            existing[op["name"]]["path"].unlink()  # moved to the other folder
-            touched.add(existing[op["name"]]["path"].parent)
-        touched.add(write_memory(op, state))
-        done.append(f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}")
-    for folder in touched:
-        write_index(folder)
+    existing = {m["name"]: m for m in read_memories(state)}
+    try:
+        for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
+            try:
+                if phrase := apply_operation(op, existing, touched, state):
+                    done.append(phrase)
+            except OSError as e:
+                log_memory(f"operation failed ({e}): {json.dumps(op, default=str)[:200]}")
+    finally:
+        for folder in touched:
+            with contextlib.suppress(OSError):
+                write_index(folder)
     return done
+
+
+def apply_operation(op, existing, touched, state):
+    """One operation; `existing` (name -> memory) is kept up to date."""
+    if problem := check_operation(op):
+        log_memory(f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}")
+        return None
+    old = existing.get(op["name"])
+    if op["op"] == "create" and (old or any(same_meaning(op["description"], m["description"])
+                                            for m in existing.values())):
+        log_memory(f"create {op['name']} skipped: a memory with that meaning exists")
+        return None
+    if op["op"] != "create" and old is None:  # forgotten meanwhile (/forget), or never there
+        log_memory(f"{op['op']} {op['name']} skipped: no such memory")
+        return None
+    if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
+        old["path"].unlink()
+        touched.add(old["path"].parent)
+        del existing[op["name"]]
+        if op["op"] == "delete":
+            return f"forgot {op['name']}"
+    touched.add(folder := write_memory(op, state))
+    existing[op["name"]] = {"name": op["name"], "type": op["type"], "description": op["description"],
+                            "body": op["body"], "path": folder / f"{op['name']}.md"}
+    return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
 
 
 def extract_memories(text, state):
@@ -5559,7 +5698,15 @@ def extract_memories(text, state):
     with MEMORY_LOCK:
         done = apply_operations(ops, state)
     if done:
-        say(f"[memory: {', '.join(done)}]")
+        say(f"[memory: {', '.join(printable(d) for d in done)}]")
+
+
+def extract_quietly(text, state):
+    """The thread's body: a failure is a line in memory.log, never a traceback in the REPL."""
+    try:
+        extract_memories(text, state)
+    except Exception as e:
+        log_memory(f"extraction failed: {type(e).__name__}: {e}")
 
 
 def after_turn(messages):
@@ -5570,11 +5717,14 @@ def after_turn(messages):
     if state.label or not auto_memory() or state.client is None:
         return
     text = turn_text(messages)
-    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_memories, text, state),
+    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
                            daemon=True)
     state.memory["jobs"].append(job)
     job.start()
-    maybe_consolidate(state)
+    try:  # the turn is over: nothing here may turn it into a failure
+        maybe_consolidate(state)
+    except OSError as e:
+        log_memory(f"consolidation not started: {e}")
 
 
 def keyword_pick(prompt, memories):
@@ -5592,13 +5742,15 @@ def recall(messages):
     prompt = prompt_text(messages)
     if state.label or prompt is None or not auto_memory() or state.client is None:
         return
+    sync_session(messages)  # the prompt is on disk before a side call that may hang
     words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
              and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
     prompt = words[-1] if words else prompt
     memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
     if not memories:
         return
-    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description']}" for m in memories)
+    memories = sorted(memories, key=lambda m: -m["path"].stat().st_mtime)[:RECALL_LIST]
+    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description'][:150]}" for m in memories)
     try:
         names = json_reply(side_call(RECALL_SYSTEM, f"Memories:\n{listing}\n\nThe request:\n{prompt}"))["names"]
         picked = [m for n in names[:RELEVANT_MAX] for m in memories if m["name"] == n]
@@ -5618,7 +5770,7 @@ def show_memory(args, ctx):
     """/memory: every memory, with its type and file."""
     memories = read_memories(agent_state())
     for m in memories:
-        print(f"  {m['name']:<32} {m['type']:<10} {printable(m['description'][:70])}\n  {'':<32} {m['path']}")
+        print(printable(f"  {m['name']:<32} {m['type']:<10} {m['description'][:70]}\n  {'':<32} {m['path']}"))
     if not memories:
         print("  no memories yet: they are saved after turns, or write one under .agent/memory/")
 
@@ -5651,7 +5803,10 @@ def memory_session():
     try:
         yield
     finally:
-        end_memory(agent_state())
+        try:
+            end_memory(agent_state())
+        except KeyboardInterrupt:  # a second Ctrl+C: leave the memory work unfinished
+            say("\n[memory work left unfinished]")
 
 
 def end_memory(state):
@@ -5659,8 +5814,11 @@ def end_memory(state):
     deadline = time.monotonic() + MEMORY_EXIT_WAIT
     for job in state.memory["jobs"]:
         job.join(max(0, deadline - time.monotonic()))
-        if job.is_alive():
-            say("[memory extraction still running at exit: left unfinished]")
+    if any(job.is_alive() for job in state.memory["jobs"]):
+        say("[memory work still running at exit: left unfinished]")
+    if (dream := state.memory.get("dream")) and dream[0].is_alive():  # cut off: the next session may try
+        restore_lock(state, dream[1])
+        log_memory("consolidation cut off at exit")
 
 # --- s09.5: consolidation ---
 # "Dream" (seed: autoDream): now and then a child agent merges duplicates,
@@ -5669,7 +5827,7 @@ def end_memory(state):
 # the last run (the lock file's mtime), DREAM_SESSIONS sessions since, then the
 # lock: .agent/memory/.consolidate-lock holds the PID of the process running it.
 def lock_path(state):
-    return memory_dirs(state)["project"] / ".consolidate-lock"
+    return state.workdir / ".agent" / "memory" / ".consolidate-lock"
 
 
 def pid_alive(pid):
@@ -5687,7 +5845,10 @@ def take_lock(path):
     flock makes check-and-take one step, so of two processes exactly one wins;
     a lock whose PID is dead, or older than LOCK_STALE, is taken over."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # O_NOFOLLOW: a cloned .consolidate-lock -> ~/.bashrc must not be truncated to a PID
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:  # a link, a directory: no lock to take
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         st = os.fstat(fd)
@@ -5711,13 +5872,15 @@ def dream_due(state):
     if now - state.memory.get("scanned", 0) < DREAM_SCAN_EVERY:
         return False
     state.memory["scanned"] = now
-    if not read_memories(state):
+    if "project" not in memory_dirs(state) or not read_memories(state):
         return False
     lock = lock_path(state)
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        return False
     since = lock.stat().st_mtime if lock.exists() else 0
     if now - since < DREAM_EVERY_HOURS * 3600:
         return False
-    sessions = [p for p in sessions_dir(state).glob("*.jsonl") if p.stat().st_mtime > since]
+    sessions = [p for p in own_sessions(state) if p.lstat().st_mtime > since]  # a clone's do not count
     return len(sessions) >= DREAM_SESSIONS
 
 
@@ -5729,6 +5892,7 @@ def maybe_consolidate(state):
         return
     job = threading.Thread(target=contextvars.copy_context().run, args=(consolidate, state, before), daemon=True)
     state.memory["jobs"].append(job)
+    state.memory["dream"] = (job, before)
     job.start()
 
 
@@ -5751,13 +5915,18 @@ def consolidate(state, before):
     except Exception as e:
         log_memory(f"consolidation failed: {type(e).__name__}: {e}")
         ok = False
-    if not ok:  # the gates as they were: the old mtime back, or no lock at all
-        with contextlib.suppress(OSError):
-            if before is None:
-                lock_path(state).unlink()
-            else:
-                os.utime(lock_path(state), (before, before))
+    if not ok:
+        restore_lock(state, before)
     log_memory(f"consolidation {'done' if ok else 'failed'}: {last_text(history)[:300]}")
+
+
+def restore_lock(state, before):
+    """The gates as they were: the old mtime back, or no lock at all."""
+    with contextlib.suppress(OSError):
+        if before is None:
+            lock_path(state).unlink()
+        else:
+            os.utime(lock_path(state), (before, before), follow_symlinks=False)
 
 
 def confined(name, args, paths, state):

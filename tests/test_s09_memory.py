@@ -352,7 +352,7 @@ def test_invalid_operations_are_ignored_and_the_valid_one_applies(mod, api, clie
     bad = [op("../x"), op("Bad_Name"), op("ok-name", "bogus"), op("no-body") | {"body": ""},
            op("renamed", kind="rename"), op("x" * 65), "not even a dict"]
     prompt_turn(mod, api, client, [], "hello", [reply("Hi."), ops_reply(*bad, op("good-one"))])
-    assert sorted(p.name for p in project_memory(workspace).iterdir()) == ["MEMORY.md", "good-one.md"]
+    assert sorted(p.name for p in project_memory(workspace).iterdir()) == [".gitignore", "MEMORY.md", "good-one.md"]
     assert not user_memory().exists()
     assert not [p for p in tmp_path.rglob("x.md")]
     assert index_names(project_memory(workspace)) == ["good-one"]
@@ -581,10 +581,17 @@ def dream_ready(mod, workspace, sessions=5, age=0):
     state = mod.agent_state()
     mod.apply_operations([op("deploy-friday")], state)
     for k in range(sessions):
-        path = write(workspace / ".agent" / "sessions" / f"20260101-00000{k}-abcd.jsonl", "{}\n")
+        path = own_session(mod, workspace / ".agent" / "sessions" / f"20260101-00000{k}-abcd.jsonl")
         then = time.time() - age
         os.utime(path, (then, then))
     return state
+
+
+def own_session(mod, path, text="{}\n"):
+    """A session file as if this user's agent had started it (recorded in ~/.agent/sessions.txt)."""
+    write(path, text)
+    mod.register_session(mod.agent_state(), path)
+    return path
 
 
 def test_dream_due_opens_only_when_every_gate_is_met(mod, workspace):
@@ -606,7 +613,10 @@ def test_dream_due_needs_five_sessions_since_the_last_run_and_some_memory(mod, w
     state = dream_ready(mod, workspace, sessions=4)
     assert not mod.dream_due(state)
     state.memory["scanned"] = 0
-    write(workspace / ".agent" / "sessions" / "20260101-000009-abcd.jsonl", "{}\n")
+    write(workspace / ".agent" / "sessions" / "20260101-000008-abcd.jsonl", "{}\n")  # shipped by a clone
+    assert not mod.dream_due(state)                                                   # does not count
+    state.memory["scanned"] = 0
+    own_session(mod, workspace / ".agent" / "sessions" / "20260101-000009-abcd.jsonl")
     assert mod.dream_due(state)
     lock = mod.lock_path(state)  # the five sessions are older than the last run: they do not count
     write(lock, "1")
