@@ -4928,6 +4928,7 @@ OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>
 SESSION_LIST = 20           # sessions /resume lists, newest first
 MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
 MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
+SESSION_LOCK = threading.Lock()  # one writer at a time appends to a session file
 MAX_OPERATIONS = 50         # extractor operations applied from one reply
 RECALL_LIST = 200           # memories offered to one recall call, newest first
 
@@ -5221,7 +5222,12 @@ def sync_session(messages, reply=None):
     state = agent_state()
     if state.record is None:
         return
-    rec, records = state.record, []
+    with SESSION_LOCK:  # hooks in parallel tool calls sync too (s08's transcript_path)
+        sync_records(messages, reply, state.record)
+
+
+def sync_records(messages, reply, rec):
+    records = []
     start = min(rec["written"], len(messages))
     if start < rec["written"]:  # messages were taken back (an empty reply, a blocked prompt)
         records.append({"type": "truncate", "n": start})

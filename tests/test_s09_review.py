@@ -216,3 +216,20 @@ def test_memory_names_reach_the_terminal_printable(mod, workspace, capsys):
     write(project_memory(workspace) / "x\x1b]52;c;AAAA\x07.md", "---\nname: x\ndescription: d\ntype: project\n---\nb\n")
     mod.show_memory("", {})
     assert "\x1b" not in capsys.readouterr().out
+
+
+def test_hooks_in_a_parallel_batch_leave_a_session_file_that_replays_exactly(mod, api, client, workspace):
+    """post_tool_use hooks run in the batch's worker threads, and each syncs the session
+    file for its transcript_path: one writer at a time, so the file replays the history."""
+    from fake_api import tool
+    from test_s09_memory import public, recording
+    state = mod.agent_state()
+    state.permissions["hooks"] = mod.read_hooks("c.yaml", {"hooks": [
+        {"event": "post_tool_use", "action": {"type": "command", "command": "true"}}]}, "user", True)
+    path = recording(mod)
+    for k in range(6):
+        write(workspace / f"f{k}.txt", f"{k}\n" * 50)
+    api.script([reply(*[tool("read_file", {"path": f"f{k}.txt"}) for k in range(6)]), reply("Done.")])
+    history = [{"role": "user", "content": "read them"}]
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert mod.read_session(path)[0] == public(mod, history)
