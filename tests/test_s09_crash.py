@@ -232,7 +232,7 @@ def test_a_session_killed_at_seeded_moments_resumes_every_finished_turn(mod, api
         session.after_kill()
     session.start(["chat"])                 # the last process finishes its turn and quits
     session.check_resumed()
-    session.wait_for("the last answer", lambda: session.stderr().count("s09 >> ") >= 2)
+    session.wait_for("the last answer", lambda: session.stderr().count(f"{session.name[:3]} >> ") >= 2)
     session.proc.stdin.write("q\n")
     session.proc.stdin.close()
     assert session.proc.wait(timeout=WAIT) == 0
