@@ -4563,6 +4563,7 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 # hook sees. Async hooks run in a thread and can only be logged.
 def hook_payload(event, fields, state):
     """The JSON a hook gets (Claude Code's fields), plus our event name."""
+    fields = as_bash(fields)  # s10: background_run is shown as Bash with run_in_background
     return {"session_id": state.run_id, "transcript_path": str(transcript_file(state)),
             "cwd": str(state.workdir), "permission_mode": state.mode,
             "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
@@ -4675,8 +4676,8 @@ def fire(event, **fields):
         if v["stop"] and event == "pre_tool_use":  # the turn ends before this call, not after it
             v["block"] = v["block"] or f"the turn was ended by a hook: {v['stop']}"
         if v["input"] is not None and event == "pre_tool_use":
-            v = checked_input(v, payload["tool_name"], hook)
-            payload["tool_input"] = v["input"] or payload["tool_input"]  # the next hook sees the rewrite
+            v = checked_input(v, fields["tool_name"], hook)  # s10: the tool's own name, not bash
+            payload |= as_bash(fields | {"tool_input": v["input"] or payload["tool_input"]})  # s10: as hooks see it
         merge(total, v, hook)
         if total["block"] is not None:
             break
@@ -4685,6 +4686,7 @@ def fire(event, **fields):
 
 def checked_input(v, tool, hook):
     """An updatedInput must still fit the tool's schema; if not, the call is blocked."""
+    v = v | {"input": from_bash(tool, v["input"])}  # s10: background_run's own input
     if problem := check_input(tool, v["input"]):
         log_hook(hook, "pre_tool_use", f"updatedInput refused: {problem}", 0)
         return v | {"input": None, "block": f"hook {hook['name']} rewrote the input badly ({problem})"}
@@ -5984,6 +5986,8 @@ BACKGROUND_PREVIEW = 1_000  # characters of output a notification carries: the e
 BACKGROUND_CHECK_CHARS = 4_000  # characters of output background_check shows
 BACKGROUND_COMMAND_CHARS = 200  # characters of a command shown in lists and notifications
 BACKGROUND_STOP_WAIT = 5    # seconds a stop waits for its watcher to record the end
+BACKGROUND_LEFT = ("it left processes running (a `&` in it?); they were killed when it ended. "
+                   "background_run already runs the command beside you: drop the &")
 BACKGROUND_LOCK = threading.Lock()  # watcher threads and the loop share the records
 
 # --- s10.1: the task graph ---
@@ -6391,24 +6395,35 @@ def next_fire(expr, after):
 # finished ones into <task-notification> blocks, after that round's tool results:
 # a preview and the log's path, never the whole log. At exit, what still runs is stopped.
 def runtime_dir():
-    """.agent/runtime-tasks of the running agent's workspace, created, out of git."""
+    """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
+    clone can ship it: a link there (even to a folder inside, such as the workspace
+    root) is refused, and its .gitignore is made without following a planted link."""
     ws = agent_state().workdir
     folder = ws / RUNTIME_DIR
-    if not folder.resolve().is_relative_to(ws):
-        raise ToolError(f"{RUNTIME_DIR} leads outside the workspace (a symbolic link?). "
-                        f"Ask the user to remove it; run the command with bash instead.")
-    folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / ".gitignore").exists():  # logs of this machine's runs: not project files
-        (folder / ".gitignore").write_text("*\n")
+    with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
+        folder.mkdir(parents=True, exist_ok=True)
+    if not plain_folder(folder, ws):
+        raise ToolError(f"{RUNTIME_DIR} is a symbolic link or not a folder, or leads outside the "
+                        f"workspace. Ask the user to remove it; run the command with bash instead.")
+    with contextlib.suppress(FileExistsError):  # logs of this machine's runs: not project files
+        fd = os.open(folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w") as fh:
+            fh.write("*\n")
     return folder
+
+
+def plain_folder(folder, ws):
+    """A real folder inside the workspace: no link at its end, none leading out."""
+    return not folder.is_symlink() and folder.is_dir() and folder.resolve().is_relative_to(ws)
 
 
 def read_tail(fh, limit):
     """The end of an open binary file as text, at most `limit` characters: a test
-    run's verdict is at its end. Reads at most 4 bytes per character kept."""
+    run's verdict is at its end. Reads at most 4 bytes per character kept, with
+    pread: a running command writes through the same file offset, never move it."""
     size = os.fstat(fh.fileno()).st_size
-    fh.seek(max(0, size - 4 * limit))
-    text = fh.read(4 * limit).decode("utf-8", "replace")[-limit:]
+    data = os.pread(fh.fileno(), 4 * limit, max(0, size - 4 * limit))
+    text = data.decode("utf-8", "replace")[-limit:]
     return text if size <= limit else f"[... {size} bytes in all; the last {len(text)} characters]\n{text}"
 
 
@@ -6427,7 +6442,11 @@ def background_run(command):
                         f"Wait for a <task-notification>, or background_stop one.")
     args, shell = bash_process(command)  # inside the OS sandbox when it is on, as bash
     id = "b" + os.urandom(4).hex()
-    fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as e:  # a file or link planted under the new id's name: never written through
+        raise ToolError(f"Could not create {RUNTIME_DIR / id}.log ({e.strerror}). Ask the user to "
+                        f"clear {RUNTIME_DIR}; run the command with bash instead.")
     sink = open(fd, "w+b")
     try:
         p = subprocess.Popen(args, shell=shell, cwd=state.workdir, stdin=subprocess.DEVNULL,
@@ -6443,7 +6462,7 @@ def background_run(command):
                                          args=(watch_background, record), daemon=True)
     with BACKGROUND_LOCK:
         state.background[id] = record
-        save_task(folder, public(record))
+        save_status(record)
     record["_thread"].start()
     return (f"Started {id} in the background: {command}\nIt keeps running while you work; a "
             f"<task-notification> comes when it ends. background_check {id} shows its output "
@@ -6451,20 +6470,43 @@ def background_run(command):
 
 
 def watch_background(record):
-    """The watcher thread: wait with bash's limits, then record how it ended."""
+    """The watcher thread: wait with bash's limits, then record how it ended. What the
+    command left running (`server &`) is killed with it, as inside the OS sandbox:
+    nothing of an ended command goes on unwatched, writing to its log."""
     p, sink = record["_proc"], record["_sink"]
     try:
         note = watch_command(p, sink, BACKGROUND_TIMEOUT)
-        preview = read_tail(sink, BACKGROUND_PREVIEW).rstrip()
     finally:
-        sink.close()
+        left = kill_group(p.pid)
+    preview = read_tail(sink, BACKGROUND_PREVIEW).rstrip()
     preview += "" if record["_shell"] else sandbox_note(preview, p.returncode)  # as run_bash
     with BACKGROUND_LOCK:
         stopped = record["status"] == "stopping"
         record.update(status="stopped" if stopped else "completed" if p.returncode == 0 and not note
-                      else "failed", exit_code=p.returncode, finished=now_stamp(), note=note or "",
+                      else "failed", exit_code=p.returncode, finished=now_stamp(),
+                      note=note or (BACKGROUND_LEFT if left and not stopped else ""),
                       preview=preview, notified=stopped)  # a stop the model asked for needs no news
-        save_task(record["_folder"], public(record))
+        record["_tail"] = read_tail(sink, BACKGROUND_CHECK_CHARS)  # background_check's, from now on
+        sink.close()
+        save_status(record)
+
+
+def save_status(record):
+    """<id>.json, whole (save_task). The command runs as the agent's user: it may have
+    moved the folder, even left a link in its place. Then nothing is written there;
+    the loop keeps the record either way."""
+    if plain_folder(record["_folder"], agent_state().workdir):
+        with contextlib.suppress(OSError):  # moved or removed just now
+            save_task(record["_folder"], public(record))
+
+
+def kill_group(pgid):
+    """SIGKILL what is left of a process group; True when anything was."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def background_running():
@@ -6502,15 +6544,20 @@ def background_check(id=None):
             records = list(agent_state().background.values())
         return "\n".join(background_line(r) for r in records) or "No background commands this session."
     record = background_record(id)
-    # O_NOFOLLOW: the command may replace its log with a link to a file it may not read
-    fd = os.open(record["_folder"] / f"{record['id']}.log", os.O_RDONLY | os.O_NOFOLLOW)
-    with open(fd, "rb") as fh:
-        output = read_tail(fh, BACKGROUND_CHECK_CHARS) or "(no output)"
+    output = background_output(record) or "(no output)"
     with BACKGROUND_LOCK:
         if record["status"] not in ("running", "stopping"):
             record["notified"] = True  # seen here: no notification repeats it
     note = f" ({record['note']})" if record["note"] else ""
     return f"{background_line(record)}{note}\nlog: {record['log']}\n{output}"
+
+
+def background_output(record):
+    """The end of its output so far, read from the log the command was given (open
+    while it runs, kept by the watcher after), never by its path again: the command
+    may have replaced the file with a link, or a hard link, to one it may not show."""
+    with BACKGROUND_LOCK:  # the watcher closes the log under it
+        return record["_tail"] if "_tail" in record else read_tail(record["_sink"], BACKGROUND_CHECK_CHARS)
 
 
 def background_stop(id):
@@ -6533,7 +6580,12 @@ def notification(r):
 
 
 def drain_notifications():
-    """The finished commands not reported yet, each once (marked under the lock)."""
+    """The finished commands not reported yet, each once (marked under the lock). A
+    command whose process has ended is waited for first (its watcher records it in
+    moments), so the first request after the end carries it, not a later one."""
+    for r in background_running():
+        if (p := r.get("_proc")) is not None and p.poll() is not None:
+            r["_thread"].join(timeout=BACKGROUND_STOP_WAIT)
     with BACKGROUND_LOCK:
         done = [r for r in agent_state().background.values()
                 if r["status"] not in ("running", "stopping") and not r["notified"]]
@@ -6558,15 +6610,46 @@ def deliver_notifications(messages):
 
 @contextlib.contextmanager
 def background_session():
-    """The session's end stops what still runs, with one line naming it."""
+    """The session's end stops what still runs, with one line naming it. A closed
+    terminal (SIGHUP) or a kill (SIGTERM) ends the session the same way: each command
+    has its own process group, so nothing else would ever stop it."""
+    signals = (signal.SIGHUP, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    before = {s: signal.signal(s, end_on_signal) for s in signals}
     try:
         yield
     finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
         if running := background_running():
-            say(f"[stopping {len(running)} background command(s): "
-                f"{', '.join(background_line(r) for r in running)}]")
+            with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
+                say(f"[stopping {len(running)} background command(s): "
+                    f"{', '.join(background_line(r) for r in running)}]")
             for record in running:
                 stop_background(record)
+
+
+def end_on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # the shell's code for "killed by this signal"
+
+
+# Hooks see a background command as Claude Code shows one: the Bash tool with
+# run_in_background, so a hook that guards bash (tool == "bash", a check of the
+# command) guards it too, and $TOOL_ARGS.run_in_background tells the two apart.
+def as_bash(fields):
+    """An event's fields as hooks see them (hook_payload): background_run as bash."""
+    if fields.get("tool_name") != "background_run":
+        return fields
+    args = fields.get("tool_input") if isinstance(fields.get("tool_input"), dict) else {}
+    return fields | {"tool_name": "bash", "tool_input": args | {"run_in_background": True}}
+
+
+def from_bash(name, args):
+    """A hook's updatedInput as the tool's own input: for background_run, without the
+    run_in_background: true it was shown with (any other value stays, and the schema
+    check refuses it: a hook cannot move a background command to the foreground)."""
+    if name != "background_run" or not isinstance(args, dict) or args.get("run_in_background") is not True:
+        return args
+    return {k: v for k, v in args.items() if k != "run_in_background"}
 
 
 register("background_run", (

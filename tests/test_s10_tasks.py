@@ -5,12 +5,16 @@ them through the loop with a scripted model, and one starts four real
 processes that change the same board at the same time.
 """
 import datetime
+import io
 import json
 import os
 import random
+import shlex
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -299,6 +303,14 @@ def started_id(out):
     return out.split()[1]
 
 
+def wait_for(condition, what="the condition", deadline=10):
+    """A hang guard, not a timing assertion: fail if `condition` never holds."""
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"{what} did not happen within {deadline} s"
+        time.sleep(0.02)
+
+
 def finish(mod, id):
     """Wait for the watcher to record the end (a hang guard, not a timing assertion)."""
     record = mod.agent_state().background[id]
@@ -311,54 +323,146 @@ def status_file(workspace, id):
     return json.loads((workspace / ".agent" / "runtime-tasks" / f"{id}.json").read_text())
 
 
+def log_text(workspace, id):
+    return (workspace / ".agent" / "runtime-tasks" / f"{id}.log").read_text()
+
+
+def gone(pid):
+    """A process that no longer exists, or only as a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def group(pgid):
+    """The live processes of a process group, from /proc (zombies are dead)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def group_exists(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def last_blocks(body):
+    return body["messages"][-1]["content"]
+
+
+def notes_in(content):
+    """The <task-notification> texts among a message's blocks."""
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return [b["text"] for b in blocks if b.get("type") == "text" and "<task-notification>" in b["text"]]
+
+
 def test_the_model_works_on_while_a_background_command_runs(background, api, client, workspace):
-    mod, seen = background, {}
+    """The "test run" ends only once the model's next call has come (it waits for a
+    file that call makes), so that call provably happens while it runs; the news is
+    in the first request after the end, not before and not again."""
+    mod, seen, state = background, {}, background.agent_state()
 
     def while_it_runs(body):
-        """The call after background_run: the command has not ended, and is told to now."""
-        (result,) = [b for b in body["messages"][-1]["content"] if b.get("type") == "tool_result"]
+        (result,) = [b for b in last_blocks(body) if b.get("type") == "tool_result"]
         seen["id"] = started_id(result["content"])
+        record = state.background[seen["id"]]
+        seen["alive"], seen["early"] = not gone(record["pid"]), notes_in(last_blocks(body))
         seen["running"] = status_file(workspace, seen["id"])["status"]
-        # the bash call ends the command and waits until its status file says so
-        return reply(tool("bash", {"command": "touch go; for i in $(seq 500); do grep -q '\"running\"' "
-                                               ".agent/runtime-tasks/*.json || exit 0; sleep 0.02; done"}))
+        (workspace / "go").touch()                                  # now it may end ...
+        wait_for(lambda: gone(record["pid"]), "the end of the run")  # ... and has, before the next call
+        return reply(tool("task_list", {}))                          # the model works on
 
     def after_it_ended(body):
-        seen["last"] = body["messages"][-1]["content"]
+        seen["first"] = last_blocks(body)
+        return reply(tool("task_list", {}))
+
+    def later(body):
+        seen["later"] = body
         return reply("Finished.")
 
-    api.script([reply(tool("background_run", {"command": WAIT_FOR_GO})), while_it_runs, after_it_ended])
+    api.script([reply(tool("background_run", {"command": WAIT_FOR_GO})), while_it_runs, after_it_ended, later])
     history = [{"role": "user", "content": "run the tests in the background"}]
     assert mod.agent_loop(client, history) == "end_turn"
-    assert seen["running"] == "running"
-    kinds = [b["type"] for b in seen["last"]]
-    assert kinds == ["tool_result", "text"]                        # the notification after the result
-    note = seen["last"][1]["text"]
+    assert seen["alive"] and seen["running"] == "running" and seen["early"] == []
+    assert [b["type"] for b in seen["first"]] == ["tool_result", "text"]   # the notification after the result
+    note = seen["first"][1]["text"]
     assert note.startswith("<task-notification>") and f"<task-id>{seen['id']}</task-id>" in note
     assert "<status>completed</status>" in note and "<exit-code>0</exit-code>" in note
     assert "tests passed" in note and f".agent/runtime-tasks/{seen['id']}.log" in note
     assert WAIT_FOR_GO in note
+    assert notes_in(last_blocks(seen["later"])) == []                 # not again ...
+    everything = [n for m in seen["later"]["messages"] for n in notes_in(m["content"])]
+    assert everything == [note]                                        # ... once in the whole history
     assert status_file(workspace, seen["id"])["exit_code"] == 0
-    assert mod.drain_notifications() == []                          # reported once
+
+
+def test_a_command_that_has_ended_is_in_the_very_next_request(background, api, client, workspace,
+                                                               monkeypatch):
+    """Its watcher may not have recorded the end yet when the next call is made (here a
+    slow one): the loop waits for it, instead of leaving the news for a later request."""
+    mod, state, seen = background, background.agent_state(), {}
+    tail = mod.read_tail
+
+    def slow_tail(fh, limit):
+        time.sleep(0.3)
+        return tail(fh, limit)
+
+    monkeypatch.setattr(mod, "read_tail", slow_tail)
+
+    def ended(body):
+        (record,) = state.background.values()
+        (workspace / "go").touch()
+        wait_for(lambda: gone(record["pid"]), "the end of the run")
+        return reply(tool("task_list", {}))
+
+    def next_request(body):
+        seen["notes"] = notes_in(last_blocks(body))
+        return reply("Finished.")
+
+    api.script([reply(tool("background_run", {"command": WAIT_FOR_GO})), ended, next_request])
+    assert mod.agent_loop(client, [{"role": "user", "content": "go"}]) == "end_turn"
+    assert len(seen["notes"]) == 1 and "<status>completed</status>" in seen["notes"][0]
 
 
 def test_background_stop_leaves_no_process_behind(background, workspace):
     mod = background
-    id = started_id(mod.background_run("sleep 30 & sleep 30 & echo started; wait"))
+    id = started_id(mod.background_run("sleep 100 & sleep 100 & echo started; wait"))
     pgid = mod.agent_state().background[id]["pid"]
+    wait_for(lambda: "started" in log_text(workspace, id), "the start")
+    pids = group(pgid)
+    assert len(pids) == 3                                           # the shell and its two children
     assert "Stopped" in mod.background_stop(id)
     assert status_file(workspace, id)["status"] == "stopped"
-    deadline = time.monotonic() + 10                                # orphans are reaped by init
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
+    wait_for(lambda: all(gone(p) for p in pids), "the end of every process")  # the killed ones die
+    assert group(pgid) == []
+    wait_for(lambda: not group_exists(pgid), "the group's end")     # init reaps the orphans
     assert mod.drain_notifications() == []                          # the model asked: no news
     assert "is not running: stopped" in mod.background_stop(id)
+
+
+def test_what_an_ended_command_left_running_goes_with_it(background, workspace):
+    """`cmd &` inside a background command: the shell ends at once, its job would run
+    on, unwatched, writing to the log without a cap, and background_stop could not
+    reach it. It is killed when the command ends, and the model is told why."""
+    mod = background
+    id = started_id(mod.background_run("(while :; do echo spam; sleep 0.01; done) & sleep 100 & echo started"))
+    record = finish(mod, id)
+    assert record["status"] == "completed" and record["exit_code"] == 0
+    assert "left processes running" in record["note"] and "drop the &" in record["note"]
+    wait_for(lambda: group(record["pid"]) == [], "the end of what it left")
+    (note,) = [mod.notification(r) for r in mod.drain_notifications()]
+    assert "<note>it left processes running" in note
 
 
 def test_background_output_is_capped_like_bash(background, monkeypatch, workspace):
@@ -371,6 +475,42 @@ def test_background_output_is_capped_like_bash(background, monkeypatch, workspac
     (note,) = [mod.notification(r) for r in mod.drain_notifications()]
     assert "<status>failed</status>" in note and "output passed" in note
     assert len(note) < 2 * mod.BACKGROUND_PREVIEW
+
+
+def test_every_request_is_valid_with_notifications_beside_results_and_prompts(background, api, client,
+                                                                             workspace):
+    """A notification joins a plain-text prompt, and a message of parallel results
+    and hook context, always last; the api fixture fails the test on any bad request."""
+    mod, state, seen = background, background.agent_state(), {}
+    earlier = started_id(mod.background_run("echo from an earlier turn"))
+    finish(mod, earlier)
+    state.permissions["hooks"] = mod.read_hooks("config.yaml", {"hooks": [{
+        "event": "post_tool_use", "if": 'tool == "task_list"',
+        "action": {"type": "prompt", "message": "the board changed"}}]}, "user", True)
+
+    def prompt_and_news(body):
+        seen["first"] = last_blocks(body)
+        return reply(tool("background_run", {"command": WAIT_FOR_GO}))
+
+    def while_it_runs(body):
+        (record,) = [r for r in state.background.values() if r["id"] != earlier]
+        (workspace / "go").touch()
+        wait_for(lambda: gone(record["pid"]), "the end of the run")
+        return reply(tool("task_list", {}), tool("background_check", {}))   # a parallel pair
+
+    def results_and_news(body):
+        seen["second"] = last_blocks(body)
+        return reply("Finished.")
+
+    api.script([prompt_and_news, while_it_runs, results_and_news])
+    assert mod.agent_loop(client, [{"role": "user", "content": "go on"}]) == "end_turn"
+    assert [b["type"] for b in seen["first"]] == ["text", "text"]
+    assert seen["first"][0]["text"] == "go on" and f"<task-id>{earlier}</task-id>" in seen["first"][1]["text"]
+    kinds = [b["type"] for b in seen["second"]]
+    assert kinds == ["tool_result", "tool_result", "text", "text"], kinds
+    assert "the board changed" in seen["second"][2]["text"]            # the hook's reminder, then the news
+    assert seen["second"][3]["text"].startswith("<task-notification>")
+    assert len(message_bodies(api)) == 3
 
 
 def test_background_check_lists_and_shows_and_a_subagent_leaves_the_news(background):
@@ -399,6 +539,52 @@ def test_the_session_end_stops_what_still_runs_with_one_line(background, capsys,
     assert status_file(workspace, id)["status"] == "stopped"
 
 
+def test_main_stops_what_still_runs_when_the_session_ends(background, api, workspace, monkeypatch, capsys):
+    mod = background
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+    monkeypatch.setenv("AGENT_PERMISSION_MODE", "bypassPermissions")
+    api.script([reply(tool("background_run", {"command": "sleep 60"})), reply("It runs.")])
+    assert mod.main(["serve it"]) == 0
+    (record,) = mod.agent_state().background.values()
+    lines = [x for x in capsys.readouterr().err.splitlines() if "[stopping" in x]
+    assert lines == [f"[stopping 1 background command(s): {record['id']} [running] sleep 60]"]
+    assert record["status"] == "stopped" and gone(record["pid"])
+
+
+@pytest.mark.e2e("s10")
+def test_a_killed_or_hung_up_session_stops_its_background_commands(mod, api, workspace):
+    """SIGTERM (a kill) or SIGHUP (the terminal closed) ends the REPL like an exit:
+    each command has its own process group, so nothing else would stop it."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        api.script([reply(tool("background_run", {"command": "sleep 60"})), reply("It runs.")])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+        env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url, "PYTHONUNBUFFERED": "1",
+                "AGENT_PERMISSION_MODE": "bypassPermissions", "AGENT_AUTO_MEMORY": "0"}
+        p = subprocess.Popen([sys.executable, str(ROOT / f"{mod.__name__}.py")], cwd=workspace, env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            p.stdin.write(b"serve it\n")
+            p.stdin.flush()
+            wait_for(lambda: api.remaining() == 0 and len(api.requests) == 2, "the turn", deadline=30)
+            folder = workspace / ".agent" / "runtime-tasks"
+            wait_for(lambda: any(json.loads(f.read_text())["status"] == "running" for f in folder.glob("b*.json")),
+                     "the background command", deadline=30)
+            p.send_signal(sig)
+            _, stderr = p.communicate(timeout=30)
+        finally:
+            p.kill()
+        (status,) = [json.loads(f.read_text()) for f in folder.glob("b*.json")]
+        assert p.returncode == 128 + sig, stderr
+        assert f"[stopping 1 background command(s): {status['id']} [running] sleep 60]" in stderr.decode()
+        assert status["status"] == "stopped" and gone(status["pid"])
+        for f in folder.iterdir():
+            f.unlink()
+        api.reset()
+
+
+# --- the layers and the hooks judge a background command as bash -------------------------
+
 @pytest.mark.permissions
 def test_background_run_is_judged_as_bash(mod, workspace):
     state = mod.agent_state()
@@ -412,3 +598,227 @@ def test_background_run_is_judged_as_bash(mod, workspace):
     assert mod.narrow_rule("background_run", {"command": "npm run test"}, state) == ["bash(npm run test *)"]
     state.mode = "bypassPermissions"
     assert "blocklist" in refused(mod, mod.background_run, "sudo reboot")
+
+
+def answers(monkeypatch, *lines):
+    """The human's answers, read from stdin in order; then end of input."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(line + "\n" for line in lines)))
+
+
+def results(body):
+    return [b for b in last_blocks(body) if b.get("type") == "tool_result"]
+
+
+@pytest.mark.permissions
+def test_through_the_loop_a_rule_the_blocklist_and_the_human_stop_background_run(background, api, client,
+                                                                                  workspace, monkeypatch):
+    mod = background
+    state = mod.agent_state()
+    state.permissions["sandbox"]["enabled"] = False                 # else the sandbox would allow it
+    state.permissions["rules"] = [mod.parse_rule("bash(rm *)") | {"effect": "deny", "file": "config.yaml"}]
+    answers(monkeypatch, "n")                                       # the one question: no
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": "rm -rf build"}),
+                                      tool("background_run", {"command": "sudo make install"}),
+                                      tool("background_run", {"command": "make"}))])
+    denied = [r["content"] for r in results(message_bodies(api)[1])]
+    assert [d.split(":")[0] for d in denied] == ["Permission denied (rule)", "Permission denied (blocklist)",
+                                                 "Permission denied (the user)"]
+    assert state.background == {}                                   # nothing started
+    assert not list((workspace / ".agent").glob("runtime-tasks/b*"))
+
+
+@pytest.mark.permissions
+def test_background_run_runs_inside_the_sandbox_like_bash(background, api, client, workspace, monkeypatch):
+    mod = background
+    if not mod.sandbox_available()[0]:
+        pytest.skip(f"the OS sandbox does not work here: {mod.sandbox_available()[1]}")
+    outside = workspace.parent / "home" / "outside.txt"              # HOME: read-only inside
+    command = f"echo inside > in.txt; echo x > {shlex.quote(str(outside))}"
+    answers(monkeypatch)                                            # no question may come
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": command}))])
+    (record,) = mod.agent_state().background.values()
+    finish(mod, record["id"])
+    assert (workspace / "in.txt").read_text() == "inside\n"
+    assert not outside.exists() and record["exit_code"] != 0
+    state = mod.agent_state()
+    state.permissions["sandbox"]["enabled"] = False                 # the same command, unsandboxed
+    state.mode = "bypassPermissions"
+    finish(mod, started_id(mod.background_run(command)))
+    assert outside.read_text() == "x\n"                            # so the sandbox made the difference
+
+
+HOOK_RECORD = """\
+import json, os, sys
+payload = json.load(sys.stdin)
+with open("calls.jsonl", "a") as f:
+    f.write(json.dumps({"event": payload["event"], "tool_name": payload["tool_name"],
+                        "tool_input": payload["tool_input"], "env": os.environ.get("TOOL_NAME"),
+                        "flag": os.environ.get("TOOL_ARGS_RUN_IN_BACKGROUND")}) + "\\n")
+"""
+
+
+def use_hooks(mod, *items):
+    """Hooks as if read from a trusted user config file."""
+    mod.agent_state().permissions["hooks"] = mod.read_hooks("config.yaml", {"hooks": list(items)}, "user", True)
+
+
+def hook(event, command, cond=None):
+    return {"event": event, "action": {"type": "command", "command": command}} | ({"if": cond} if cond else {})
+
+
+def recorder(workspace):
+    script = workspace / ".agent" / "hooks" / "record.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(HOOK_RECORD)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+
+
+def hook_calls(workspace):
+    path = workspace / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_hook_that_guards_bash_guards_background_run_too(background, api, client, workspace):
+    mod = background
+    (workspace / "build").mkdir()
+    use_hooks(mod, hook("pre_tool_use", "echo 'no rm here: use git clean' >&2; exit 2",
+                        'tool == "bash" && args.command =~ "\\\\brm\\\\b"'))
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": "rm -rf build"}),
+                                      tool("bash", {"command": "rm -rf build"}),
+                                      tool("background_run", {"command": "echo fine"}))])
+    got = results(message_bodies(api)[1])
+    assert [r.get("is_error", False) for r in got] == [True, True, False]
+    assert all("no rm here" in r["content"] for r in got[:2]) and got[2]["content"].startswith("Started b")
+    assert (workspace / "build").is_dir()
+
+
+@pytest.mark.permissions
+def test_hooks_see_background_run_as_bash_with_run_in_background(background, api, client, workspace,
+                                                                  monkeypatch):
+    mod = background
+    state = mod.agent_state()
+    state.permissions["sandbox"]["enabled"] = False                 # both calls ask: permission_request
+    use_hooks(mod, *(hook(event, recorder(workspace)) for event in
+                     ("pre_tool_use", "permission_request", "post_tool_use")))
+    answers(monkeypatch, "y", "y")
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": "echo one"}),
+                                      tool("bash", {"command": "echo two"}))])
+    seen = hook_calls(workspace)
+    assert [(c["event"], c["tool_name"], c["env"]) for c in seen] == [
+        (event, "bash", "bash") for event in ("pre_tool_use", "permission_request", "post_tool_use")] * 2
+    assert [c["tool_input"] for c in seen] == [{"command": "echo one", "run_in_background": True}] * 3 \
+        + [{"command": "echo two"}] * 3
+    assert [c["flag"] for c in seen] == ["true"] * 3 + [None] * 3
+
+
+def test_a_hook_tells_them_apart_by_run_in_background(background, api, client, workspace):
+    mod = background
+    use_hooks(mod, hook("pre_tool_use", '[ "$TOOL_ARGS.run_in_background" = true ] && '
+                                        '{ echo "no background runs here" >&2; exit 2; }; exit 0', 'tool == "bash"'),
+              hook("pre_tool_use", "echo 'flagged by its condition' >&2; exit 2",
+                   'tool == "bash" && args.run_in_background == "true" && args.command == "echo two"'))
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": "echo one"}),
+                                      tool("bash", {"command": "echo two"}))])
+    got = results(message_bodies(api)[1])
+    assert got[0]["is_error"] and "no background runs here" in got[0]["content"]
+    assert not got[1].get("is_error") and got[1]["content"] == "two\n"
+    assert mod.agent_state().background == {}
+
+
+@pytest.mark.parametrize("updated, runs", [
+    ({"command": "echo rewritten > out.txt", "run_in_background": True}, True),
+    ({"command": "echo rewritten > out.txt"}, True),
+    ({"command": "echo rewritten > out.txt", "run_in_background": False}, False),   # not to the foreground
+    ({"command": 42, "run_in_background": True}, False),                              # the schema holds
+])
+def test_an_updated_input_becomes_background_runs_own_input(background, api, client, workspace, updated, runs):
+    mod = background
+    rewrite = json.dumps({"hookSpecificOutput": {"hookEventName": "PreToolUse", "updatedInput": updated}})
+    use_hooks(mod, hook("pre_tool_use", f"printf '%s' {shlex.quote(rewrite)}", 'tool == "bash"'),
+              hook("pre_tool_use", recorder(workspace)), hook("post_tool_use", recorder(workspace)))
+    run_turn(mod, api, client, [reply(tool("background_run", {"command": "echo original > out.txt"}))])
+    (result,) = results(message_bodies(api)[1])
+    if not runs:
+        assert result["is_error"] and "rewrote the input badly" in result["content"]
+        assert mod.agent_state().background == {} and hook_calls(workspace) == []
+        return
+    record = finish(mod, started_id(result["content"]))
+    assert record["command"] == "echo rewritten > out.txt"
+    assert (workspace / "out.txt").read_text() == "rewritten\n"
+    shown = {"command": "echo rewritten > out.txt", "run_in_background": True}
+    assert [(c["event"], c["tool_input"]) for c in hook_calls(workspace)] == [
+        ("pre_tool_use", shown), ("post_tool_use", shown)]       # the next hook, and after: as shown
+
+
+# --- a hostile workspace ------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ["outside", "workspace root"])
+def test_a_planted_runtime_folder_link_is_refused(background, workspace, tmp_path, target):
+    mod = background
+    aim = tmp_path / "elsewhere" if target == "outside" else workspace
+    aim.mkdir(exist_ok=True)
+    (workspace / ".agent").mkdir()
+    (workspace / ".agent" / "runtime-tasks").symlink_to(aim)
+    assert "symbolic link" in refused(mod, mod.background_run, "echo hi")
+    assert sorted(p.name for p in aim.iterdir()) == ([] if target == "outside" else [".agent"])  # no .gitignore
+
+
+def test_a_planted_gitignore_link_is_not_followed(background, workspace, tmp_path):
+    mod = background
+    folder = workspace / ".agent" / "runtime-tasks"
+    folder.mkdir(parents=True)
+    (folder / ".gitignore").symlink_to(tmp_path / "made-outside")   # a link to nothing yet
+    finish(mod, started_id(mod.background_run("echo hi")))
+    assert not (tmp_path / "made-outside").exists()
+
+
+def test_a_planted_log_under_the_new_id_is_never_written_through(background, workspace, tmp_path, monkeypatch):
+    mod = background
+    folder = workspace / ".agent" / "runtime-tasks"
+    folder.mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("keep me\n")
+    (folder / "b00000000.log").symlink_to(secret)
+    monkeypatch.setattr(mod.os, "urandom", lambda n: bytes(n))      # the id the clone guessed
+    assert "Could not create .agent/runtime-tasks/b00000000.log" in refused(mod, mod.background_run, "echo hi")
+    assert secret.read_text() == "keep me\n" and mod.agent_state().background == {}
+
+
+@pytest.mark.parametrize("link", ["-s", ""])                      # a symbolic link, a hard link
+def test_a_command_that_replaces_its_log_cannot_make_check_show_another_file(background, workspace, tmp_path,
+                                                                           link):
+    mod = background
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's secret\n")
+    command = (f"echo before; for f in .agent/runtime-tasks/b*.log; do rm \"$f\"; "
+               f"ln {link} {shlex.quote(str(secret))} \"$f\"; done; echo after; {WAIT_FOR_GO}")
+    id = started_id(mod.background_run(command))
+    wait_for(lambda: "after" in mod.background_check(id), "the replacement")   # while it runs
+    (workspace / "go").touch()
+    finish(mod, id)
+    for shown in (mod.background_check(id), mod.notification(mod.agent_state().background[id])):
+        assert "before\nafter\ntests passed" in shown and "the user's secret" not in shown
+
+
+@pytest.mark.parametrize("when", ["while it runs", "before the first status write"])
+def test_a_command_that_swaps_the_runtime_folder_cannot_move_the_status_file(background, workspace, tmp_path,
+                                                                             monkeypatch, when):
+    mod = background
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if when != "while it runs":                                     # the command wins the race
+        popen = subprocess.Popen
+
+        def started_and_done(*args, **kwargs):
+            monkeypatch.setattr(mod.subprocess, "Popen", popen)     # this one call only
+            p = popen(*args, **kwargs)
+            p.wait()
+            return p
+
+        monkeypatch.setattr(mod.subprocess, "Popen", started_and_done)
+    id = started_id(mod.background_run(f"mv .agent/runtime-tasks .agent/moved && "
+                                       f"ln -s {shlex.quote(str(elsewhere))} .agent/runtime-tasks"))
+    record = finish(mod, id)
+    assert record["status"] == "completed"                          # known to the loop ...
+    assert list(elsewhere.iterdir()) == []                          # ... and nothing written through the link
+    assert "symbolic link" in refused(mod, mod.background_run, "echo again")
