@@ -278,6 +278,7 @@ MARKS = [
     ("<system-reminder>", "REMINDER (added by the loop, not the user)"),
     ("<skill name=", "SKILL body"),
     ("<fork_boilerplate>", "FORK brief"),
+    ("<task-notification>\n<task-id>", "NOTIFICATION (a background command ended)"),
 ]
 COLOUR = sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
