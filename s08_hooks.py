@@ -4551,6 +4551,16 @@ def transcript_file(state):
     return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
 
 
+def keep_out_of_git(folder):
+    """A .gitignore of "*" in folder, made once. O_EXCL with O_NOFOLLOW: a file or a
+    planted link already there (even one pointing nowhere) is left alone, never
+    written through."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w") as fh:
+            fh.write("*\n")
+
+
 def write_transcript(state):
     """The session's history as JSONL for hooks that read transcript_path: the main
     agent's, rewritten before a hook runs when it grew since the last one."""
@@ -4560,8 +4570,7 @@ def write_transcript(state):
     if messages and state.hooks.get("transcript") != mark:
         with HOOK_LOCK, contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            if not (path.parent / ".gitignore").exists():  # the conversation stays out of git
-                (path.parent / ".gitignore").write_text("*\n")
+            keep_out_of_git(path.parent)  # the conversation stays out of git
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".session-")  # a new file: no planted link
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages))

@@ -4568,6 +4568,16 @@ def transcript_file(state):
     return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
 
 
+def keep_out_of_git(folder):
+    """A .gitignore of "*" in folder, made once. O_EXCL with O_NOFOLLOW: a file or a
+    planted link already there (even one pointing nowhere) is left alone, never
+    written through."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w") as fh:
+            fh.write("*\n")
+
+
 def write_transcript(state):
     """The session's history as JSONL for hooks that read transcript_path: the main
     agent's, rewritten before a hook runs when it grew since the last one."""
@@ -4579,8 +4589,7 @@ def write_transcript(state):
     if messages and state.hooks.get("transcript") != mark:
         with HOOK_LOCK, contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            if not (path.parent / ".gitignore").exists():  # the conversation stays out of git
-                (path.parent / ".gitignore").write_text("*\n")
+            keep_out_of_git(path.parent)  # the conversation stays out of git
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".session-")  # a new file: no planted link
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages))
@@ -5195,8 +5204,7 @@ def write_records(records):
         register_session(state, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not (path.parent / ".gitignore").exists():  # conversations stay out of git
-            (path.parent / ".gitignore").write_text("*\n")
+        keep_out_of_git(path.parent)  # conversations stay out of git
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # no planted link
         with open(fd, "a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r | {"ts": time.time()}, ensure_ascii=False, default=str) + "\n"
@@ -5506,8 +5514,8 @@ def replace_file(folder, name, text):
     """Write folder/name atomically through a new temporary file (mkstemp: no
     planted link is ever written through); a project folder keeps out of git."""
     folder.mkdir(parents=True, exist_ok=True)
-    if folder.parent.name == ".agent" and folder.parent.parent != Path.home() and not (folder / ".gitignore").exists():
-        (folder / ".gitignore").write_text("*\n")  # memories are this user's notes: share them on purpose
+    if folder.parent.name == ".agent" and folder.parent.parent != Path.home():
+        keep_out_of_git(folder)  # memories are this user's notes: share them on purpose
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)

@@ -73,6 +73,19 @@ def test_a_link_planted_at_the_transcript_is_replaced_not_written_through(mod, a
     assert (path.parent / ".gitignore").read_text() == "*\n"   # the conversation stays out of git
 
 
+@each
+def test_a_dangling_gitignore_link_beside_the_transcript_is_not_written_through(mod, api, client, workspace, tmp_path):
+    state = use_hooks(mod, command_hook("pre_tool_use", "true"))
+    path = mod.transcript_file(state)
+    if path.is_relative_to(workspace / ".agent" / "sessions"):  # a later chapter: the session file
+        pytest.skip("the transcript is the session file; test_s09_review plants the link there")
+    path.parent.mkdir(parents=True)
+    (path.parent / ".gitignore").symlink_to(tmp_path / "planted")   # points nowhere yet
+    run_turn(mod, api, client, [reply(tool("glob", {"pattern": "*"}))])
+    assert '"role": "user"' in path.read_text()                     # the transcript was written
+    assert not (tmp_path / "planted").exists()                      # and nothing through the link
+
+
 @pytest.mark.permissions
 @pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
 def test_sandboxed_bash_cannot_plant_links_in_dot_agent(mod, workspace, tmp_path):

@@ -73,6 +73,19 @@ def test_project_memories_stay_out_of_git(mod, workspace):
     assert not (user_memory() / ".gitignore").exists()      # home is not a repository
 
 
+def test_a_dangling_gitignore_link_in_a_session_or_memory_folder_is_not_written_through(mod, workspace, tmp_path):
+    state = mod.agent_state()
+    state.record = mod.new_session(state)
+    folders = [state.record["path"].parent, project_memory(workspace)]
+    for n, folder in enumerate(folders):
+        folder.mkdir(parents=True)
+        (folder / ".gitignore").symlink_to(tmp_path / f"planted-{n}")  # points nowhere yet
+    mod.write_records([{"type": "message", "index": 0, "message": {"role": "user", "content": "hi"}}])
+    mod.apply_operations([op("deploy")], state)
+    assert state.record["path"].exists() and (folders[1] / "deploy.md").exists()  # both written
+    assert list(tmp_path.glob("planted-*")) == []                                  # nothing through a link
+
+
 # --- includes ------------------------------------------------------------------------
 
 def test_includes_cannot_fan_out_past_their_budget(mod, workspace):
