@@ -111,6 +111,7 @@ class AgentState:
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
+        self.cancel = None  # s10: a background agent's stop flag (a threading.Event); None: foreground
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -246,6 +247,8 @@ def watch_command(p, sink, timeout):
                 p.wait(timeout=BASH_POLL)
             if p.returncode is not None:
                 return None
+            if cancelled():  # s10: background_stop kills a background agent's command too
+                return "stopped: the agent running it was cancelled"  # s10
             if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:
                 return (f"stopped: output passed {BASH_OUTPUT_CAP / 1e6:g} MB; redirect it "
                         f"to a file and read parts of it")
@@ -312,6 +315,8 @@ def run_tool(block):
     """Execute one tool_use block and always return a tool_result block."""
     ran = False  # s08: post hooks follow only a call that ran
     try:
+        if cancelled():  # s10: a background agent that was stopped runs no further call
+            raise ToolError("This agent was cancelled (background_stop): stop now.")  # s10
         if block.name not in TOOL_HANDLERS:
             raise ToolError(f"Unknown tool '{block.name}'. Use one of: {', '.join(TOOL_HANDLERS)}.")
         if problem := check_input(block.name, block.input):  # s02: schema check first
@@ -1134,6 +1139,9 @@ AGENT_TOOL_HELP = (
     "use it for a single read or search (call that tool yourself), and do not start an "
     "agent from inside a subagent (it has no agent tool). fork: true instead runs a copy "
     "of you that inherits this conversation (not combinable with agent_type).\n"
+    "run_in_background: true returns a task id at once and the report comes later as a "  # s10
+    "<task-notification>: keep working meanwhile; use it only when you do not need the "  # s10
+    "answer for your next step. A background agent cannot ask the user for permission.\n"  # s10
     "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
 
 
@@ -1241,7 +1249,9 @@ def child_tools(spec):
         if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
             warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
         tools = [t for t in tools if t["name"] in spec["tools"]]
-    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+    denied = set(spec.get("disallowed_tools", []))
+    denied |= {"background_run"} if "bash" in denied else set()  # s10: a background command is bash
+    return [t for t in tools if t["name"] not in denied]  # s10
 
 
 def allowed_names(tools):
@@ -1336,6 +1346,7 @@ def child_state(fork, label):
     child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
     child.background = parent.background  # s10: background commands too
+    child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     return child
 
 
@@ -1366,7 +1377,7 @@ def pick_agent(agent_type, fork):
     return agents.get(agent_type, {})
 
 
-def run_subagent(prompt, description=None, agent_type=None, fork=False):
+def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_background=False):  # s10
     """The agent tool: run a child loop to the end and return only its final text."""
     client = agent_state().client
     if client is None:
@@ -1376,6 +1387,9 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False):
     label = description or " ".join(prompt.split())[:40]  # one line on the terminal
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
+    if run_in_background:  # s10: a task id now, the report later as a <task-notification>
+        name = f"{agent_type or ('fork' if fork else 'general-purpose')}: {label}"  # s10
+        return start_background_agent(client, history, child_state(fork, label[:24]), settings, name)  # s10
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
     reason = run_child(client, history, child_state(fork, label[:24]), settings)
     if reason == "interrupted":
@@ -1397,7 +1411,9 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
     ["prompt"], prompt=("string", "The complete task: goal, where to look, what to report back."),
     description=("string", "A 3-5 word label for the task, shown to the user."),
     agent_type=("string", "One of the agent types listed above; omit for a general-purpose agent."),
-    fork=("boolean", "Run a copy of you that inherits this conversation (default false).")),
+    fork=("boolean", "Run a copy of you that inherits this conversation (default false)."),  # s10
+    run_in_background=("boolean", "Return a task id at once; the report arrives later as a "  # s10
+                                  "<task-notification> (default false).")),  # s10
     run_subagent)
 
 # --- s05: skills and slash commands ---
@@ -1590,6 +1606,8 @@ def ask_human(question):
     """One question to the human: the prompt on stderr, the answer read from stdin,
     a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
     input, or no stdin at all, answers no."""
+    if getattr(CURRENT.get(None), "cancel", None) is not None:  # s10: the REPL may be reading stdin
+        raise ToolError(f"{BACKGROUND_ASK}.")  # s10: a background agent never asks
     print(question, end="", file=sys.stderr, flush=True)
     try:
         answer = input()
@@ -2127,7 +2145,8 @@ def charge(message, usage=None):
     read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
     cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
             + u.output_tokens * PRICE_OUTPUT) / 1e6
-    agent_state().session["cost"] += cost
+    with USAGE_LOCK:  # s10: agents running at once add to one bill
+        agent_state().session["cost"] += cost  # s10
     add_usage(usage, message)
     return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
             f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
@@ -3892,6 +3911,8 @@ def judge(block):
     effect, layer, reason = hook_effect(block, hooked, (effect, layer, reason))  # s08: deny > ask > allow
     if effect == "ask" and state.write_roots is not None:  # s09: the consolidator runs in the background
         effect, reason = "deny", f"{reason}; nobody can be asked during a memory consolidation"  # s09
+    if effect == "ask" and state.cancel is not None:  # s10: nobody watches a background agent
+        effect, reason = "deny", f"{reason}; {BACKGROUND_ASK}"  # s10
     if effect == "ask":
         refusal = ask_permission(block.name, args, reason, state)
         if refusal is None:  # exactly these paths, for this call (or batch) only
@@ -3903,8 +3924,9 @@ def judge(block):
         state.denials = 0
         return None
     state.denials += 1
+    advice = "say in your report what needs approval" if state.cancel is not None else "ask the user"  # s10
     return (f"Permission denied ({layer}): {reason}. Do not retry the same call; "
-            f"do something else, or ask the user.")
+            f"do something else, or {advice}.")  # s10: a background agent has nobody to ask
 
 
 def permit(block):
@@ -5988,7 +6010,13 @@ CRON_FIELDS = {"minute": (0, 59, ()), "hour": (0, 23, ()), "day-of-month": (1, 3
                "month": (1, 12, MONTH_NAMES), "day-of-week": (0, 7, DAY_NAMES)}
 CRON_HORIZON_DAYS = 366 * 9  # next_fire looks this far: 29 February can be 8 years away (2096 -> 2104)
 RUNTIME_DIR = Path(AGENT_DIR) / "runtime-tasks"  # in the workspace: <id>.log (output) and <id>.json (status)
-MAX_BACKGROUND = 10         # background commands running at once
+MAX_BACKGROUND = 10         # background commands and agents running at once
+MAX_BACKGROUND_AGENTS = 4   # background subagents running at once (MAX_BACKGROUND counts them too)
+AGENT_REPORT_CHARS = 10_000  # characters of a background agent's report a notification carries
+BACKGROUND_AGENT_DROPS = ("background_run", "background_stop")  # a background agent starts none itself
+BACKGROUND_ASK = ("a background agent cannot ask the user: do it another way, or finish and say "
+                  "in your report what needs the user's approval")
+USAGE_LOCK = threading.Lock()  # agents running at once add to one session bill (charge)
 BACKGROUND_TIMEOUT = 1_800  # seconds before a background command is stopped (30 min)
 BACKGROUND_PREVIEW = 1_000  # characters of output a notification carries: the end, where verdicts are
 BACKGROUND_CHECK_CHARS = 4_000  # characters of output background_check shows
@@ -6443,8 +6471,8 @@ def background_run(command):
                         f"find a safe way or ask the user to run it.")
     state, folder = agent_state(), runtime_dir()
     if len(running := background_running()) >= MAX_BACKGROUND:
-        raise ToolError(f"{len(running)} background commands are running, the most at once. "
-                        f"Wait for a <task-notification>, or background_stop one.")
+        raise ToolError(f"{len(running)} background commands and agents are running, the most at "
+                        f"once. Wait for a <task-notification>, or background_stop one.")
     args, shell = bash_process(command)  # inside the OS sandbox when it is on, as bash
     id = "b" + os.urandom(4).hex()
     try:
@@ -6461,7 +6489,7 @@ def background_run(command):
         raise ToolError(f"Could not start it: {e}. Check the command, or run it with bash.")
     record = {"id": id, "command": command, "status": "running", "exit_code": None, "pid": p.pid,
               "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
-              "note": "", "preview": "", "notified": False,
+              "note": "", "preview": "", "notified": False, "kind": "command",
               "_proc": p, "_sink": sink, "_shell": shell, "_folder": folder}
     record["_thread"] = threading.Thread(target=contextvars.copy_context().run,
                                          args=(watch_background, record), daemon=True)
@@ -6519,15 +6547,20 @@ def background_running():
         return [r for r in agent_state().background.values() if r["status"] in ("running", "stopping")]
 
 
-def stop_background(record):
-    """Kill the command's whole process group and wait for its watcher to record it."""
+def stop_background(record, wait=True):
+    """Kill a command's whole process group, or cancel an agent (it stops before its
+    next model or tool call, its bash command killed); wait for its thread to record it."""
     with BACKGROUND_LOCK:
         if record["status"] != "running":
             return
         record["status"] = "stopping"
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(record["_proc"].pid, signal.SIGKILL)
-    record["_thread"].join(timeout=BACKGROUND_STOP_WAIT)
+    if record["kind"] == "agent":
+        record["_cancel"].set()
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record["_proc"].pid, signal.SIGKILL)
+    if wait:
+        record["_thread"].join(timeout=BACKGROUND_STOP_WAIT)
 
 
 def background_record(id):
@@ -6554,6 +6587,8 @@ def background_check(id=None):
         if record["status"] not in ("running", "stopping"):
             record["notified"] = True  # seen here: no notification repeats it
     note = f" ({record['note']})" if record["note"] else ""
+    if record["kind"] == "agent" and record["status"] in ("running", "stopping"):
+        note += f" ({record['_usage']['calls']} model calls so far; its text so far below)"
     return f"{background_line(record)}{note}\nlog: {record['log']}\n{output}"
 
 
@@ -6570,15 +6605,20 @@ def background_stop(id):
     if record["status"] != "running":
         return f"{record['id']} is not running: {record['status']}."
     stop_background(record)
+    if record["kind"] == "agent":
+        done = "it has stopped" if record["status"] == "stopped" else "it stops once its model call ends"
+        return (f"Cancelled agent {record['id']}: {done}; no notification follows. "
+                f"Its text so far: {record['log']}")
     return f"Stopped {record['id']} and its process group. Its output so far: {record['log']}"
 
 
 def notification(r):
-    """One finished command as the model hears of it: the facts, a preview, the log."""
+    """One finished command or agent as the model hears of it: the facts, a preview
+    (an agent's: its report and usage), the log."""
     preview = r["preview"].replace("</task-notification>", "</task-notification >")  # output is data
-    lines = [f"<task-id>{r['id']}</task-id>", f"<status>{r['status']}</status>",
-             f"<exit-code>{r['exit_code']}</exit-code>",
-             f"<command>{r['command'][:BACKGROUND_COMMAND_CHARS]}</command>",
+    lines = [f"<task-id>{r['id']}</task-id>", f"<status>{r['status']}</status>"]
+    lines += [f"<exit-code>{r['exit_code']}</exit-code>"] if r["kind"] == "command" else []
+    lines += [f"<command>{r['command'][:BACKGROUND_COMMAND_CHARS]}</command>",
              f"<output-file>{r['log']}</output-file>"]
     lines += [f"<note>{r['note']}</note>"] if r["note"] else []
     return "<task-notification>\n" + "\n".join(lines) + f"\n<preview>\n{preview}\n</preview>\n</task-notification>"
@@ -6615,9 +6655,10 @@ def deliver_notifications(messages):
 
 @contextlib.contextmanager
 def background_session():
-    """The session's end stops what still runs, with one line naming it. A closed
-    terminal (SIGHUP) or a kill (SIGTERM) ends the session the same way: each command
-    has its own process group, so nothing else would ever stop it."""
+    """The session's end stops what still runs, with one line naming the commands
+    and one naming the agents (all are told first, then each gets its wait). A
+    closed terminal (SIGHUP) or a kill (SIGTERM) ends the session the same way:
+    each command has its own process group, so nothing else would ever stop it."""
     signals = (signal.SIGHUP, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     before = {s: signal.signal(s, end_on_signal) for s in signals}
     try:
@@ -6625,12 +6666,106 @@ def background_session():
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-        if running := background_running():
-            with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
-                say(f"[stopping {len(running)} background command(s): "
-                    f"{', '.join(background_line(r) for r in running)}]")
-            for record in running:
-                stop_background(record)
+        stop_all_background()
+
+
+def stop_all_background():
+    running = background_running()
+    commands = [r for r in running if r["kind"] == "command"]
+    agents = [r for r in running if r["kind"] == "agent"]
+    with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
+        if commands:
+            say(f"[stopping {len(commands)} background command(s): "
+                f"{', '.join(background_line(r) for r in commands)}]")
+        if agents:
+            say(f"[cancelling {len(agents)} background agent(s): "
+                f"{', '.join(background_line(r) for r in agents)}]")
+    for record in running:
+        stop_background(record, wait=False)
+    deadline = time.monotonic() + BACKGROUND_STOP_WAIT
+    for record in running:
+        record["_thread"].join(timeout=max(0, deadline - time.monotonic()))
+
+
+# Background agents (seed: 后台运行模式, 上下文隔离). agent with run_in_background
+# starts the child in a thread of its own, through copy_context().run, and the
+# thread runs as the child's own AgentState: file-read records, plan, usage,
+# compaction, mode and denials are its own, so parent and child cannot see or
+# overwrite each other's. What is shared is infrastructure (the client, the tool
+# registry, hooks and config) and the session's totals, which are updated under a
+# lock (charge). The child's streamed text goes to its log, not the terminal, and
+# its report comes back through the same records and <task-notification> as a
+# command's. Nobody watches it, so where a foreground agent would ask the human
+# it is denied instead (judge, ask_human). background_stop cancels it
+# cooperatively: its `cancel` flag is checked before each model call and each
+# tool call, and a bash command of its own is killed within BASH_POLL.
+def start_background_agent(client, history, child, settings, name):
+    """The agent tool with run_in_background: the record, the log, the thread; the id at once."""
+    state, folder = agent_state(), runtime_dir()
+    running = background_running()
+    agents = [r for r in running if r["kind"] == "agent"]
+    if len(agents) >= MAX_BACKGROUND_AGENTS or len(running) >= MAX_BACKGROUND:
+        raise ToolError(f"{len(agents)} background agents ({len(running)} background tasks in all) are "
+                        f"running, the most at once. Wait for a <task-notification>, or do it yourself.")
+    id = "a" + os.urandom(4).hex()
+    fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    child.cancel = threading.Event()
+    tools = [t for t in settings["tools"] if t["name"] not in BACKGROUND_AGENT_DROPS]
+    settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
+    record = {"id": id, "command": f"agent {name}", "status": "running", "exit_code": None, "pid": None,
+              "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
+              "note": "", "preview": "", "notified": False, "kind": "agent",
+              "_cancel": child.cancel, "_usage": settings["usage"], "_folder": folder,
+              "_sink": open(os.dup(fd), "rb")}  # background_check reads this, never the path
+    record["_thread"] = threading.Thread(target=contextvars.copy_context().run, daemon=True,
+                                         args=(run_background_agent, record, client, history, child, settings))
+    with BACKGROUND_LOCK:
+        state.background[id] = record
+        save_task(folder, public(record))
+    say(f"[background agent {id} started: {name}]")
+    record["_thread"].start()
+    return (f"Started agent {id} in the background: {name}\nIt works beside you; its report comes "
+            f"as a <task-notification> when it ends. background_check {id} shows its progress, "
+            f"background_stop {id} cancels it. Log: {record['log']}")
+
+
+def run_background_agent(record, client, history, child, settings):
+    """The child's thread: run it as its own agent, then record how it ended."""
+    log, usage = settings["out"], settings["usage"]
+    try:
+        reason = run_child(client, history, child, settings)
+    except Exception as e:  # a bug must not leave the record running forever
+        reason = f"crashed ({type(e).__name__}: {e})"
+    note = (f"[subagent {child.label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    status, why, report = agent_outcome(reason, history, settings["max_turns"])
+    with contextlib.suppress(OSError, ValueError), log:
+        log.write(f"\n[{status}{': ' + why if why else ''}] {note}\n")
+    say(note)
+    with BACKGROUND_LOCK:
+        record["_tail"] = read_tail(record["_sink"], BACKGROUND_CHECK_CHARS)  # as a command's watcher
+        record["_sink"].close()
+        record.update(status=status, finished=now_stamp(), note=why, notified=status == "stopped",
+                      preview=f"{clip(report, AGENT_REPORT_CHARS)}\n\n{note}")  # a stop asked for: no news
+        save_task(record["_folder"], public(record))
+
+
+def agent_outcome(reason, history, turns):
+    """(status, why, report) of a finished child, in run_subagent's words."""
+    text = last_text(history)
+    if reason == "end_turn":
+        done = history[-1]["role"] == "assistant"  # an empty final reply: no report to pass on
+        return "completed", "", text if done else "(the subagent finished without a report)"
+    if reason == "cancelled":
+        return "stopped", "cancelled by background_stop", f"Its last words: {text or '(none)'}"
+    why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=turns)
+    return "failed", f"the subagent stopped early: {why}", f"Its last words: {text or '(none)'}"
+
+
+def cancelled():
+    """Was the running agent cancelled (background_stop, or the session's end)?"""
+    flag = getattr(CURRENT.get(None), "cancel", None)
+    return flag is not None and flag.is_set()
 
 
 def end_on_signal(signum, frame):
@@ -6667,15 +6802,17 @@ register("background_run", (
     params(["command"], command=("string", "The shell command to run in the background.")),
     background_run)
 register("background_check", (
-    "Show a background command: its status and the end of its output so far. Without an "
-    "id, list every background command of this session. Prefer waiting for its "
-    "<task-notification> to polling."),
-    params([], id=("string", "The id background_run returned; omit to list them all.")),
+    "Show a background command or agent: its status and the end of its output (an agent: "
+    "its text) so far. Without an id, list every background command and agent of this "
+    "session. Prefer waiting for its <task-notification> to polling."),
+    params([], id=("string", "The id background_run or agent returned; omit to list them all.")),
     background_check, read_only=True, concurrency_safe=True)
 register("background_stop", (
     "Stop a background command: its whole process group is killed. Its log stays. "
-    "Use it for a server you no longer need or a run that went wrong."),
-    params(["id"], id=("string", "The id background_run returned.")),
+    "Use it for a server you no longer need or a run that went wrong. A background agent "
+    "is cancelled: it makes no further model or tool call and its running bash command is "
+    "killed, but a model call already under way ends first; no notification follows."),
+    params(["id"], id=("string", "The id background_run or agent returned.")),
     background_stop)
 
 
@@ -6782,6 +6919,8 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
         attach_context(messages)  # s09: instructions and the memory index open the conversation
         recall(messages)  # s09: memories that may help with this prompt
         for _ in range(max_turns or turn_limit()):  # s04: a child has its own cap
+            if cancelled():  # s10: background_stop, checked before each model call
+                return "cancelled"  # s10
             deliver_notifications(messages)  # s10: finished background commands, after the results
             sync_session(messages)  # s09: the prompt and the results on disk before the call
             message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
