@@ -4815,8 +4815,9 @@ def prompt_text(messages):
         return None
     if isinstance(last["content"], str):
         return last["content"]
-    texts = [b.get("text", "") for b in last["content"] if b.get("type") == "text"]
-    return texts[-1] if texts and last["content"][-1].get("type") == "text" else None
+    content = [b for b in last["content"] if not str(b.get("text", "")).startswith("<task-notification>")]  # s10
+    texts = [b.get("text", "") for b in content if b.get("type") == "text"]  # s10: news is no prompt
+    return texts[-1] if texts and content[-1].get("type") == "text" else None  # s10
 
 
 def drop_prompt(messages):

@@ -513,6 +513,21 @@ def test_every_request_is_valid_with_notifications_beside_results_and_prompts(ba
     assert len(message_bodies(api)) == 3
 
 
+def test_a_notification_is_never_taken_for_the_prompt(background):
+    """Hooks on user_prompt_submit, recall and the memory extractor read the prompt;
+    news that joined a message of results (or the prompt) is not one."""
+    mod = background
+    id = started_id(mod.background_run("echo done"))
+    news = {"type": "text", "text": mod.notification(finish(mod, id))}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+    history = [{"role": "user", "content": "fix the parser"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}]},
+               {"role": "user", "content": [result, news]}]
+    assert mod.prompt_text(history) is None                            # results and news: no new prompt
+    assert mod.turn_text(history).startswith("user: fix the parser")   # the turn starts at the real prompt
+    assert mod.prompt_text([{"role": "user", "content": [{"type": "text", "text": "go"}, news]}]) == "go"
+
+
 def test_background_check_lists_and_shows_and_a_subagent_leaves_the_news(background):
     mod = background
     assert mod.background_check() == "No background commands this session."
