@@ -1,38 +1,43 @@
 #!/usr/bin/env python3
-"""s10_tasks.py - work that outlives one turn: a task graph kept on disk, shared
-by every agent and process working in the project, and commands that run in the
-background while the model keeps working.
+"""s10_tasks.py - work that outlives one turn: a task graph kept on disk, commands
+and subagents that run in the background while the model keeps working, and
+prompts that run later by themselves on a cron schedule.
 
-New since s09: task_create, task_update, task_get, task_list (.agent/tasks/<id>.json,
-written whole under a lock); background_run, background_check, background_stop
-(<task-notification>); parse_cron, cron_matches, next_fire (a hand-written matcher).
+New since s09: task_create, task_update, task_get, task_list; background_run,
+background_check, background_stop; agent run_in_background; schedule_create,
+schedule_list, schedule_delete; parse_cron, cron_matches, next_fire (by hand).
 
     task_create "parse" -> #1     task_create "test", blocked_by [1] -> #2
-        1.json {status: pending, owner: "", blocks: [2]}   2.json {blocked_by: [1], ...}
-    task_update 1 completed       -> #1 leaves 2.blocked_by: #2 is ready now
-    task_update 1, add_blocked_by [2] -> refused: #1 -> #2 -> #1 is a cycle
-    every change: flock .agent/tasks/.lock, read, write a temp file, os.replace
-    background_run "pytest" -> id at once; its own process group, output to
-      .agent/runtime-tasks/<id>.log; when it ends, the next request carries
-      <task-notification> (status, exit code, the output's end, the log's path)
+      .agent/tasks/1.json {status: pending, owner: "", blocks: [2], ...}
+    task_update 1 completed -> #2 is ready; add_blocked_by that closes a loop: refused
+      every change: flock .agent/tasks/.lock, read, temp file, os.replace
+    background_run "pytest" | agent {run_in_background: true} -> an id at once
+      ... the model works on ... it ends -> the next request carries <task-notification>
+    schedule_create "0 9 * * mon-fri" -> the idle REPL runs <scheduled-prompt id=...>
 
 todo_write or tasks? todo_write (s03) is this session's checklist: a few steps in
-order, rewritten whole, gone when the session ends. The task graph is for work that
-is bigger than that: steps that wait on each other, an owner, a status that the next
-session, a subagent or another process on the same project (s11) can read and change.
+order, rewritten whole, gone with the session. The task graph is for bigger work:
+steps that wait on each other, an owner, a status that the next session, a
+subagent or another process on the project (s11) reads and changes.
+
+The second lesson: two agents now run at once in one process. Each thread runs
+as its own AgentState behind a ContextVar (acting_as; pool workers get a copy of
+their starter's context), so file-read records, plan, compaction, mode, denials
+and usage stay apart: the parent still re-reads a file its child changed. The
+client, tool registry, hooks and config are shared infrastructure, and the one
+total several agents add to, the session's cost, changes under a lock. Nobody
+watches a background agent, so where it would ask the human it is denied.
 
 Run:
     python s10_tasks.py                              # REPL, prompt "s10 >> "
     python tests/demo.py s10                         # offline, no key: scripted model
-
 Try:
     (real model) plan a small CSV parser as tasks with dependencies, then do the ready ones
-    cat .agent/tasks/*.json                          # the graph, one file per task
     (real model) run the test suite in the background and write the docs meanwhile
+    (real model) every minute, append the time to clock.txt        (then wait a minute)
 
-Key insight: a task is a file, not a message: it survives compaction, restarts and
-other processes, and the lock plus the rename make each change whole or absent.
-Waiting is what runs in the background, never a second loop.
+Key insight: a task is a file, not a message, and waiting is what runs in the
+background, never a second loop: results come back as messages the one loop reads.
 """
 
 # --- imports ---
