@@ -153,8 +153,18 @@ def test_a_due_job_waits_for_the_running_turn_and_fires_once_after_it(mod, api, 
 
     api.script([during_the_turn, reply("Looked around."), reply("The build is green.")])
     monkeypatch.setattr(sys, "stdin", io.StringIO("look around\n"))
+    turns, real = [], mod.scheduled_turn
+
+    def counted():
+        if (turn := real()) is not None:
+            turns.append(turn)
+        if len(turns) > 1:
+            raise EOFError  # fired twice: the REPL ends here and the test fails below
+        return turn
+    monkeypatch.setattr(mod, "scheduled_turn", counted)
     with mod.schedule_session():
         assert mod.repl(client, "> ") == 0
+    assert turns == [turn_text(id, "check the build")]
     bodies = message_bodies(api)
     assert len(bodies) == 3 and api.remaining() == 0 and api.exhausted == 0  # fired once, not 5 times
     assert "<scheduled-prompt id=" not in json.dumps([b["messages"] for b in bodies[:2]])  # not during the turn
