@@ -112,8 +112,8 @@ class AgentState:
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
-        self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: see
-                          "told": set(), "expired": [], "untrusted": None}  # s10.4 (the session's)
+        self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: session-only
+                          "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -7195,12 +7195,15 @@ register("schedule_create", (
         "durable": {"type": "boolean", "description": "Keep it for later sessions (default false)."}}},
     schedule_create)
 register("schedule_list", (
-    "List the scheduled jobs: id, cron, next run, expiry and prompt; and the jobs that "
-    "expired this session." + SCHEDULE_HELP),
+    "List the scheduled jobs: id, cron, next run, expiry and prompt. It also names the jobs "
+    "that expired this session, and says when the durable file is not trusted (its jobs do "
+    "not fire)." + SCHEDULE_HELP),
     params([]), schedule_list, read_only=True, concurrency_safe=True)
-register("schedule_delete", "Delete a scheduled job by id (schedule_list shows the ids).",
-         params(["id"], id=("string", "The job's id, e.g. s1a2b3c4d.")),
-         schedule_delete, read_only=True)  # removing a job never lets more run
+register("schedule_delete", (
+    "Delete a scheduled job by id, session-only or durable. Use it for a job that is no "
+    "longer wanted, or to make room under the 50-job cap. schedule_list shows the ids."),
+    params(["id"], id=("string", "The job's id, e.g. s1a2b3c4d.")),
+    schedule_delete, read_only=True)  # removing a job never lets more run
 
 
 # --- agent loop ---
