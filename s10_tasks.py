@@ -52,6 +52,7 @@ import hashlib
 import http.client
 import json
 import os
+import queue
 import random
 import re
 import shlex
@@ -117,6 +118,8 @@ class AgentState:
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
         self.cancel = None  # s10: a background agent's stop flag (a threading.Event); None: foreground
+        self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: session-only
+                          "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -1352,6 +1355,7 @@ def child_state(fork, label):
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
     child.background = parent.background  # s10: background commands too
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
+    child.schedules = parent.schedules  # s10: and scheduled jobs
     return child
 
 
@@ -3250,6 +3254,7 @@ def load_permissions(workdir, trust_all=False):
                 "sandbox": dict(SANDBOX_DEFAULTS)}
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
     settings["auto_memory"] = True  # s09: any file may turn it off
+    settings["trust_all"] = trust_all  # s10: --trust-workspace answers for schedules.json too
     for scope, path in config_files(workdir).items():
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
@@ -6019,7 +6024,8 @@ RUNTIME_DIR = Path(AGENT_DIR) / "runtime-tasks"  # in the workspace: <id>.log (o
 MAX_BACKGROUND = 10         # background commands and agents running at once
 MAX_BACKGROUND_AGENTS = 4   # background subagents running at once (MAX_BACKGROUND counts them too)
 AGENT_REPORT_CHARS = 10_000  # characters of a background agent's report a notification carries
-BACKGROUND_AGENT_DROPS = ("background_run", "background_stop")  # a background agent starts none itself
+BACKGROUND_AGENT_DROPS = ("background_run", "background_stop",  # a background agent starts none itself:
+                          "schedule_create", "schedule_delete")  # it would never hear of them
 BACKGROUND_ASK = ("a background agent cannot ask the user: do it another way, or finish and say "
                   "in your report what needs the user's approval")
 USAGE_LOCK = threading.Lock()  # agents running at once add to one session bill (charge)
@@ -6822,6 +6828,616 @@ register("background_stop", (
     background_stop)
 
 
+# --- s10.4: schedules ---
+# A prompt that runs later by itself (seed: 定时任务). A job is a cron expression
+# (s10.2) and a prompt. Session-only jobs live in the session's state and end with
+# it; durable ones live in .agent/schedules.json (written whole under a lock, like
+# a task) and survive a restart. A checker thread looks every second: a job is due
+# once the next match after its last run (or its creation) has begun. A due job
+# joins a queue once, and only the REPL takes it, between turns: the agent is idle
+# there, so a schedule never cuts into a turn, and a turn that runs long delays a
+# job instead of firing it once per minute it missed. It runs as a user turn,
+#     <scheduled-prompt id=s1a2b3c4d>\nPROMPT\n</scheduled-prompt>
+# The REPL waits for the human through a reader thread (StdinLines), so a blocking
+# read never holds up a due job. Decisions:
+# - Jobs fire only in the interactive REPL. A one-shot run ends after its task; a
+#   subagent's jobs are the session's and fire as the main agent's turns.
+# - Runs missed while no agent ran are not replayed: the REPL's start counts them
+#   (one line per job) and the next run is the first match from then on.
+# - Trust (s07's gate for project files): a clone can ship the file, and a durable
+#   job is a prompt the agent will run as if the human had typed it. The file's
+#   jobs fire only while its exact content is trusted (sha256 in ~/.agent/
+#   trusted.yaml). The REPL's start asks about an untrusted file that holds jobs,
+#   as s07 asks about a project config: a pipe answers too, end of input is no,
+#   --trust-workspace is yes. The agent's own writes (create, delete, a run, an
+#   expiry) record the new content's hash when the old content was trusted, before
+#   the rename, so its own file keeps firing and an edit made behind its back does
+#   not. No durable job is added to an untrusted file: it could not fire.
+# - schedule_create asks in default mode, as a write does: a job runs prompts
+#   later with nobody watching. Listing and deleting never ask.
+SCHEDULES_FILE = Path(AGENT_DIR) / "schedules.json"  # in the workspace: {"jobs": [...]}
+MAX_SCHEDULES = 50          # jobs at once, session-only and durable together
+SCHEDULE_EXPIRY = datetime.timedelta(days=7)  # a recurring job's life: a forgotten one ends by itself
+MAX_SCHEDULE_PROMPT = 2_000  # characters of a job's prompt
+SCHEDULE_FILE_BYTES = 1_000_000  # a bigger schedules.json is not read (50 prompts, escaped, fit)
+SCHEDULE_TICK = 1.0         # seconds between the checker's looks
+INPUT_POLL = 0.2            # seconds the REPL waits for a line before it looks for a due job
+MISSED_COUNTED = 100        # missed runs counted at the start; more reads "100 or more"
+SCHEDULE_EXPIRED_KEPT = 20  # expiry lines schedule_list keeps for the model
+SCHEDULE_SKIPS_SHOWN = 3    # bad entries of the file named one by one; the rest are counted
+SCHEDULE_NOTES = 200        # lines kept for the human (and remembered as said) at most
+SCHEDULE_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")  # ids in the file (the agent makes s + 8 hex digits)
+SCHEDULE_STAMP = "%Y-%m-%dT%H:%M"  # times in a job: local, to the minute
+SCHEDULE_LOCK = threading.RLock()  # the checker, the REPL and the tools share the session's jobs
+
+
+def local_now():
+    """The schedules' one clock: local time, as cron reads it."""
+    return datetime.datetime.now()
+
+
+def minute_text(when):
+    return when.strftime(SCHEDULE_STAMP)
+
+
+def minute_time(text):
+    return datetime.datetime.strptime(text, SCHEDULE_STAMP)
+
+
+def minute_before(now):
+    """`since` for a session starting at `now`: runs from now's minute on count."""
+    return now.replace(second=0, microsecond=0) - datetime.timedelta(minutes=1)
+
+
+def job_next(job, since=None):
+    """The job's next run: the first match after its last run, else its creation,
+    and never before `since` (the REPL's start: missed runs stay missed). None: never."""
+    base = minute_time(job["last_fired"] or job["created"])
+    return next_fire(job["cron"], max(base, since) if since else base)
+
+
+def job_due(job, now, since):
+    return (when := job_next(job, since)) is not None and when <= now
+
+
+def job_expired(job, now):
+    return job["recurring"] and now >= minute_time(job["created"]) + SCHEDULE_EXPIRY
+
+
+def short_prompt(job, limit=80):
+    text = " ".join(job["prompt"].split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def tell(text):
+    """One line for the human, each text once a session. While the REPL runs, the
+    line waits for the REPL to be idle (never in the middle of a streamed answer)."""
+    s = agent_state().schedules
+    with SCHEDULE_LOCK:
+        if text in s["told"]:
+            return
+        if len(s["told"]) > SCHEDULE_NOTES:  # a file rewritten with new faults every second
+            s["told"].clear()
+        s["told"].add(text)
+        if s["checker"] is not None:
+            s["notes"] = s["notes"][-SCHEDULE_NOTES:] + [text]
+            return
+    say(printable(text))
+
+
+def show_notes():
+    """The REPL, between turns: the lines the checker left."""
+    with SCHEDULE_LOCK:
+        notes, agent_state().schedules["notes"] = agent_state().schedules["notes"], []
+    for text in notes:
+        say(printable(text))
+
+
+def schedules_path():
+    """.agent/schedules.json of the running agent's workspace; ToolError when a
+    planted link would put it outside."""
+    ws = agent_state().workdir
+    if not (ws / AGENT_DIR).resolve().is_relative_to(ws):
+        raise ToolError(f"{AGENT_DIR} leads outside the workspace (a symbolic link?), so there "
+                        f"are no durable schedules. Ask the user to remove it; session-only "
+                        f"jobs (durable false) still work.")
+    return ws / SCHEDULES_FILE
+
+
+def entry_problem(entry):
+    """Why an entry of schedules.json cannot be a job (a few words), or None."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    if not (isinstance(entry.get("id"), str) and SCHEDULE_ID.fullmatch(entry["id"])):
+        return "no id of letters, digits, - or _"
+    if not isinstance(entry.get("cron"), str):
+        return "no cron expression"
+    try:
+        parse_cron(entry["cron"])
+    except ValueError as e:
+        return str(e)
+    if not isinstance(entry.get("prompt"), str) or not entry["prompt"].strip() \
+            or len(entry["prompt"]) > MAX_SCHEDULE_PROMPT:
+        return f"the prompt must be text of 1 to {MAX_SCHEDULE_PROMPT} characters"
+    if not isinstance(entry.get("recurring"), bool):
+        return "recurring must be true or false"
+    for key in ("created", "last_fired"):
+        try:  # a year near 9999 would overflow next_fire's walk
+            if (key == "created" or entry.get(key) is not None) and minute_time(entry.get(key)).year > 9000:
+                raise ValueError
+        except (TypeError, ValueError):
+            return f"{key} must be a time such as 2025-01-31T09:00"
+    return None
+
+
+def read_schedules(path):
+    """(jobs by id, the file's sha256, skipped): the durable file's valid jobs, the
+    hash its trust is recorded under (None: no file), and a line per bad entry
+    (a clone may ship any file). ToolError when the file cannot be used at all."""
+    try:  # no link followed; O_NONBLOCK: a planted FIFO cannot stall the checker
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {}, None, []
+    except OSError as e:
+        raise ToolError(schedule_file_problem(path, f"cannot be opened ({e.strerror}; a symbolic link?)"))
+    try:
+        with open(fd, "rb") as fh:
+            data = fh.read(SCHEDULE_FILE_BYTES + 1)
+    except OSError as e:
+        raise ToolError(schedule_file_problem(path, f"cannot be read ({e.strerror})"))
+    if len(data) > SCHEDULE_FILE_BYTES:
+        raise ToolError(schedule_file_problem(path, f"is over {SCHEDULE_FILE_BYTES:,} bytes"))
+    try:
+        entries = json.loads(data)["jobs"] if data.strip() else []
+        if not isinstance(entries, list):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        raise ToolError(schedule_file_problem(path, 'is not JSON of the form {"jobs": [...]}'))
+    jobs, skipped = {}, []
+    for n, entry in enumerate(entries, 1):
+        why = entry_problem(entry) or (f"a second job {entry['id']}" if entry["id"] in jobs else None) \
+            or (f"more than {MAX_SCHEDULES} jobs" if len(jobs) >= MAX_SCHEDULES else None)
+        if why:
+            skipped.append(f"job {n} skipped: {why}")
+        else:
+            jobs[entry["id"]] = {k: entry.get(k) for k in ("id", "cron", "prompt", "recurring",
+                                                           "created", "last_fired")}
+    if len(skipped) > SCHEDULE_SKIPS_SHOWN:
+        skipped[SCHEDULE_SKIPS_SHOWN:] = [f"{len(skipped) - SCHEDULE_SKIPS_SHOWN} more entries skipped"]
+    return jobs, hashlib.sha256(data).hexdigest(), [f"{rel(path)}: {s}" for s in skipped]
+
+
+def schedule_file_problem(path, what):
+    return (f"{rel(path)} {what}: its jobs do not fire and no durable job can be added. Ask "
+            f"the user to fix or remove it; session-only jobs (durable false) still work.")
+
+
+def schedules_trusted(path, jobs, digest):
+    """May the file's jobs fire? A file without jobs has nothing to trust."""
+    return not jobs or is_trusted(rel(path), digest)
+
+
+def durable_view():
+    """(jobs, trusted) of the durable file as it is now, read without the lock (a
+    rename makes every write whole); ToolError when it cannot be used."""
+    path = schedules_path()
+    jobs, digest, _ = read_schedules(path)
+    return jobs, schedules_trusted(path, jobs, digest)
+
+
+def write_schedules(path, jobs, trusted):
+    """The whole file: a temp file, then os.replace. Trusted content stays trusted:
+    the new hash is recorded before the rename, so the checker never finds the
+    agent's own file untrusted."""
+    data = json.dumps({"jobs": list(jobs.values())}, ensure_ascii=False, indent=1).encode()
+    if trusted:
+        trust(rel(path), hashlib.sha256(data).hexdigest())
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules.", suffix=".tmp")
+    try:
+        with open(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def schedule_file():
+    """The durable jobs by id and whether they may fire, under the lock (.agent/.lock,
+    s10.1's task_lock); the jobs the block changed are written at its end. A
+    ToolError inside writes nothing."""
+    path = schedules_path()
+    path.parent.mkdir(exist_ok=True)
+    with task_lock(path.parent):
+        jobs, digest, _ = read_schedules(path)
+        trusted, before = schedules_trusted(path, jobs, digest), json.dumps(jobs, sort_keys=True)
+        yield jobs, trusted
+        if json.dumps(jobs, sort_keys=True) != before:
+            write_schedules(path, jobs, trusted)
+
+
+@contextlib.contextmanager
+def session_jobs():
+    """The session-only jobs by id, under the lock: the same shape as schedule_file()."""
+    with SCHEDULE_LOCK:
+        yield agent_state().schedules["jobs"], True
+
+
+def job_store(durable):
+    return schedule_file() if durable else session_jobs()
+
+
+def count_durable():
+    """Jobs in the durable file, for the cap (0 when it cannot be read)."""
+    try:
+        return len(durable_view()[0])
+    except ToolError:
+        return 0
+
+
+def schedule_create(cron, prompt, recurring=True, durable=False):
+    try:
+        parse_cron(cron)
+    except ValueError as e:
+        raise ToolError(f"{e}. Write 5 fields, minute hour day-of-month month day-of-week, in "
+                        f"local time, e.g. '*/15 9-17 * * mon-fri'.")
+    prompt = check_text(prompt, "prompt", MAX_SCHEDULE_PROMPT)
+    if not prompt:
+        raise ToolError("The prompt is empty: write what the scheduled turn should do.")
+    now = local_now()
+    job = {"id": "s" + os.urandom(4).hex(), "cron": " ".join(cron.split()), "prompt": prompt,
+           "recurring": recurring, "created": minute_text(now), "last_fired": None}
+    first, ends = job_next(job), minute_time(job["created"]) + SCHEDULE_EXPIRY
+    if first is None:
+        raise ToolError(f"{job['cron']!r} matches no date (such as 31 February): fix the day fields.")
+    if recurring and first >= ends:
+        raise ToolError(f"Its first run, {first:%Y-%m-%d %H:%M}, comes after a recurring job "
+                        f"expires (7 days). For a single run then, set recurring false.")
+    others = len(agent_state().schedules["jobs"]) if durable else count_durable()
+    with job_store(durable) as (jobs, trusted):
+        if not trusted:
+            raise ToolError(f"{SCHEDULES_FILE} holds jobs the user has not trusted (the workspace "
+                            f"may come from someone else), so a durable job there would not fire. "
+                            f"Use durable false for this session, or ask the user to restart the "
+                            f"REPL and trust the file.")
+        if len(jobs) + others >= MAX_SCHEDULES:
+            raise ToolError(f"There are {len(jobs) + others} scheduled jobs, the most there may be. "
+                            f"Delete one you no longer need (schedule_list, schedule_delete), or "
+                            f"fold this prompt into an existing job.")
+        jobs[job["id"]] = job
+    kind = f"{'durable' if durable else 'session-only'}, {'recurring' if recurring else 'one-shot'}"
+    text = (f"Scheduled {job['id']} ({kind}): {job['cron']}, first run {first:%Y-%m-%d %H:%M}"
+            + (f", expires {ends:%Y-%m-%d %H:%M}" if recurring else ", then removed")
+            + f". schedule_delete {job['id']} removes it.")
+    if agent_state().schedules["checker"] is None:
+        text += (" No REPL runs in this process, so nothing fires here: " +
+                 ("it fires in the next interactive session." if durable else
+                  "a session-only job ends with this run; use durable true for later sessions."))
+    return text
+
+
+def expire_schedules(now, durable):
+    """Recurring jobs past their 7 days go, one line each (schedule_list repeats it
+    to the model). `durable`: the file's jobs as just read, when trusted."""
+    with SCHEDULE_LOCK:
+        jobs = agent_state().schedules["jobs"]
+        gone = [jobs.pop(i) for i, job in list(jobs.items()) if job_expired(job, now)]
+    if any(job_expired(job, now) for job in durable.values()):
+        with schedule_file() as (jobs, trusted):
+            if trusted:
+                gone += [jobs.pop(i) for i, job in list(jobs.items()) if job_expired(job, now)]
+    for job in gone:
+        line = (f"schedule {job['id']} expired: a recurring job ends 7 days after it was made "
+                f"({job['cron']}: {short_prompt(job)}); create it again to keep it")
+        with SCHEDULE_LOCK:
+            kept = agent_state().schedules["expired"]
+            kept[:] = (kept + [line])[-SCHEDULE_EXPIRED_KEPT:]
+        tell(f"[{line}]")
+
+
+def durable_jobs():
+    """For the checker: the durable jobs that may fire ({} while the file's content
+    is not trusted); what is wrong with the file is told once."""
+    s = agent_state().schedules
+    try:
+        path = schedules_path()
+        jobs, digest, skipped = read_schedules(path)
+    except ToolError as e:
+        tell(f"[{e}]")
+        return {}
+    for line in skipped:
+        tell(f"[{line}]")
+    if schedules_trusted(path, jobs, digest):
+        return jobs
+    if digest != s["untrusted"]:  # the start already named the content it was asked about
+        s["untrusted"] = digest
+        tell(f"[{rel(path)} changed outside the agent and is not trusted, so its {len(jobs)} "
+             f"job(s) do not fire; the next start asks about it]")
+    return {}
+
+
+def check_schedules(now):
+    """One look of the checker: expire, then put each due job in the queue once.
+    The REPL fires what is queued when the agent is idle (scheduled_turn)."""
+    s, durable = agent_state().schedules, durable_jobs()
+    expire_schedules(now, durable)
+    with SCHEDULE_LOCK:
+        candidates = [(job, False) for job in s["jobs"].values()]
+        candidates += [(job, True) for job in durable.values() if not job_expired(job, now)]
+        for job, is_durable in candidates:
+            key = (job["id"], is_durable)
+            if key not in s["due"] and job_due(job, now, s["since"]):
+                s["due"].append(key)
+
+
+def run_checker(stop):
+    """The checker thread: one look a second until the REPL ends."""
+    while not stop.wait(SCHEDULE_TICK):
+        try:
+            check_schedules(local_now())
+        except (ToolError, OSError) as e:  # a file it cannot write: told once, the checker goes on
+            tell(f"[schedules: {e}]")
+
+
+def fire_job(key, now):
+    """A queued job that is still due, run: its last run is now (a one-shot goes).
+    The job, or None when it went, expired or is not due any more."""
+    id, durable = key
+    with job_store(durable) as (jobs, trusted):
+        job = jobs.get(id)
+        if not (job and trusted and not job_expired(job, now)
+                and job_due(job, now, agent_state().schedules["since"])):
+            return None
+        job["last_fired"] = minute_text(now)
+        if not job["recurring"]:
+            del jobs[id]
+        return dict(job)
+
+
+def scheduled_turn():
+    """For the REPL, between turns: the checker's lines, then the first queued job
+    that is still due, fired. The text of its user turn, or None."""
+    show_notes()
+    s = agent_state().schedules
+    while True:
+        with SCHEDULE_LOCK:
+            if not s["due"]:
+                return None
+            key = s["due"].pop(0)
+        try:
+            job = fire_job(key, local_now())
+        except (ToolError, OSError) as e:
+            say(printable(f"[schedule {key[0]} not run: {e}]"))
+            continue
+        if job:
+            say(printable(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]"))
+            prompt = job["prompt"].replace("</scheduled-prompt>", "</scheduled-prompt >")  # data
+            return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
+
+
+def count_missed(job, start):
+    """Runs between the job's last run (or creation) and `start`, at most MISSED_COUNTED."""
+    n, when = 0, minute_time(job["last_fired"] or job["created"])
+    while n < MISSED_COUNTED and (when := next_fire(job["cron"], when)) is not None and when < start:
+        n += 1
+    return n
+
+
+def report_missed(now):
+    """Each durable job whose runs passed while no agent ran: one line, and they are
+    not replayed (since: the next run is the first match from now). A one-shot
+    whose time passed is removed."""
+    start = now.replace(second=0, microsecond=0)
+    with schedule_file() as (jobs, trusted):
+        for job in list(jobs.values()) if trusted else []:
+            if job_expired(job, now) or not (n := count_missed(job, start)):
+                continue  # expire_schedules names the expired ones
+            runs = f"{n} run(s)" if n < MISSED_COUNTED else f"{n} or more runs"
+            if not job["recurring"]:
+                del jobs[job["id"]]
+            tell(f"[schedule {job['id']} ({job['cron']}: {short_prompt(job)}): {runs} missed "
+                 f"while no agent ran, not replayed; " + (
+                     f"next run {job_next(job, agent_state().schedules['since']):%Y-%m-%d %H:%M}]"
+                     if job["recurring"] else "it was a one-shot, so it is removed]"))
+
+
+def ask_schedule_trust(path, jobs, digest):
+    """s07's question for a project file, about the durable jobs; True when they may fire."""
+    listed = "".join(f"\n    {j['id']}  {j['cron']}  {short_prompt(j, 100)}" for j in list(jobs.values())[:10])
+    more = f"\n    ... and {len(jobs) - 10} more" if len(jobs) > 10 else ""
+    answer = "yes" if agent_state().permissions.get("trust_all") else ""  # --trust-workspace
+    try:
+        answer = answer or ask_human(printable(
+            f"{rel(path)} (from this workspace) schedules {len(jobs)} prompt(s) for the agent to "
+            f"run by itself:{listed}{more}\nLet them fire (asked again if the file changes)? [y/N] "))
+    except KeyboardInterrupt:  # Ctrl+C at the question: no
+        print(file=sys.stderr)
+    if answer.strip().lower() in ("y", "yes"):
+        trust(rel(path), digest)
+        return True
+    agent_state().schedules["untrusted"] = digest
+    tell(f"[{rel(path)} is not trusted, so its {len(jobs)} job(s) do not fire; schedule_list shows them]")
+    return False
+
+
+def start_schedules():
+    """The REPL's start, before the checker runs: from now on no run is replayed;
+    a durable file with untrusted jobs is asked about; missed runs and expired
+    jobs get their lines."""
+    state, now = agent_state(), local_now()
+    state.schedules["since"] = minute_before(now)
+    try:
+        path = schedules_path()
+        jobs, digest, skipped = read_schedules(path)
+        for line in skipped:
+            tell(f"[{line}]")
+        if not jobs or (not is_trusted(rel(path), digest) and not ask_schedule_trust(path, jobs, digest)):
+            return
+        report_missed(now)
+        expire_schedules(now, durable_view()[0])
+    except (ToolError, OSError) as e:
+        tell(f"[{e}]")
+
+
+class StdinLines:
+    """sys.stdin while the REPL runs: a thread reads the real stdin line by line
+    into a queue. The REPL waits on the queue a moment at a time (ready), so a due
+    job is never stuck behind a blocking read; input() (a question asked during a
+    turn) reads the same queue, in order. The thread reads through the real stdin
+    object, so lines it buffered before (answers to start-up questions) come next."""
+    def __init__(self, stream):
+        self.stream, self.lines, self.next = stream, queue.Queue(), None
+        threading.Thread(target=self.pump, daemon=True).start()  # a blocked read cannot be stopped
+
+    def pump(self):
+        with contextlib.suppress(OSError, ValueError):  # unreadable or closed: the end of input
+            while line := self.stream.readline():
+                self.lines.put(line)
+        self.lines.put("")
+
+    def ready(self, timeout):
+        """Is a line (or the end of input) waiting? Waits at most `timeout` seconds."""
+        if self.next is None:
+            with contextlib.suppress(queue.Empty):
+                self.next = self.lines.get(timeout=timeout)
+        return self.next is not None
+
+    def readline(self):
+        """The next line; "" at the end of input, and after it: what input() calls."""
+        while not self.ready(INPUT_POLL):
+            pass
+        line = self.next
+        self.next = None if line else ""  # the end stays the end
+        return line
+
+    def isatty(self):
+        return self.stream.isatty()
+
+
+def wait_for_line(prompt):
+    """The REPL's wait: the human's line, or a due job's turn if one comes first.
+    End of input raises EOFError, as input() does."""
+    out = sys.stdout if sys.stdin.isatty() else sys.stderr  # where read_line puts the prompt
+    print(prompt, end="", file=out, flush=True)
+    while not sys.stdin.ready(INPUT_POLL):
+        if turn := scheduled_turn():
+            print(file=out)  # the prompt's line ends; the turn's lines follow
+            return turn
+    return input()  # a line (or the end) is waiting: this does not block
+
+
+def has_fileno(stream):
+    try:
+        stream.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):  # None, a closed file, a test's StringIO
+        return False
+
+
+@contextlib.contextmanager
+def schedule_session():
+    """The REPL's schedules: the start (trust, missed runs), then the checker thread
+    and stdin read by a thread, until the REPL ends."""
+    s, stdin, stop = agent_state().schedules, sys.stdin, threading.Event()
+    start_schedules()
+    checker = threading.Thread(target=contextvars.copy_context().run, args=(run_checker, stop), daemon=True)
+    s["checker"] = stop
+    checker.start()
+    if has_fileno(stdin):
+        sys.stdin = StdinLines(stdin)
+    try:
+        yield
+    finally:
+        stop.set()
+        checker.join(timeout=BACKGROUND_STOP_WAIT)  # a write it began ends first
+        s["checker"] = None
+        sys.stdin = stdin
+
+
+def schedule_list():
+    now, s = local_now(), agent_state().schedules
+    try:
+        durable, trusted = durable_view()
+        problem = "" if trusted else (f"{SCHEDULES_FILE} is not trusted (the user did not say yes "
+                                      f"to it): its jobs do not fire.")
+    except ToolError as e:
+        durable, trusted, problem = {}, False, str(e)
+    expire_schedules(now, durable if trusted else {})  # the model hears of them below
+    if trusted:
+        durable = {i: job for i, job in durable.items() if not job_expired(job, now)}
+    since = s["since"] or minute_before(now)
+    with SCHEDULE_LOCK:
+        rows = [(j, False) for j in s["jobs"].values()] + [(j, True) for j in durable.values()]
+        expired = list(s["expired"])
+    lines = [f"{len(rows)} scheduled job(s), at most {MAX_SCHEDULES}."]
+    lines += [schedule_line(job, is_durable, since) for job, is_durable in rows]
+    lines += [problem] if problem else []
+    lines += ["Expired this session:"] + expired if expired else []
+    if s["checker"] is None:
+        lines.append("No REPL runs in this process: jobs fire only in an interactive session.")
+    return "\n".join(lines)
+
+
+def schedule_line(job, durable, since):
+    when = job_next(job, since)
+    facts = [("durable" if durable else "session-only") + (", recurring" if job["recurring"] else ", one-shot"),
+             f"next {when:%Y-%m-%d %H:%M}" if when else "no next run"]
+    if job["recurring"]:
+        facts.append(f"expires {minute_time(job['created']) + SCHEDULE_EXPIRY:%Y-%m-%d %H:%M}")
+    if job["last_fired"]:
+        facts.append(f"last ran {job['last_fired'].replace('T', ' ')}")
+    return f"{job['id']} {job['cron']!r} [{'; '.join(facts)}]: {short_prompt(job, 200)}"
+
+
+def schedule_delete(id):
+    id = str(id).strip()
+    with session_jobs() as (jobs, _):
+        job = jobs.pop(id, None)
+    if job is None:
+        try:
+            known = durable_view()[0]
+        except ToolError:
+            known = {}
+        if id in known:
+            with schedule_file() as (jobs, _):
+                job = jobs.pop(id, None)
+    if job is None:
+        raise ToolError(f"No scheduled job {id!r}. schedule_list shows the ids there are.")
+    return f"Deleted {id} ({job['cron']}: {short_prompt(job)})."
+
+
+SCHEDULE_HELP = (" Jobs fire only in the interactive REPL, while you are idle (never during a "
+                 "turn, never in a one-shot run or in a subagent), each as a user turn marked "
+                 "<scheduled-prompt id=...>.")
+register("schedule_create", (
+    "Schedule a prompt to run later, at the times a cron expression names: 5 fields, minute "
+    "hour day-of-month month day-of-week, in local time; lists, ranges, steps and names "
+    "work, e.g. '*/15 9-17 * * mon-fri' or '0 9 1 * *'. recurring (default true) runs at "
+    "every match and expires after 7 days; recurring false runs once, at the next match. "
+    "durable (default false) keeps the job in .agent/schedules.json so later sessions run "
+    "it too; otherwise it ends with this session. At most 50 jobs. Runs missed while no "
+    "agent runs are skipped, not replayed. Write the prompt so it makes sense on its own "
+    "later." + SCHEDULE_HELP),
+    {"type": "object", "required": ["cron", "prompt"], "properties": {
+        "cron": {"type": "string", "description": "5 fields, local time, e.g. '0 9 * * mon-fri'."},
+        "prompt": {"type": "string", "description": "What the scheduled turn should do."},
+        "recurring": {"type": "boolean", "description": "Run at every match (default true); false: once."},
+        "durable": {"type": "boolean", "description": "Keep it for later sessions (default false)."}}},
+    schedule_create)
+register("schedule_list", (
+    "List the scheduled jobs: id, cron, next run, expiry and prompt. It also names the jobs "
+    "that expired this session, and says when the durable file is not trusted (its jobs do "
+    "not fire)." + SCHEDULE_HELP),
+    params([]), schedule_list, read_only=True, concurrency_safe=True)
+register("schedule_delete", (
+    "Delete a scheduled job by id, session-only or durable. Use it for a job that is no "
+    "longer wanted, or to make room under the 50-job cap. schedule_list shows the ids."),
+    params(["id"], id=("string", "The job's id, e.g. s1a2b3c4d.")),
+    schedule_delete, read_only=True)  # removing a job never lets more run
+
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -6982,6 +7598,10 @@ def add_user_text(messages, text):
 def read_line(prompt):
     """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
     holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if turn := scheduled_turn():  # s10: the agent is idle here: a due job goes first
+        return turn  # s10
+    if isinstance(sys.stdin, StdinLines):  # s10: the REPL's stdin, read by a thread
+        return wait_for_line(prompt)  # s10: a job that falls due meanwhile runs too
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)
@@ -7034,7 +7654,8 @@ def main(argv=None):
         if argv:
             add_user_text(history, " ".join(argv))  # s09: after a resumed history, if any
             return 0 if agent_loop(client, history) == "end_turn" else 1
-        return repl(client, f"{CHAPTER} >> ", history)  # s09
+        with schedule_session():  # s10: the checker and the stdin reader, for the REPL only
+            return repl(client, f"{CHAPTER} >> ", history)  # s09; s10: inside the schedule session
 
 
 if __name__ == "__main__":

@@ -238,6 +238,7 @@ SPARSE = [  # few fires a year: the whole next-fire sequence over YEAR must agre
     "0 0 */2 * mon", "0 0 1-7 * */2", "0 12 * jan-mar sun,7", "10-20/5 3 * * *",
     "0 0 * * 5-7", "0 4 8-14 * 1", "0 0 1 JAN,JUL *", "0 0 * * MON", "0 0 28-31 * *",
     "0 9 1 * mon-fri", "0 0 29 * *",
+    "30 2 * * mon-fri/2", "0 0 1 jan-dec/3 *", "0 0 10-20/3 * sat", "0 1 1,10-12 * 0,6",  # names, steps
 ]
 DENSE = [  # many fires: a seeded sample of minutes must agree (match and next fire)
     "* * * * *", "*/5 * * * *", "5/10 * * * *", "0-30 * * * *", "*/7 8-18 * * 1-5",
