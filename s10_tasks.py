@@ -58,6 +58,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -6069,12 +6070,16 @@ def task_lock(folder):
 
 
 def read_task(path):
-    """One task file as a dict, or None: unreadable, a link, too big or not a task."""
+    """One task file as a dict, or None: unreadable, a link, not a plain file (a
+    planted FIFO would hang the read: O_NONBLOCK opens it, fstat refuses it), too
+    big or not a task."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         data = fh.read(TASK_FILE_BYTES + 1)
     try:
         task = json.loads(data) if len(data) <= TASK_FILE_BYTES else None

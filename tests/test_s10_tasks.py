@@ -4,6 +4,7 @@ The handlers are called directly on the test's workspace; one test drives
 them through the loop with a scripted model, and one starts four real
 processes that change the same board at the same time.
 """
+import contextvars
 import datetime
 import io
 import json
@@ -13,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,6 +154,12 @@ def test_bad_input_and_planted_files_get_clear_errors(mod, workspace, tmp_path):
     (folder / "4.json").symlink_to(folder / "1.json")              # a link: not followed
     assert mod.task_list() == "1 ready\n#1 [ready] real"
     assert mod.task_create("new").startswith("Created task #5")   # ...but its id is not reused
+    os.mkfifo(folder / "6.json")                                   # a FIFO: a read would wait forever
+    lister = threading.Thread(target=contextvars.copy_context().run, args=(mod.task_list,), daemon=True)
+    lister.start()
+    lister.join(timeout=10)                                        # a hang guard, not a timing assertion
+    assert not lister.is_alive(), "task_list hangs on a planted FIFO"
+    assert mod.task_create("after").startswith("Created task #7")
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     other = tmp_path / "other"
