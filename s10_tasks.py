@@ -3962,7 +3962,8 @@ def denial_reminder():
     if n < MAX_DENIALS or n % MAX_DENIALS:
         return []
     say(f"[{n} denials in a row: reminding the model to ask the user]")
-    return [{"type": "text", "text": DENIAL_REMINDER.format(n=n)}]
+    text = DENIAL_REMINDER if agent_state().cancel is None else BACKGROUND_DENIALS  # s10: it cannot ask
+    return [{"type": "text", "text": text.format(n=n)}]  # s10
 
 
 def plan_file(state):
@@ -6029,6 +6030,11 @@ BACKGROUND_AGENT_DROPS = ("background_run", "background_stop",  # a background a
                           "schedule_create", "schedule_delete")  # it would never hear of them
 BACKGROUND_ASK = ("a background agent cannot ask the user: do it another way, or finish and say "
                   "in your report what needs the user's approval")
+BACKGROUND_DENIALS = """<system-reminder>
+{n} tool calls in a row were denied, and as a background agent you cannot ask the user. \
+Do not keep trying variations of the same action: finish now, and say in your report \
+what was denied and what needs the user's approval.
+</system-reminder>"""
 USAGE_LOCK = threading.Lock()  # agents running at once add to one session bill (charge)
 BACKGROUND_TIMEOUT = 1_800  # seconds before a background command is stopped (30 min)
 BACKGROUND_PREVIEW = 1_000  # characters of output a notification carries: the end, where verdicts are

@@ -475,3 +475,12 @@ def test_a_definition_without_bash_gets_no_background_run_either(mod):
     names = {t["name"] for t in mod.child_tools({"name": "x", "disallowed_tools": ["bash"]})}
     assert "bash" not in names and "background_run" not in names      # the same shell, by another name
     assert "background_run" in {t["name"] for t in mod.child_tools({"name": "y"})}
+
+
+def test_denials_in_a_row_tell_a_background_agent_to_report_not_to_ask(mod):
+    state = mod.agent_state()
+    state.denials = mod.MAX_DENIALS
+    assert "Ask the user" in mod.denial_reminder()[0]["text"]            # a foreground agent may ask
+    state.cancel = threading.Event()                                     # as a background agent runs
+    text = mod.denial_reminder()[0]["text"]
+    assert "cannot ask the user" in text and "Ask the user" not in text
