@@ -269,8 +269,13 @@ def run_bash(command, timeout=None):
         p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        if stopped := watch_command(p, sink, timeout):
-            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        try:  # s07
+            stopped = watch_command(p, sink, timeout)  # s07
+        except BaseException:  # s07: Ctrl+C too puts git's pointer files back
+            shell or undo_git_redirects(agent_state())  # s07
+            raise  # s07
+        if stopped:  # s07: a timeout or the cap too
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]" + ("" if shell else sandbox_note("", 0)))  # s07
         out = read_head(sink, KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
     out += "" if shell else sandbox_note(out, p.returncode)  # s07: a refused write says why
     if p.returncode >= 2 or p.returncode < 0:
