@@ -267,7 +267,7 @@ def run_bash(command, timeout=None):
         try:  # s07
             stopped = watch_command(p, sink, timeout)  # s07
         except BaseException:  # s07: Ctrl+C too puts git's pointer files back
-            shell or undo_git_redirects(agent_state())  # s07
+            shell or sandbox_note("", 0)  # s07
             raise  # s07
         if stopped:  # s07: a timeout or the cap too
             raise ToolError(f"{read_head(sink)}\n[{stopped}]" + ("" if shell else sandbox_note("", 0)))  # s07

@@ -291,7 +291,7 @@ def run_bash(command, timeout=None):
         try:  # s07
             stopped = watch_command(p, sink, timeout)  # s07
         except BaseException:  # s07: Ctrl+C too puts git's pointer files back
-            shell or undo_git_redirects(agent_state())  # s07
+            shell or sandbox_note("", 0)  # s07
             raise  # s07
         if stopped:  # s07: a timeout or the cap too
             raise ToolError(f"{read_head(sink)}\n[{stopped}]" + ("" if shell else sandbox_note("", 0)))  # s07
@@ -3723,7 +3723,7 @@ def bash_process(command):
         warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
         return command, True
     state = agent_state()
-    state.git_before = git_pointers(state.workdir)
+    state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
     late, writable = [], settings["writable"]
@@ -3742,7 +3742,7 @@ def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
     EROFS; and git's pointer files are put back if the command changed them."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
-    return note + undo_git_redirects(agent_state())
+    return note + release_git(agent_state())  # s10: any agent's command may end first
 
 
 def git_pointers(workdir):
@@ -6049,6 +6049,7 @@ BACKGROUND_STOP_WAIT = 5    # seconds a stop waits for its watcher to record the
 BACKGROUND_LEFT = ("it left processes running (a `&` in it?); they were killed when it ended. "
                    "background_run already runs the command beside you: drop the &")
 BACKGROUND_LOCK = threading.Lock()  # watcher threads and the loop share the records
+GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one snapshot (guard_git)
 
 # --- s10.1: the task graph ---
 # Invariants, kept under the lock: an id is never given twice (the next one is one
@@ -6458,6 +6459,35 @@ def next_fire(expr, after):
 # output cap, a timeout). Before each model call, the main agent's loop drains the
 # finished ones into <task-notification> blocks, after that round's tool results:
 # a preview and the log's path, never the whole log. At exit, what still runs is stopped.
+# s07 puts git's pointer files back after a sandboxed command, comparing them with
+# a snapshot taken when it started. With commands running at once (a background
+# one beside bash, a background agent's beside its parent's) one snapshot per
+# command is not enough: a command that starts after another planted a redirect
+# would take the redirect for the state to keep. So the snapshot is taken when the
+# first sandboxed command in the workspace starts and kept until the last one ends;
+# every end compares with it.
+def guard_git(state):
+    """bash_process: the snapshot of the workspace's pointer files to undo against."""
+    with GIT_GUARD_LOCK:
+        guards = state.session.setdefault("git_guard", {})  # the session's, by workspace
+        guard = guards.setdefault(str(state.workdir), {"running": 0, "before": {}})
+        if not guard["running"]:
+            guard["before"] = git_pointers(state.workdir)
+        guard["running"] += 1
+        return guard["before"]
+
+
+def release_git(state):
+    """A sandboxed command ended: undo redirects against the shared snapshot."""
+    with GIT_GUARD_LOCK:
+        guard = state.session.get("git_guard", {}).get(str(state.workdir))
+        state.git_before = guard["before"] if guard else state.git_before
+        note = undo_git_redirects(state)
+        if guard:
+            guard["running"] = max(0, guard["running"] - 1)
+        return note
+
+
 def runtime_dir():
     """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
     clone can ship it: a link there (even to a folder inside, such as the workspace
@@ -6514,6 +6544,7 @@ def background_run(command):
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
     except OSError as e:
         sink.close()
+        shell or release_git(state)
         raise ToolError(f"Could not start it: {e}. Check the command, or run it with bash.")
     record = {"id": id, "command": command, "status": "running", "exit_code": None, "pid": p.pid,
               "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),

@@ -4,6 +4,7 @@ The handlers are called directly on the test's workspace; one test drives
 them through the loop with a scripted model, and one starts four real
 processes that change the same board at the same time.
 """
+import contextlib
 import contextvars
 import datetime
 import io
@@ -846,3 +847,33 @@ def test_a_command_that_swaps_the_runtime_folder_cannot_move_the_status_file(bac
     assert record["status"] == "completed"                          # known to the loop ...
     assert list(elsewhere.iterdir()) == []                          # ... and nothing written through the link
     assert "symbolic link" in refused(mod, mod.background_run, "echo again")
+
+
+@pytest.mark.permissions
+def test_overlapping_sandboxed_commands_never_leave_a_git_redirect(background, workspace):
+    """s07 undoes a sandboxed command's change to git's pointer files against a
+    snapshot from its start. With a background command running, a bash call (or a
+    second background command) starting after the redirect was planted must not take
+    it for the state to keep; nor may a command ending meanwhile lose bash's own."""
+    mod = background
+    if not mod.sandbox_available()[0]:
+        pytest.skip(f"the OS sandbox does not work here: {mod.sandbox_available()[1]}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    pointer, plant = workspace / ".git" / "commondir", "echo ../evil > .git/commondir"
+    for beside in ("bash", "background_run"):
+        slow = started_id(mod.background_run(f"while [ ! -e go ]; do sleep 0.05; done; {plant}; sleep 0.3"))
+        (workspace / "go").touch()
+        wait_for(lambda: pointer.exists(), "the planted redirect")
+        if beside == "bash":
+            mod.run_bash("true")                                     # starts after the plant, ends first
+        else:
+            finish(mod, started_id(mod.background_run("true")))
+        finish(mod, slow)
+        assert not pointer.exists(), f"a redirect was left with {beside} beside it"
+        (workspace / "go").unlink()
+    quick = started_id(mod.background_run("sleep 0.3"))
+    with contextlib.suppress(mod.ToolError):
+        mod.run_bash(f"sleep 1; {plant}")                            # the background one ends meanwhile
+    finish(mod, quick)
+    assert not pointer.exists()
