@@ -3161,6 +3161,8 @@ def parse_rule(text):
     m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m or (m[2] is not None and not m[2].strip()):
         raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
+    if fnmatch_tool(TOOL_ALIASES.get(m[1], m[1]), "background_run"):  # s10: it would never match
+        raise ValueError(f"{text!r}: background_run is judged by bash's rules; write bash(...) instead")  # s10
     return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
 
 
@@ -6049,6 +6051,7 @@ BACKGROUND_STOP_WAIT = 5    # seconds a stop waits for its watcher to record the
 BACKGROUND_LEFT = ("it left processes running (a `&` in it?); they were killed when it ended. "
                    "background_run already runs the command beside you: drop the &")
 BACKGROUND_LOCK = threading.Lock()  # watcher threads and the loop share the records
+KILL_ROUNDS = 5             # looks for processes still holding a log (one may fork meanwhile)
 GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one snapshot (guard_git)
 
 # --- s10.1: the task graph ---
@@ -6570,6 +6573,11 @@ def watch_background(record):
         note = watch_command(p, sink, BACKGROUND_TIMEOUT)
     finally:
         left = kill_group(p.pid)
+        left = kill_writers(sink) or left  # a setsid child leaves the group, not the log
+    if note and note.startswith("timed out"):  # bash's advice names a timeout it has not got
+        note = f"timed out after {BACKGROUND_TIMEOUT}s, a background command's limit: split it into shorter runs"
+    if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:  # it grew between two looks
+        os.ftruncate(sink.fileno(), BASH_OUTPUT_CAP)  # the disk keeps the cap, not the overshoot
     preview = read_tail(sink, BACKGROUND_PREVIEW).rstrip()
     preview += "" if record["_shell"] else sandbox_note(preview, p.returncode)  # as run_bash
     with BACKGROUND_LOCK:
@@ -6599,6 +6607,43 @@ def kill_group(pgid):
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def kill_writers(sink):
+    """SIGKILL every other process that still holds the log open; True when any did.
+    A process that called setsid (or daemonised) is out of the command's process
+    group, but it took the log with it: /proc shows who has the file. Rounds, as a
+    process may fork while it is looked for. Without /proc (not Linux) none is found."""
+    target, me, found = os.fstat(sink.fileno()), os.getpid(), False
+    for _ in range(KILL_ROUNDS):
+        pids = [pid for pid in proc_pids() if pid != me and holds(pid, target)]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        found = found or bool(pids)
+        if not pids:
+            break
+    return found
+
+
+def proc_pids():
+    try:
+        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def holds(pid, target):
+    """Does process `pid` have the file `target` (an os.stat result) open?"""
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                st = os.stat(fd.path)
+                if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                    return True
+    except OSError:  # gone, or not ours to look at
+        pass
+    return False
 
 
 def background_running():

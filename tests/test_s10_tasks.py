@@ -475,13 +475,33 @@ def test_what_an_ended_command_left_running_goes_with_it(background, workspace):
     assert "<note>it left processes running" in note
 
 
+def test_a_process_that_left_the_group_with_setsid_dies_with_the_command(background, workspace):
+    """Without the OS sandbox a `setsid` child is out of the process group that a
+    stop or the end kills, but it still holds the log: it goes too, and the log
+    stops growing."""
+    mod = background
+    loop = "while :; do echo spam; sleep 0.01; done"
+    for how in ("end", "stop"):
+        tail = "echo started" if how == "end" else "sleep 100"
+        id = started_id(mod.background_run(f"setsid sh -c {shlex.quote(loop)} & {tail}"))
+        log = workspace / mod.agent_state().background[id]["log"]
+        wait_for(lambda: log.stat().st_size > 0, "the escaped loop's first line")
+        if how == "stop":
+            mod.background_stop(id)
+        record = finish(mod, id)
+        size = log.stat().st_size
+        time.sleep(0.2)                                                 # it wrote every 10 ms while alive
+        assert log.stat().st_size == size, f"the escaped process writes on after the {how}"
+        assert how == "stop" or "left processes running" in record["note"]
+
+
 def test_background_output_is_capped_like_bash(background, monkeypatch, workspace):
     mod = background
     monkeypatch.setattr(mod, "BASH_OUTPUT_CAP", 100_000)
-    id = started_id(mod.background_run("while :; do echo 0123456789; done"))
+    id = started_id(mod.background_run("cat /dev/zero"))               # gigabytes a second
     record = finish(mod, id)
     assert record["status"] == "failed" and "output passed" in record["note"]
-    assert (workspace / record["log"]).stat().st_size < 50 * 100_000   # stopped soon after the cap
+    assert (workspace / record["log"]).stat().st_size <= 100_000        # the disk keeps the cap exactly
     (note,) = [mod.notification(r) for r in mod.drain_notifications()]
     assert "<status>failed</status>" in note and "output passed" in note
     assert len(note) < 2 * mod.BACKGROUND_PREVIEW
@@ -877,3 +897,22 @@ def test_overlapping_sandboxed_commands_never_leave_a_git_redirect(background, w
         mod.run_bash(f"sleep 1; {plant}")                            # the background one ends meanwhile
     finish(mod, quick)
     assert not pointer.exists()
+
+
+def test_a_rule_naming_background_run_is_a_config_error_not_a_rule_that_never_matches(mod, workspace):
+    """background_run is judged as bash, so bash(...) rules are its rules; a rule of
+    its own name would load and then never match (a deny that silently allows)."""
+    for text in ("background_run", "background_run(sleep *)", "background*"):
+        with pytest.raises(ValueError, match="judged by bash's rules"):
+            mod.parse_rule(text)
+    with pytest.raises(mod.ConfigError, match="permissions.deny"):
+        mod.check_config("config.yaml", {"permissions": {"deny": ["background_run(*)"]}})
+    assert mod.parse_rule("background_check")["tool"] == "background_check"   # the others keep theirs
+
+
+def test_a_background_timeout_gives_advice_the_model_can_follow(background, monkeypatch):
+    mod = background
+    monkeypatch.setattr(mod, "BACKGROUND_TIMEOUT", 1)
+    record = finish(mod, started_id(mod.background_run("sleep 30")))
+    assert record["status"] == "failed" and "a background command's limit" in record["note"]
+    assert "larger timeout" not in record["note"]                        # background_run has no timeout
