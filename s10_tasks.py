@@ -2571,7 +2571,7 @@ def call_with_recovery(client, messages, **options):
             message = call_model(client, messages + line.prefill(),
                                  **{**options, "out": line, "max_tokens": turn["max_tokens"]})
         except Exception as e:
-            if not recover(client, messages, e, turn, line, options):
+            if cancelled() or not recover(client, messages, e, turn, line, options):  # s10: no retry
                 line.close()  # a reply cut mid-line ends before anything else is said
                 raise
             continue
@@ -6843,6 +6843,8 @@ def run_background_agent(record, client, history, child, settings):
     note = (f"[subagent {child.label}: {usage['calls']} model calls, "
             f"{usage['input']} input + {usage['output']} output tokens]")
     status, why, report = agent_outcome(reason, history, settings["max_turns"])
+    if record["_cancel"].is_set():  # a stop asked for is a stop, however the last call ended
+        status, why = "stopped", "cancelled by background_stop"
     with contextlib.suppress(OSError, ValueError), log:
         log.write(f"\n[{status}{': ' + why if why else ''}] {note}\n")
     say(note)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import chapters_from, message_bodies, strip_cache
-from fake_api import reply, tool
+from fake_api import error, reply, tool
 
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s10"), indirect=True)
 
@@ -484,3 +484,27 @@ def test_denials_in_a_row_tell_a_background_agent_to_report_not_to_ask(mod):
     state.cancel = threading.Event()                                     # as a background agent runs
     text = mod.denial_reminder()[0]["text"]
     assert "cannot ask the user" in text and "Ask the user" not in text
+
+
+def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api, client, monkeypatch):
+    """background_stop promises no further model call and no notification: not while
+    the child backs off after an overloaded error, nor when its last reply streams."""
+    mod = agents
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.3)
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.3)
+    as_parent(mod, client)
+    for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=1.0)]):
+        api.script(first)
+        before = len(message_bodies(api))
+        id = started(mod.run_subagent("work", "stoppable", run_in_background=True))
+        record = mod.agent_state().background[id]
+        deadline = time.monotonic() + WAIT
+        while len(message_bodies(api)) == before:                       # its first call is out
+            assert time.monotonic() < deadline, "the child never called the model"
+            time.sleep(0.01)
+        mod.background_stop(id)
+        record["_thread"].join(timeout=WAIT)
+        assert record["status"] == "stopped", record["status"]
+        assert len(message_bodies(api)) == before + 1                  # no retry went out
+        assert mod.drain_notifications() == []                          # and no news follows
+        api.script([])
