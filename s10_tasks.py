@@ -119,6 +119,7 @@ class AgentState:
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
         self.cancel = None  # s10: a background agent's stop flag (a threading.Event); None: foreground
+        self.progress = None  # s10: where a background agent's progress lines go (its log, not the terminal)
         self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: session-only
                           "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
 
@@ -6500,7 +6501,8 @@ def runtime_dir():
     ws = agent_state().workdir
     folder = ws / RUNTIME_DIR
     with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
-        folder.mkdir(parents=True, exist_ok=True)
+        if (ws / AGENT_DIR).resolve().is_relative_to(ws):  # no folder made through a linked .agent
+            folder.mkdir(parents=True, exist_ok=True)
     if not plain_folder(folder, ws):
         raise ToolError(f"{RUNTIME_DIR} is a symbolic link or not a folder, or leads outside the "
                         f"workspace. Ask the user to remove it; run the command with bash instead.")
@@ -6541,6 +6543,7 @@ def background_run(command):
     try:
         fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as e:  # a file or link planted under the new id's name: never written through
+        shell or release_git(state)
         raise ToolError(f"Could not create {RUNTIME_DIR / id}.log ({e.strerror}). Ask the user to "
                         f"clear {RUNTIME_DIR}; run the command with bash instead.")
     sink = open(fd, "w+b")
@@ -6615,10 +6618,12 @@ def kill_writers(sink):
     """SIGKILL every other process that still holds the log open; True when any did.
     A process that called setsid (or daemonised) is out of the command's process
     group, but it took the log with it: /proc shows who has the file. Rounds, as a
-    process may fork while it is looked for. Without /proc (not Linux) none is found."""
+    process may fork while it is looked for. This process's own children are left
+    alone: between fork and exec (a hook starting now) they hold every descriptor
+    of ours for a moment. Without /proc (not Linux) none is found."""
     target, me, found = os.fstat(sink.fileno()), os.getpid(), False
-    for _ in range(KILL_ROUNDS):
-        pids = [pid for pid in proc_pids() if pid != me and holds(pid, target)]
+    for _ in range(KILL_ROUNDS):  # not this process, nor a child of it: one forked this moment
+        pids = [pid for pid in proc_pids() if pid != me and holds(pid, target) and parent(pid) != me]
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -6633,6 +6638,16 @@ def proc_pids():
         return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
         return []
+
+
+def parent(pid):
+    """The parent's pid, from /proc/<pid>/stat (the name in parentheses may hold any
+    character, so the fields are read after its last ")"); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def holds(pid, target):
@@ -6690,8 +6705,8 @@ def background_check(id=None):
     record = background_record(id)
     output = background_output(record) or "(no output)"
     with BACKGROUND_LOCK:
-        if record["status"] not in ("running", "stopping"):
-            record["notified"] = True  # seen here: no notification repeats it
+        if record["status"] not in ("running", "stopping") and not agent_state().label:
+            record["notified"] = True  # the main agent saw it here: no notification repeats it
     note = f" ({record['note']})" if record["note"] else ""
     if record["kind"] == "agent" and record["status"] in ("running", "stopping"):
         note += f" ({record['_usage']['calls']} model calls so far; its text so far below)"
@@ -6753,7 +6768,7 @@ def deliver_notifications(messages):
         return
     if not (done := drain_notifications()):
         return
-    say(f"[background: {', '.join(background_line(r) for r in done)}]")
+    say(printable(f"[background: {', '.join(background_line(r) for r in done)}]"))
     content = messages[-1]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     messages[-1]["content"] = blocks + [{"type": "text", "text": notification(r)} for r in done]
@@ -6781,11 +6796,11 @@ def stop_all_background():
     agents = [r for r in running if r["kind"] == "agent"]
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         if commands:
-            say(f"[stopping {len(commands)} background command(s): "
-                f"{', '.join(background_line(r) for r in commands)}]")
+            say(printable(f"[stopping {len(commands)} background command(s): "
+                          f"{', '.join(background_line(r) for r in commands)}]"))
         if agents:
-            say(f"[cancelling {len(agents)} background agent(s): "
-                f"{', '.join(background_line(r) for r in agents)}]")
+            say(printable(f"[cancelling {len(agents)} background agent(s): "
+                          f"{', '.join(background_line(r) for r in agents)}]"))
     for record in running:
         stop_background(record, wait=False)
     deadline = time.monotonic() + BACKGROUND_STOP_WAIT
@@ -6818,6 +6833,7 @@ def start_background_agent(client, history, child, settings, name):
     child.cancel = threading.Event()
     tools = [t for t in settings["tools"] if t["name"] not in BACKGROUND_AGENT_DROPS]
     settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
+    child.progress = settings["out"]  # its lines too: the terminal is the human's, at any moment
     record = {"id": id, "command": f"agent {name}", "status": "running", "exit_code": None, "pid": None,
               "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
               "note": "", "preview": "", "notified": False, "kind": "agent",
@@ -6827,8 +6843,8 @@ def start_background_agent(client, history, child, settings, name):
                                          args=(run_background_agent, record, client, history, child, settings))
     with BACKGROUND_LOCK:
         state.background[id] = record
-        save_task(folder, public(record))
-    say(f"[background agent {id} started: {name}]")
+        save_status(record)
+    say(printable(f"[background agent {id} started: {name}]"))
     record["_thread"].start()
     return (f"Started agent {id} in the background: {name}\nIt works beside you; its report comes "
             f"as a <task-notification> when it ends. background_check {id} shows its progress, "
@@ -6855,7 +6871,7 @@ def run_background_agent(record, client, history, child, settings):
         record["_sink"].close()
         record.update(status=status, finished=now_stamp(), note=why, notified=status == "stopped",
                       preview=f"{clip(report, AGENT_REPORT_CHARS)}\n\n{note}")  # a stop asked for: no news
-        save_task(record["_folder"], public(record))
+        save_status(record)
 
 
 def agent_outcome(reason, history, turns):
@@ -7544,7 +7560,7 @@ def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
         text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=sys.stderr, flush=True)
+    print(text, file=getattr(CURRENT.get(None), "progress", None) or sys.stderr, flush=True)  # s10: see AgentState
 
 
 def show_text(text, out=None):

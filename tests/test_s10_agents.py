@@ -304,6 +304,7 @@ def test_run_in_background_returns_at_once_and_the_report_comes_as_a_notificatio
     assert status["status"] == "completed" and status["kind"] == "agent"
     out, err = capsys.readouterr()
     assert "CHILD TEXT" not in out and "CHILD TEXT" not in err        # its text: only in its log
+    assert "[answer] [context" not in err and "[answer] [context" in log  # its progress lines too
     assert f"[background agent {id} started: general-purpose: answer]" in err
     assert mod.drain_notifications() == []                             # reported once
 
@@ -508,3 +509,24 @@ def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api,
         assert len(message_bodies(api)) == before + 1                  # no retry went out
         assert mod.drain_notifications() == []                          # and no news follows
         api.script([])
+
+
+def test_a_childs_background_check_leaves_the_parents_news(agents, client):
+    """Only the main agent seeing an ended command counts as its news: a child's
+    check would swallow the notification the parent's model waits for."""
+    mod = agents
+    parent = as_parent(mod, client)
+    id = mod.background_run("echo RESULT").split()[1]
+    parent.background[id]["_thread"].join(timeout=WAIT)                 # its end is recorded
+    with mod.acting_as(mod.child_state(False, "peek")):
+        assert "RESULT" in mod.background_check(id)
+    assert [r["id"] for r in mod.drain_notifications()] == [id]
+
+
+def test_a_linked_dot_agent_gets_no_folder_made_through_it(mod, workspace, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".agent").symlink_to(outside)
+    with pytest.raises(mod.ToolError, match="symbolic link"):
+        mod.background_run("echo hi")
+    assert list(outside.iterdir()) == []
