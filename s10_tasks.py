@@ -6068,7 +6068,7 @@ def tasks_dir():
     link would put it outside the workspace."""
     ws = agent_state().workdir
     folder = ws / TASKS_DIR
-    if not folder.resolve().is_relative_to(ws):
+    if not leads_inside(folder, ws):
         raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; the task tools work only inside.")
     folder.mkdir(parents=True, exist_ok=True)
@@ -6501,7 +6501,7 @@ def runtime_dir():
     ws = agent_state().workdir
     folder = ws / RUNTIME_DIR
     with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
-        if (ws / AGENT_DIR).resolve().is_relative_to(ws):  # no folder made through a linked .agent
+        if leads_inside(ws / AGENT_DIR, ws):  # no folder made through a linked .agent
             folder.mkdir(parents=True, exist_ok=True)
     if not plain_folder(folder, ws):
         raise ToolError(f"{RUNTIME_DIR} is a symbolic link or not a folder, or leads outside the "
@@ -6512,7 +6512,16 @@ def runtime_dir():
 
 def plain_folder(folder, ws):
     """A real folder inside the workspace: no link at its end, none leading out."""
-    return not folder.is_symlink() and folder.is_dir() and folder.resolve().is_relative_to(ws)
+    return not folder.is_symlink() and folder.is_dir() and leads_inside(folder, ws)
+
+
+def leads_inside(path, ws):
+    """Does `path`, links followed, stay in the workspace? A link loop a clone
+    planted (.agent -> .agent) makes resolve() raise: that is a no, not a crash."""
+    try:
+        return path.resolve().is_relative_to(ws)
+    except (OSError, RuntimeError):
+        return False
 
 
 def read_tail(fh, limit):
@@ -6736,7 +6745,7 @@ def background_stop(id):
 def notification(r):
     """One finished command or agent as the model hears of it: the facts, a preview
     (an agent's: its report and usage), the log."""
-    preview = r["preview"].replace("</task-notification>", "</task-notification >")  # output is data
+    preview = re.sub(r"(?i)<(\s*/\s*task-notification)", r"&lt;\1", r["preview"])  # output is data
     lines = [f"<task-id>{r['id']}</task-id>", f"<status>{r['status']}</status>"]
     lines += [f"<exit-code>{r['exit_code']}</exit-code>"] if r["kind"] == "command" else []
     lines += [f"<command>{r['command'][:BACKGROUND_COMMAND_CHARS]}</command>",
@@ -7049,7 +7058,7 @@ def schedules_path():
     """.agent/schedules.json of the running agent's workspace; ToolError when a
     planted link would put it outside."""
     ws = agent_state().workdir
-    if not (ws / AGENT_DIR).resolve().is_relative_to(ws):
+    if not leads_inside(ws / AGENT_DIR, ws):
         raise ToolError(f"{AGENT_DIR} leads outside the workspace (a symbolic link?), so there "
                         f"are no durable schedules. Ask the user to remove it; session-only "
                         f"jobs (durable false) still work.")
@@ -7114,6 +7123,7 @@ def read_schedules(path):
         else:
             jobs[entry["id"]] = {k: entry.get(k) for k in ("id", "cron", "prompt", "recurring",
                                                            "created", "last_fired")}
+            jobs[entry["id"]]["cron"] = " ".join(entry["cron"].split())  # no line breaks in a question
     if len(skipped) > SCHEDULE_SKIPS_SHOWN:
         skipped[SCHEDULE_SKIPS_SHOWN:] = [f"{len(skipped) - SCHEDULE_SKIPS_SHOWN} more entries skipped"]
     return jobs, hashlib.sha256(data).hexdigest(), [f"{rel(path)}: {s}" for s in skipped]
@@ -7130,20 +7140,41 @@ def schedules_trusted(path, jobs, digest):
 
 
 def durable_view():
-    """(jobs, trusted) of the durable file as it is now, read without the lock (a
-    rename makes every write whole); ToolError when it cannot be used."""
+    """(jobs, trusted) of the durable file as it is now; ToolError when it cannot be used."""
     path = schedules_path()
-    jobs, digest, _ = read_schedules(path)
+    jobs, digest, _ = locked_read(path)
     return jobs, schedules_trusted(path, jobs, digest)
+
+
+def locked_read(path):
+    """read_schedules under the lock: a write renames the file, then records the new
+    content's trust, so a reader between the two would take the agent's own file
+    for one changed behind its back. A parse is kept while the file is the same."""
+    if not path.parent.is_dir():
+        return {}, None, []
+    with task_lock(path.parent):
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        cache = agent_state().schedules.get("parsed")
+        if key is None or cache is None or cache[0] != key:  # a planted 1 MB file: parsed once
+            try:
+                cache = (key, read_schedules(path))
+            except ToolError as e:  # a broken file too: its answer is kept
+                cache = (key, e)
+            agent_state().schedules["parsed"] = cache if key else None
+    if isinstance(cache[1], ToolError):
+        raise cache[1]
+    return cache[1]
 
 
 def write_schedules(path, jobs, trusted):
     """The whole file: a temp file, then os.replace. Trusted content stays trusted:
-    the new hash is recorded before the rename, so the checker never finds the
-    agent's own file untrusted."""
+    the new hash is recorded after the rename (a failed write leaves the old file
+    and its trust), under the lock every reader takes (locked_read)."""
     data = json.dumps({"jobs": list(jobs.values())}, ensure_ascii=False, indent=1).encode()
-    if trusted:
-        trust(rel(path), hashlib.sha256(data).hexdigest())
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules.", suffix=".tmp")
     try:
         with open(fd, "wb") as fh:
@@ -7153,6 +7184,8 @@ def write_schedules(path, jobs, trusted):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if trusted:
+        trust(rel(path), hashlib.sha256(data).hexdigest())
 
 
 @contextlib.contextmanager
@@ -7255,7 +7288,7 @@ def durable_jobs():
     s = agent_state().schedules
     try:
         path = schedules_path()
-        jobs, digest, skipped = read_schedules(path)
+        jobs, digest, skipped = locked_read(path)
     except ToolError as e:
         tell(f"[{e}]")
         return {}
@@ -7289,8 +7322,8 @@ def run_checker(stop):
     while not stop.wait(SCHEDULE_TICK):
         try:
             check_schedules(local_now())
-        except (ToolError, OSError) as e:  # a file it cannot write: told once, the checker goes on
-            tell(f"[schedules: {e}]")
+        except Exception as e:  # a file it cannot write, anything a clone planted: told once, it goes on
+            tell(f"[schedules: {type(e).__name__}: {e}]")
 
 
 def fire_job(key, now):
@@ -7325,7 +7358,7 @@ def scheduled_turn():
             continue
         if job:
             say(printable(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]"))
-            prompt = job["prompt"].replace("</scheduled-prompt>", "</scheduled-prompt >")  # data
+            prompt = re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", job["prompt"])  # data, not a tag
             return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
 
 
@@ -7401,6 +7434,8 @@ class StdinLines:
     object, so lines it buffered before (answers to start-up questions) come next."""
     def __init__(self, stream):
         self.stream, self.lines, self.next = stream, queue.Queue(), None
+        with contextlib.suppress(AttributeError, ValueError):  # a byte that is not UTF-8: U+FFFD,
+            stream.reconfigure(errors="replace")  # not the silent end of input a decode error was
         threading.Thread(target=self.pump, daemon=True).start()  # a blocked read cannot be stopped
 
     def pump(self):
@@ -7710,10 +7745,10 @@ def add_user_text(messages, text):
 def read_line(prompt):
     """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
     holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if isinstance(sys.stdin, StdinLines):  # s10: the REPL's stdin, read by a thread
+        return wait_for_line(prompt)  # s10: a line waiting first, else a job that is due
     if turn := scheduled_turn():  # s10: the agent is idle here: a due job goes first
         return turn  # s10
-    if isinstance(sys.stdin, StdinLines):  # s10: the REPL's stdin, read by a thread
-        return wait_for_line(prompt)  # s10: a job that falls due meanwhile runs too
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)

@@ -491,10 +491,10 @@ def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api,
     """background_stop promises no further model call and no notification: not while
     the child backs off after an overloaded error, nor when its last reply streams."""
     mod = agents
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.3)
-    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.3)
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)                      # the stop comes in the back-off
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 2)
     as_parent(mod, client)
-    for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=1.0)]):
+    for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=2)]):
         api.script(first)
         before = len(message_bodies(api))
         id = started(mod.run_subagent("work", "stoppable", run_in_background=True))
