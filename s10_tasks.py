@@ -7749,6 +7749,8 @@ def read_line(prompt):
         return wait_for_line(prompt)  # s10: a line waiting first, else a job that is due
     if turn := scheduled_turn():  # s10: the agent is idle here: a due job goes first
         return turn  # s10
+    if sys.stdin is None:  # started with stdin closed (<&-): that is the end of input
+        raise EOFError
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)
