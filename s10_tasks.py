@@ -6027,8 +6027,16 @@ TASK_FILE_BYTES = 64_000    # a task file larger than this is not read (a clone 
 MAX_SUBJECT = 200           # characters of a task's one-line subject
 MAX_TASK_TEXT = 8_000       # characters of a task's description
 TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
+TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
+                            # would make the next id's file name too long to create)
+TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated")  # the text fields a task shows
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+MAX_CRON = 100              # characters of a cron expression, from the model or the file
+DOW_OPEN_END = 6            # where an open day-of-week range (*, 1/2) ends: 7 is Sunday only when written
+CRON_SPEC = re.compile(r"\*|([0-9]+|[a-z]+)(?:(-)([0-9]+|[a-z]+))?")  # *, a value, a range; ASCII only
+CRON_NUMBER = re.compile(r"[0-9]+")  # ASCII digits: int() and isdigit() take "٣" and "²"
 CRON_FIELDS = {"minute": (0, 59, ()), "hour": (0, 23, ()), "day-of-month": (1, 31, ()),  # (low, high, names)
                "month": (1, 12, MONTH_NAMES), "day-of-week": (0, 7, DAY_NAMES)}
 CRON_HORIZON_DAYS = 366 * 9  # next_fire looks this far: 29 February can be 8 years away (2096 -> 2104)
@@ -6063,6 +6071,11 @@ GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one sn
 # exactly when A is in B's blocks; the edges make no cycle; a completed or deleted
 # task has no edges left, so nothing waits for it. One change is one task_board()
 # block: load every task, change the dicts, write the ones that changed.
+# A clone may ship any files, so the load checks them: a task whose fields have
+# the wrong types is skipped (a broken file costs one task, not the board), and
+# the edges are mended (mend_edges) before any change, so the invariants, and the
+# cycle check, hold for planted edges too. The mend is written with the next
+# change, whichever task it touches; a read (task_list, task_get) writes nothing.
 def tasks_dir():
     """The running agent's .agent/tasks, created; refused when a planted symbolic
     link would put it outside the workspace."""
@@ -6101,18 +6114,26 @@ def read_task(path):
         data = fh.read(TASK_FILE_BYTES + 1)
     try:
         task = json.loads(data) if len(data) <= TASK_FILE_BYTES else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: 60 KB of [ nests too deep
         return None
-    ok = isinstance(task, dict) and task.get("id") == path.stem \
-        and task.get("status") in TASK_STATUSES and all(
-            isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
-            for k in ("blocked_by", "blocks"))
-    return task if ok else None
+    return task if is_task(task, path.name) else None
+
+
+def is_task(task, name):
+    """Has every field the tools use the right type? Text fields other than the
+    subject may be missing (the tools read them with .get)."""
+    return isinstance(task, dict) and bool(TASK_FILE.fullmatch(name)) \
+        and task.get("id") == name.removesuffix(".json") and task.get("status") in TASK_STATUSES \
+        and isinstance(task.get("subject"), str) \
+        and all(isinstance(task.get(k, ""), str) for k in TASK_TEXTS) \
+        and all(isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
+                for k in ("blocked_by", "blocks"))
 
 
 def task_ids(folder):
-    """The numbers of every task file, readable or not (so none is given twice)."""
-    return [int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit()]
+    """The numbers of every task file, readable or not (so none is given twice).
+    Only <id>.json names count: a planted 249-digit one is not a task."""
+    return [int(p.stem) for p in folder.glob("*.json") if TASK_FILE.fullmatch(p.name)]
 
 
 def save_task(folder, task):
@@ -6142,20 +6163,47 @@ def task_board():
     with task_lock(folder):
         tasks = {str(i): t for i in sorted(task_ids(folder))[:MAX_TASKS]
                  if (t := read_task(folder / f"{i}.json"))}
-        before = {i: json.dumps(t, sort_keys=True) for i, t in tasks.items()}
+        snapshot = lambda: {i: json.dumps(t, sort_keys=True) for i, t in tasks.items()}
+        on_disk = snapshot()
+        mend_edges(tasks)
+        before = snapshot()
         yield tasks
+        after = snapshot()
+        if after == before:
+            return  # no change: a mend alone is not written
         for i, task in tasks.items():
-            if json.dumps(task, sort_keys=True) != before.get(i):
-                task["updated"] = now_stamp()
+            if after[i] != on_disk.get(i):  # changed, or mended
+                if after[i] != before.get(i):
+                    task["updated"] = now_stamp()
                 save_task(folder, task)
 
 
+def mend_edges(tasks):
+    """Make the loaded edges keep the invariants: an edge a -> b is there when
+    either side lists it and both tasks exist and are open; the rest (an id that
+    is missing, unreadable, closed, or the task itself) are dropped, so an id
+    named before its task exists never comes alive. Each list keeps its order;
+    an edge only the other side knew comes last."""
+    live = {i for i, t in tasks.items() if t["status"] in OPEN_STATUSES}
+    ok = lambda a, b: a in live and b in live and a != b
+    ins = {i: dict.fromkeys(b for b in t["blocked_by"] if ok(b, i)) for i, t in tasks.items()}
+    outs = {i: dict.fromkeys(d for d in t["blocks"] if ok(i, d)) for i, t in tasks.items()}
+    for i in tasks:  # dicts as ordered sets: add each edge's other side
+        for a in ins[i]:
+            outs[a].setdefault(i)
+        for d in outs[i]:
+            ins[d].setdefault(i)
+    for i, task in tasks.items():
+        task["blocked_by"], task["blocks"] = list(ins[i]), list(outs[i])
+
+
 def task_id(value):
-    """'3' or '#3' as the id '3'; ToolError for anything else."""
+    """'3' or '#3' as the id '3'; ToolError for anything else ('²' too: ASCII digits only)."""
     text = str(value).strip().removeprefix("#")
-    if not text.isdigit():
+    digits = text.lstrip("0") or "0"
+    if not re.fullmatch(r"[0-9]+", text) or len(digits) > TASK_ID_DIGITS:
         raise ToolError(f"{value!r} is not a task id; ids are numbers such as 3 (see task_list).")
-    return str(int(text))
+    return digits
 
 
 def open_task(tasks, value):
@@ -6251,6 +6299,9 @@ def task_create(subject, description="", blocked_by=None):
             raise ToolError(f"The board holds {len(ids)} tasks, the most it may. Ask the user "
                             f"to archive old ones (.agent/tasks).")
         new, now = str(max(ids, default=0) + 1), now_stamp()
+        if len(new) > TASK_ID_DIGITS:
+            raise ToolError(f"The next task id would be {new}, longer than {TASK_ID_DIGITS} digits. "
+                            f"Ask the user to archive old tasks (.agent/tasks).")
         tasks[new] = {"id": new, "subject": subject, "description": description,
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
@@ -6375,23 +6426,36 @@ register("task_list", TASK_HELP + (
 # Five fields, local time: minute hour day-of-month month day-of-week. Each field
 # is a comma list of items: *, a number or a name, a range a-b, and any of these
 # with a step (*/15, 10-50/20, 5/10 = 5 to the field's end). Days of the week run
-# 0-7 (0 and 7 are Sunday). POSIX rule: when both day fields are restricted (not
-# a lone *), a day matches if EITHER matches; else the restricted one decides.
-# (Vixie cron also counts */2 as unrestricted; here, as in croniter, any field
-# but * restricts.) A bad expression is a ValueError that names the field.
+# 0-7 (0 and 7 are Sunday); an open range (*, 1/2) ends at 6, so 7 counts only
+# when written. Numbers are ASCII digits ("٣" or "*/²" is refused). POSIX rule:
+# when both day fields are restricted, a day matches if EITHER matches; else the
+# restricted one decides. As in Vixie cron, a day field is restricted when it does
+# not start with *: "0 0 1 * *,1" runs on every 1st, "0 0 1 * */2" on a 1st that
+# is a Sunday, Tuesday, Thursday or Saturday. croniter agrees on * and *,1 but
+# counts */2 as restricted and 1,* as not. A bad expression is a ValueError that
+# names the field.
+# Times are local and naive. At the autumn change the clock repeats an hour: a
+# job already run at 01:30 (summer time) waits for the next match after that,
+# 02:00, so "*/30" is silent for the repeated hour and "30 1" runs once; in
+# spring a job due in the skipped hour ("30 2") runs once, at 03:00.
+# Vixie cron runs the wildcard jobs in the repeated hour; doing that needs the
+# scheduler to keep the last run as an absolute time, so this stays as it is.
 def cron_values(text, field):
     """The set of values one field allows; ValueError names the field and the item."""
     low, high, names = CRON_FIELDS[field]
+    top = DOW_OPEN_END if field == "day-of-week" else high  # where * and 5/10 end
     values = set()
     for item in text.lower().split(","):
-        spec, _, step = item.partition("/")
-        if step and not step.isdigit() or step == "0" or (step and int(step) > high):
-            raise ValueError(f"cron {field} field {text!r}: bad step in {item!r}")
-        first, dash, last = spec.partition("-")
+        spec, slash, step = item.partition("/")
+        if slash and not (CRON_NUMBER.fullmatch(step) and 1 <= int(step) <= high):
+            raise ValueError(f"cron {field} field {text!r}: bad step in {item!r} "
+                             f"(a step is a number 1-{high})")
         try:
+            if not (m := CRON_SPEC.fullmatch(spec)):
+                raise ValueError(spec)
+            first, dash, last = m.groups()
             a = low if spec == "*" else cron_number(first, low, high, names)
-            end = high if spec == "*" or (step and not dash) else last if dash else first
-            b = end if isinstance(end, int) else cron_number(end, low, high, names)
+            b = top if spec == "*" or (slash and not dash) else cron_number(last or first, low, high, names)
         except ValueError:
             raise ValueError(f"cron {field} field {text!r}: {item!r} is not * or a value "
                              f"{low}-{high}" + (f" or a name ({', '.join(names[:3])}, ...)" if names else ""))
@@ -6404,20 +6468,23 @@ def cron_values(text, field):
 def cron_number(word, low, high, names):
     if word in names:
         return names.index(word) + low
-    if not word.isdigit() or not low <= int(word) <= high:
+    if not CRON_NUMBER.fullmatch(word) or not low <= int(word) <= high:
         raise ValueError(word)
     return int(word)
 
 
 def parse_cron(expr):
     """{field: set of values} plus which day fields are restricted."""
-    words = str(expr).split()
+    expr = str(expr)
+    if len(expr) > MAX_CRON:
+        raise ValueError(f"a cron expression is at most {MAX_CRON} characters; this one has {len(expr)}")
+    words = expr.split()
     if len(words) != len(CRON_FIELDS):
         raise ValueError(f"a cron expression has 5 fields (minute hour day-of-month month "
                          f"day-of-week); {expr!r} has {len(words)}")
     cron = {field: cron_values(word, field) for field, word in zip(CRON_FIELDS, words)}
     cron["day-of-week"] = {d % 7 for d in cron["day-of-week"]}  # 7 is Sunday too
-    cron["restricted"] = {f for f, w in zip(CRON_FIELDS, words) if w != "*"}
+    cron["restricted"] = {f for f, w in zip(CRON_FIELDS, words) if not w.startswith("*")}
     return cron
 
 
