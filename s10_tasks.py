@@ -6084,7 +6084,11 @@ def tasks_dir():
     if not leads_inside(folder, ws):
         raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; the task tools work only inside.")
-    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # a planted file there: the check below says so
+        folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir():
+        raise ToolError(f"{TASKS_DIR} is not a folder. Ask the user to move it away; the task "
+                        f"tools keep the board there.")
     return folder
 
 
@@ -6092,7 +6096,11 @@ def tasks_dir():
 def task_lock(folder):
     """One writer at a time, across processes and threads: each call opens its own
     descriptor of .lock, and flock excludes other descriptors even in this process."""
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:  # a planted link (or folder) at .lock: no lock, so no change
+        raise ToolError(f"{rel(folder / '.lock')} cannot be opened as a lock ({e.strerror}; a "
+                        f"planted link?). Ask the user to remove it.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -1026,3 +1026,14 @@ def test_croniter_refuses_what_the_matcher_refuses_and_long_expressions_are_capp
     with pytest.raises(ValueError, match=f"at most {mod.MAX_CRON} characters"):
         mod.parse_cron(long)
     assert "at most" in refused(mod, mod.schedule_create, long, "hi")
+
+
+def test_a_planted_lock_link_or_a_file_for_the_board_is_a_clear_error(mod, workspace, tmp_path):
+    (workspace / ".agent" / "tasks").mkdir(parents=True)
+    (workspace / ".agent" / "tasks" / ".lock").symlink_to(tmp_path / "elsewhere")
+    assert "cannot be opened as a lock" in refused(mod, mod.task_create, "x")
+    assert not (tmp_path / "elsewhere").exists()
+    (workspace / ".agent" / "tasks" / ".lock").unlink()
+    (workspace / ".agent" / "tasks").rmdir()
+    (workspace / ".agent" / "tasks").write_text("planted")
+    assert "is not a folder" in refused(mod, mod.task_list)
