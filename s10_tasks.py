@@ -2574,7 +2574,7 @@ def call_with_recovery(client, messages, **options):
             message = call_model(client, messages + line.prefill(),
                                  **{**options, "out": line, "max_tokens": turn["max_tokens"]})
         except Exception as e:
-            if cancelled() or not recover(client, messages, e, turn, line, options):  # s10: no retry
+            if cancelled() or not recover(client, messages, e, turn, line, options) or cancelled():  # s10: stop
                 line.close()  # a reply cut mid-line ends before anything else is said
                 raise
             continue

@@ -489,9 +489,10 @@ def test_denials_in_a_row_tell_a_background_agent_to_report_not_to_ask(mod):
 
 def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api, client, monkeypatch):
     """background_stop promises no further model call and no notification: not while
-    the child backs off after an overloaded error, nor when its last reply streams."""
+    the child backs off after an overloaded error (the stop lands in the 2 s back-off,
+    so the check must come after it too), nor while its last reply streams."""
     mod = agents
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)                      # the stop comes in the back-off
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)
     monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 2)
     as_parent(mod, client)
     for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=2)]):
