@@ -626,7 +626,8 @@ def test_a_killed_or_hung_up_session_stops_its_background_commands(mod, api, wor
             wait_for(lambda: any(json.loads(f.read_text())["status"] == "running" for f in folder.glob("b*.json")),
                      "the background command", deadline=30)
             p.send_signal(sig)
-            _, stderr = p.communicate(timeout=30)
+            p.wait(timeout=30)              # stdin stays open: an end of input must not race the signal
+            stderr = p.stderr.read()
         finally:
             p.kill()
         (status,) = [json.loads(f.read_text()) for f in folder.glob("b*.json")]
