@@ -423,6 +423,8 @@ def add_user_text(messages, text):
 def read_line(prompt):
     """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
     holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if sys.stdin is None:  # started with stdin closed (<&-): that is the end of input
+        raise EOFError
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)

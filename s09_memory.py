@@ -272,8 +272,13 @@ def run_bash(command, timeout=None):
         p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        if stopped := watch_command(p, sink, timeout):
-            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        try:  # s07
+            stopped = watch_command(p, sink, timeout)  # s07
+        except BaseException:  # s07: Ctrl+C too puts git's pointer files back
+            shell or sandbox_note("", 0)  # s07
+            raise  # s07
+        if stopped:  # s07: a timeout or the cap too
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]" + ("" if shell else sandbox_note("", 0)))  # s07
         out = read_head(sink, KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
     out += "" if shell else sandbox_note(out, p.returncode)  # s07: a refused write says why
     if p.returncode >= 2 or p.returncode < 0:
@@ -1366,9 +1371,11 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False):
     client = agent_state().client
     if client is None:
         raise ToolError("The agent tool only works inside a running agent loop.")
+    if not prompt.strip():  # "" is also how a label marks the main agent
+        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
     spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
     settings = child_settings(spec, fork, usage)
-    label = description or " ".join(prompt.split())[:40]  # one line on the terminal
+    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
@@ -6114,6 +6121,8 @@ def add_user_text(messages, text):
 def read_line(prompt):
     """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
     holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if sys.stdin is None:  # started with stdin closed (<&-): that is the end of input
+        raise EOFError
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)

@@ -188,3 +188,9 @@ def test_history_never_holds_empty_text(mod, api, client):
     for m in history:
         for b in m["content"] if isinstance(m["content"], list) else []:
             assert b.get("type") != "text" or b["text"].strip()
+
+
+def test_a_closed_stdin_is_the_end_of_input_not_a_traceback(mod, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)          # what Python gives a process started with <&-
+    with pytest.raises(EOFError):
+        mod.read_line("> ")

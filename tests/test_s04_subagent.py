@@ -293,6 +293,18 @@ def test_child_with_an_empty_final_reply_reports_that(mod, api, client):
 
 
 @each
+def test_an_empty_prompt_is_refused_and_a_blank_description_is_no_label(mod, api, client, capsys):
+    """A child labelled "" would be taken for the main agent by later chapters (its
+    hooks, memory and news are the main agent's); an empty prompt the API rejects."""
+    call = agent("   ")
+    run(mod, api, client, [reply(call)])
+    result = result_of(body(api, 1), call)
+    assert result.get("is_error") and "The prompt is empty" in result["content"]
+    run(mod, api, client, [reply(agent("look around", description="   ")), reply("seen")])
+    assert "[agent look around: general-purpose, started]" in capsys.readouterr().err
+
+
+@each
 def test_parse_agent_file_accepts_common_spellings(mod, workspace):
     path = workspace / "w.md"
     path.write_bytes(b"---\r\ndescription: >\r\n  Writes\r\n  docs.\r\ntools: read_file, "

@@ -310,6 +310,27 @@ def test_argv_binds_only_what_exists_and_never_widens_through_links(mod, tmp_pat
 
 
 @in_s07
+def test_a_sandboxed_command_that_times_out_or_is_interrupted_still_has_its_git_redirect_undone(
+        sandboxed, workspace, monkeypatch):
+    mod = sandboxed
+    import subprocess
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    plant = "mkdir -p evil && echo ../evil > .git/commondir && sleep 30"
+    with pytest.raises(mod.ToolError, match="were undone"):
+        mod.run_bash(plant, timeout=1)                               # stopped by its timeout
+    assert not (workspace / ".git" / "commondir").exists()
+    real_watch = mod.watch_command
+
+    def interrupted(p, sink, timeout):
+        real_watch(p, sink, 1)                                       # the write happens, then Ctrl+C
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mod, "watch_command", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mod.run_bash(plant)
+    assert not (workspace / ".git" / "commondir").exists()
+
+
+@in_s07
 def test_git_cannot_be_pointed_elsewhere_from_the_sandbox(sandboxed, workspace):
     mod = sandboxed
     import subprocess

@@ -699,6 +699,9 @@ def test_the_session_end_stops_async_hooks_still_running(mod, api, client, works
     mod.end_session("exit")
     for job in state.hooks["jobs"]:
         job.join(5)
+    deadline = time.monotonic() + 5                 # SIGKILL is sent; the kernel ends it a moment later
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert gone(pid) and not any(job.is_alive() for job in state.hooks["jobs"])
 
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import chapters_from, message_bodies, strip_cache
-from fake_api import reply, tool
+from fake_api import error, reply, tool
 
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s10"), indirect=True)
 
@@ -304,6 +304,7 @@ def test_run_in_background_returns_at_once_and_the_report_comes_as_a_notificatio
     assert status["status"] == "completed" and status["kind"] == "agent"
     out, err = capsys.readouterr()
     assert "CHILD TEXT" not in out and "CHILD TEXT" not in err        # its text: only in its log
+    assert "[answer] [context" not in err and "[answer] [context" in log  # its progress lines too
     assert f"[background agent {id} started: general-purpose: answer]" in err
     assert mod.drain_notifications() == []                             # reported once
 
@@ -484,3 +485,49 @@ def test_denials_in_a_row_tell_a_background_agent_to_report_not_to_ask(mod):
     state.cancel = threading.Event()                                     # as a background agent runs
     text = mod.denial_reminder()[0]["text"]
     assert "cannot ask the user" in text and "Ask the user" not in text
+
+
+def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api, client, monkeypatch):
+    """background_stop promises no further model call and no notification: not while
+    the child backs off after an overloaded error (the stop lands in the 2 s back-off,
+    so the check must come after it too), nor while its last reply streams."""
+    mod = agents
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 2)
+    as_parent(mod, client)
+    for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=2)]):
+        api.script(first)
+        before = len(message_bodies(api))
+        id = started(mod.run_subagent("work", "stoppable", run_in_background=True))
+        record = mod.agent_state().background[id]
+        deadline = time.monotonic() + WAIT
+        while len(message_bodies(api)) == before:                       # its first call is out
+            assert time.monotonic() < deadline, "the child never called the model"
+            time.sleep(0.01)
+        mod.background_stop(id)
+        record["_thread"].join(timeout=WAIT)
+        assert record["status"] == "stopped", record["status"]
+        assert len(message_bodies(api)) == before + 1                  # no retry went out
+        assert mod.drain_notifications() == []                          # and no news follows
+        api.script([])
+
+
+def test_a_childs_background_check_leaves_the_parents_news(agents, client):
+    """Only the main agent seeing an ended command counts as its news: a child's
+    check would swallow the notification the parent's model waits for."""
+    mod = agents
+    parent = as_parent(mod, client)
+    id = mod.background_run("echo RESULT").split()[1]
+    parent.background[id]["_thread"].join(timeout=WAIT)                 # its end is recorded
+    with mod.acting_as(mod.child_state(False, "peek")):
+        assert "RESULT" in mod.background_check(id)
+    assert [r["id"] for r in mod.drain_notifications()] == [id]
+
+
+def test_a_linked_dot_agent_gets_no_folder_made_through_it(mod, workspace, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".agent").symlink_to(outside)
+    with pytest.raises(mod.ToolError, match="symbolic link"):
+        mod.background_run("echo hi")
+    assert list(outside.iterdir()) == []

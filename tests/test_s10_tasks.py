@@ -4,6 +4,7 @@ The handlers are called directly on the test's workspace; one test drives
 them through the loop with a scripted model, and one starts four real
 processes that change the same board at the same time.
 """
+import contextlib
 import contextvars
 import datetime
 import io
@@ -242,8 +243,10 @@ SPARSE = [  # few fires a year: the whole next-fire sequence over YEAR must agre
     "0 0 1 * *", "0 0 1,15 * *", "0 0 29 2 *", "0 0 31 * *", "0 0 30 4,6,9,11 *",
     "0 0 * * 0", "0 0 * * 7", "0 0 * * sun", "0 8 * * sat,sun", "0 0 13 * fri",
     "0 0 1-7 * mon", "0 0 */10 * *", "0 0 5/10 * *", "45 23 * dec *", "0 0 1 jan *",
+    "0 0 1 * *,1", "0 0 1 * *,mon", "0 0 *,15 * mon",    # a day field starting with *: unrestricted
+    "0 0 * * 1/2", "0 0 * * 3/2", "0 0 * * 0/3", "0 0 * * 1-7/2",        # open ranges end at 6
     "0 0 1 */3 *", "0 0 * feb-apr wed", "0 6,18 * * *", "59 23 31 12 *", "0 0 15 * 2-4",
-    "0 0 */2 * mon", "0 0 1-7 * */2", "0 12 * jan-mar sun,7", "10-20/5 3 * * *",
+    "0 12 * jan-mar sun,7", "10-20/5 3 * * *",  # */2 in a day field: see test_a_day_field_starting...
     "0 0 * * 5-7", "0 4 8-14 * 1", "0 0 1 JAN,JUL *", "0 0 * * MON", "0 0 28-31 * *",
     "0 9 1 * mon-fri", "0 0 29 * *",
     "30 2 * * mon-fri/2", "0 0 1 jan-dec/3 *", "0 0 10-20/3 * sat", "0 1 1,10-12 * 0,6",  # names, steps
@@ -281,11 +284,19 @@ def test_forty_expressions_agree_with_croniter_over_a_year(mod):
             assert mod.next_fire(expr, t) == croniter(expr, t).get_next(datetime.datetime), (expr, t)
 
 
+REFUSED_LIKE_CRONITER = [  # (expression, the field the error names); croniter refuses them too
+    ("*/00 * * * *", "minute"), ("0 0 * * */000", "day-of-week"), ("1/0 * * * *", "minute"),
+    ("*/ * * * *", "minute"), ("5/ * * * *", "minute"), ("1-5/ * * * *", "minute"),
+    ("*/² * * * *", "minute"), ("² * * * *", "minute"), ("٣ * * * *", "minute"), ("0 0 * * ७", "day-of-week"),
+]
+
+
 def test_a_bad_cron_expression_names_its_field(mod):
     for expr, field in [("61 * * * *", "minute"), ("* 24 * * *", "hour"), ("* * 0 * *", "day-of-month"),
                         ("* * * 13 *", "month"), ("* * * * 8", "day-of-week"), ("*/0 * * * *", "minute"),
                         ("* * 5-2 * *", "day-of-month"), ("* * * foo *", "month"),
-                        ("* * * * mon-", "day-of-week"), ("? * * * *", "minute"), ("1,,2 * * * *", "minute")]:
+                        ("* * * * mon-", "day-of-week"), ("? * * * *", "minute"), ("1,,2 * * * *", "minute"),
+                        ] + REFUSED_LIKE_CRONITER:
         with pytest.raises(ValueError, match=f"cron {field} field"):
             mod.parse_cron(expr)
     with pytest.raises(ValueError, match="5 fields"):
@@ -474,13 +485,33 @@ def test_what_an_ended_command_left_running_goes_with_it(background, workspace):
     assert "<note>it left processes running" in note
 
 
+def test_a_process_that_left_the_group_with_setsid_dies_with_the_command(background, workspace):
+    """Without the OS sandbox a `setsid` child is out of the process group that a
+    stop or the end kills, but it still holds the log: it goes too, and the log
+    stops growing."""
+    mod = background
+    loop = "while :; do echo spam; sleep 0.01; done"
+    for how in ("end", "stop"):
+        tail = "echo started" if how == "end" else "sleep 100"
+        id = started_id(mod.background_run(f"setsid sh -c {shlex.quote(loop)} & {tail}"))
+        log = workspace / mod.agent_state().background[id]["log"]
+        wait_for(lambda: log.stat().st_size > 0, "the escaped loop's first line")
+        if how == "stop":
+            mod.background_stop(id)
+        record = finish(mod, id)
+        size = log.stat().st_size
+        time.sleep(0.2)                                                 # it wrote every 10 ms while alive
+        assert log.stat().st_size == size, f"the escaped process writes on after the {how}"
+        assert how == "stop" or "left processes running" in record["note"]
+
+
 def test_background_output_is_capped_like_bash(background, monkeypatch, workspace):
     mod = background
     monkeypatch.setattr(mod, "BASH_OUTPUT_CAP", 100_000)
-    id = started_id(mod.background_run("while :; do echo 0123456789; done"))
+    id = started_id(mod.background_run("cat /dev/zero"))               # gigabytes a second
     record = finish(mod, id)
     assert record["status"] == "failed" and "output passed" in record["note"]
-    assert (workspace / record["log"]).stat().st_size < 50 * 100_000   # stopped soon after the cap
+    assert (workspace / record["log"]).stat().st_size <= 100_000        # the disk keeps the cap exactly
     (note,) = [mod.notification(r) for r in mod.drain_notifications()]
     assert "<status>failed</status>" in note and "output passed" in note
     assert len(note) < 2 * mod.BACKGROUND_PREVIEW
@@ -595,7 +626,8 @@ def test_a_killed_or_hung_up_session_stops_its_background_commands(mod, api, wor
             wait_for(lambda: any(json.loads(f.read_text())["status"] == "running" for f in folder.glob("b*.json")),
                      "the background command", deadline=30)
             p.send_signal(sig)
-            _, stderr = p.communicate(timeout=30)
+            p.wait(timeout=30)              # stdin stays open: an end of input must not race the signal
+            stderr = p.stderr.read()
         finally:
             p.kill()
         (status,) = [json.loads(f.read_text()) for f in folder.glob("b*.json")]
@@ -846,3 +878,163 @@ def test_a_command_that_swaps_the_runtime_folder_cannot_move_the_status_file(bac
     assert record["status"] == "completed"                          # known to the loop ...
     assert list(elsewhere.iterdir()) == []                          # ... and nothing written through the link
     assert "symbolic link" in refused(mod, mod.background_run, "echo again")
+
+
+@pytest.mark.permissions
+def test_overlapping_sandboxed_commands_never_leave_a_git_redirect(background, workspace):
+    """s07 undoes a sandboxed command's change to git's pointer files against a
+    snapshot from its start. With a background command running, a bash call (or a
+    second background command) starting after the redirect was planted must not take
+    it for the state to keep; nor may a command ending meanwhile lose bash's own."""
+    mod = background
+    if not mod.sandbox_available()[0]:
+        pytest.skip(f"the OS sandbox does not work here: {mod.sandbox_available()[1]}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    pointer, plant = workspace / ".git" / "commondir", "echo ../evil > .git/commondir"
+    for beside in ("bash", "background_run"):
+        slow = started_id(mod.background_run(f"while [ ! -e go ]; do sleep 0.05; done; {plant}; sleep 0.3"))
+        (workspace / "go").touch()
+        wait_for(lambda: pointer.exists(), "the planted redirect")
+        if beside == "bash":
+            mod.run_bash("true")                                     # starts after the plant, ends first
+        else:
+            finish(mod, started_id(mod.background_run("true")))
+        finish(mod, slow)
+        assert not pointer.exists(), f"a redirect was left with {beside} beside it"
+        (workspace / "go").unlink()
+    quick = started_id(mod.background_run("sleep 0.3"))
+    with contextlib.suppress(mod.ToolError):
+        mod.run_bash(f"sleep 1; {plant}")                            # the background one ends meanwhile
+    finish(mod, quick)
+    assert not pointer.exists()
+
+
+def test_a_rule_naming_background_run_is_a_config_error_not_a_rule_that_never_matches(mod, workspace):
+    """background_run is judged as bash, so bash(...) rules are its rules; a rule of
+    its own name would load and then never match (a deny that silently allows)."""
+    for text in ("background_run", "background_run(sleep *)", "background*"):
+        with pytest.raises(ValueError, match="judged by bash's rules"):
+            mod.parse_rule(text)
+    with pytest.raises(mod.ConfigError, match="permissions.deny"):
+        mod.check_config("config.yaml", {"permissions": {"deny": ["background_run(*)"]}})
+    assert mod.parse_rule("background_check")["tool"] == "background_check"   # the others keep theirs
+
+
+def test_a_background_timeout_gives_advice_the_model_can_follow(background, monkeypatch):
+    mod = background
+    monkeypatch.setattr(mod, "BACKGROUND_TIMEOUT", 1)
+    record = finish(mod, started_id(mod.background_run("sleep 30")))
+    assert record["status"] == "failed" and "a background command's limit" in record["note"]
+    assert "larger timeout" not in record["note"]                        # background_run has no timeout
+
+
+# --- planted task files and odd cron expressions (a hostile review) ----------------------
+
+def plant(workspace, id, **fields):
+    """Write a task file as a clone could ship it: any fields, any types (None: no such field)."""
+    folder = workspace / ".agent" / "tasks"
+    folder.mkdir(parents=True, exist_ok=True)
+    task = {"id": str(id), "subject": f"task {id}", "status": "pending", "blocked_by": [], "blocks": []}
+    task = {k: v for k, v in {**task, **fields}.items() if v is not None}
+    (folder / f"{id}.json").write_text(json.dumps(task))
+
+
+@pytest.mark.parametrize("fields", [
+    {"subject": None}, {"subject": ["a", "b"]}, {"subject": 7}, {"description": 123}, {"owner": {"x": 1}},
+    {"created": 5}, {"updated": []}, {"status": "done"}, {"blocked_by": [1]}, {"blocks": "2"},
+    "[" * 60_000,                                          # nests too deep for json: RecursionError
+], ids=lambda f: f if isinstance(f, dict) else "deep")
+def test_a_planted_task_with_wrong_types_costs_one_task_not_the_board(mod, workspace, fields):
+    mod.task_create("real")
+    if isinstance(fields, str):
+        (workspace / ".agent" / "tasks" / "2.json").write_text(fields)
+    else:
+        plant(workspace, 2, **fields)
+    assert mod.task_list() == "1 ready\n#1 [ready] real"
+    assert "No task #2" in refused(mod, mod.task_get, "2")
+    assert "No task #2" in refused(mod, mod.task_update, "2", status="completed")
+    assert mod.task_update("1", owner="me").startswith("Updated task #1")
+    assert mod.task_create("next").startswith("Created task #3")    # the broken file's id is not reused
+
+
+def test_planted_one_sided_edges_are_mended_so_the_cycle_check_sees_them(mod, workspace):
+    plant(workspace, 1)
+    plant(workspace, 2, blocked_by=["1"])                  # #1's blocks lacks 2
+    files = {p.name: p.read_bytes() for p in (workspace / ".agent" / "tasks").glob("*.json")}
+    assert "#1 -> #2 -> #1" in refused(mod, mod.task_update, "2", add_blocks=["1"])
+    assert mod.task_list() == "1 ready, 1 blocked\n#1 [ready] task 1\n#2 [blocked by #1] task 2"
+    assert "blocks: #2" in mod.task_get("1")
+    assert {p.name: p.read_bytes() for p in (workspace / ".agent" / "tasks").glob("*.json")} == files  # reads write nothing
+    mod.task_update("1", description="touched")            # the next change writes the mend too
+    assert_symmetric(board(workspace))
+    assert board(workspace)["1"]["blocks"] == ["2"]
+    assert mod.task_update("1", status="completed").endswith("Now ready: #2 task 2.")
+
+
+def test_a_dangling_or_closed_edge_never_comes_alive(mod, workspace):
+    plant(workspace, 1, blocked_by=["5", "2", "1"], blocks=["2"])   # 5 missing, 2 completed, itself
+    plant(workspace, 2, status="completed", blocks=["1"])
+    assert mod.task_list().splitlines()[1] == "#1 [ready] task 1"
+    for n in range(3, 6):
+        mod.task_create(f"later {n}")                      # #5 exists now: #1 must not wait for it
+    assert mod.task_list().splitlines()[1] == "#1 [ready] task 1"
+    tasks = board(workspace)
+    assert tasks["1"]["blocked_by"] == [] and tasks["1"]["blocks"] == []
+    assert_symmetric(tasks)
+
+
+def test_task_file_names_and_ids_are_ascii_digits_of_bounded_length(mod, workspace):
+    folder = workspace / ".agent" / "tasks"
+    folder.mkdir(parents=True)
+    (folder / ("9" * 249 + ".json")).write_text("x")       # the next id's name would be too long
+    (folder / "².json").write_text("x")                    # int() reads it as 2
+    assert mod.task_create("a").startswith("Created task #1")
+    assert mod.task_list() == "1 ready\n#1 [ready] a"
+    for value in ("²", "३", "1" * 10, "#", ""):
+        assert "not a task id" in refused(mod, mod.task_get, value)
+    assert mod.task_get("#0001").startswith("#1 [ready] a")
+    assert mod.task_id("0" * 5_000 + "1") == "1"           # no int() of 5000 digits
+    plant(workspace, 999_999_999)
+    assert "longer than 9 digits" in refused(mod, mod.task_create, "b")
+
+
+def test_a_day_field_starting_with_star_is_unrestricted_as_in_vixie_cron(mod):
+    """croniter counts */2 as restricted (day-of-month OR day-of-week); Vixie cron
+    and this matcher count a day field that starts with * as unrestricted."""
+    def fires(expr, n=4):
+        t, out = datetime.datetime(2025, 1, 1), []
+        for _ in range(n):
+            t = mod.next_fire(expr, t)
+            out.append(t.strftime("%m-%d %a"))
+        return out
+    assert fires("0 0 */2 * mon") == ["01-13 Mon", "01-27 Mon", "02-03 Mon", "02-17 Mon"]  # odd days only
+    assert fires("0 0 1-7 * */2") == ["01-02 Thu", "01-04 Sat", "01-05 Sun", "01-07 Tue"]
+    assert fires("0 0 1 * */2") == ["02-01 Sat", "03-01 Sat", "04-01 Tue", "05-01 Thu"]  # a 1st on 0, 2, 4, 6
+    assert fires("0 0 1 * *,1") == ["02-01 Sat", "03-01 Sat", "04-01 Tue", "05-01 Thu"]       # monthly
+    assert mod.parse_cron("0 0 * * 1/2")["day-of-week"] == {1, 3, 5}      # no 7: Sunday only when written
+    assert mod.parse_cron("0 0 * * 1-7/2")["day-of-week"] == {1, 3, 5, 0}
+    assert mod.parse_cron("0 0 * * */7")["day-of-week"] == {0}
+
+
+def test_croniter_refuses_what_the_matcher_refuses_and_long_expressions_are_capped(mod):
+    croniter = croniter_class()
+    for expr, _ in REFUSED_LIKE_CRONITER:
+        with pytest.raises(Exception):
+            croniter(expr, YEAR[0])
+    long = "0 0 * * " + ",".join(["1"] * 50)                 # fine for croniter, 107 characters
+    assert len(long) > mod.MAX_CRON
+    with pytest.raises(ValueError, match=f"at most {mod.MAX_CRON} characters"):
+        mod.parse_cron(long)
+    assert "at most" in refused(mod, mod.schedule_create, long, "hi")
+
+
+def test_a_planted_lock_link_or_a_file_for_the_board_is_a_clear_error(mod, workspace, tmp_path):
+    (workspace / ".agent" / "tasks").mkdir(parents=True)
+    (workspace / ".agent" / "tasks" / ".lock").symlink_to(tmp_path / "elsewhere")
+    assert "cannot be opened as a lock" in refused(mod, mod.task_create, "x")
+    assert not (tmp_path / "elsewhere").exists()
+    (workspace / ".agent" / "tasks" / ".lock").unlink()
+    (workspace / ".agent" / "tasks").rmdir()
+    (workspace / ".agent" / "tasks").write_text("planted")
+    assert "is not a folder" in refused(mod, mod.task_list)
