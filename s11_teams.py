@@ -112,6 +112,7 @@ class AgentState:
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
         self.cancel = None  # s10: a background agent's stop flag (a threading.Event); None: foreground
+        self.progress = None  # s10: where a background agent's progress lines go (its log, not the terminal)
         self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: session-only
                           "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
@@ -282,8 +283,13 @@ def run_bash(command, timeout=None):
         p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                              env=child_env())
-        if stopped := watch_command(p, sink, timeout):
-            raise ToolError(f"{read_head(sink)}\n[{stopped}]")
+        try:  # s07
+            stopped = watch_command(p, sink, timeout)  # s07
+        except BaseException:  # s07: Ctrl+C too puts git's pointer files back
+            shell or sandbox_note("", 0)  # s07
+            raise  # s07
+        if stopped:  # s07: a timeout or the cap too
+            raise ToolError(f"{read_head(sink)}\n[{stopped}]" + ("" if shell else sandbox_note("", 0)))  # s07
         out = read_head(sink, KEEP_BASH_CHARS) or "(no output)"  # s06: big output goes to disk
     out += "" if shell else sandbox_note(out, p.returncode)  # s07: a refused write says why
     if p.returncode >= 2 or p.returncode < 0:
@@ -1386,9 +1392,11 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_b
     client = agent_state().client
     if client is None:
         raise ToolError("The agent tool only works inside a running agent loop.")
+    if not prompt.strip():  # "" is also how a label marks the main agent
+        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
     spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
     settings = child_settings(spec, fork, usage)
-    label = description or " ".join(prompt.split())[:40]  # one line on the terminal
+    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     if run_in_background:  # s10: a task id now, the report later as a <task-notification>
@@ -2560,7 +2568,7 @@ def call_with_recovery(client, messages, **options):
             message = call_model(client, messages + line.prefill(),
                                  **{**options, "out": line, "max_tokens": turn["max_tokens"]})
         except Exception as e:
-            if not recover(client, messages, e, turn, line, options):
+            if cancelled() or not recover(client, messages, e, turn, line, options) or cancelled():  # s10: stop
                 line.close()  # a reply cut mid-line ends before anything else is said
                 raise
             continue
@@ -3150,6 +3158,8 @@ def parse_rule(text):
     m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m or (m[2] is not None and not m[2].strip()):
         raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
+    if fnmatch_tool(TOOL_ALIASES.get(m[1], m[1]), "background_run"):  # s10: it would never match
+        raise ValueError(f"{text!r}: background_run is judged by bash's rules; write bash(...) instead")  # s10
     return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
 
 
@@ -3712,7 +3722,7 @@ def bash_process(command):
         warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
         return command, True
     state = agent_state()
-    state.git_before = git_pointers(state.workdir)
+    state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
     late, writable = [], settings["writable"]
@@ -3731,7 +3741,7 @@ def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
     EROFS; and git's pointer files are put back if the command changed them."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
-    return note + undo_git_redirects(agent_state())
+    return note + release_git(agent_state())  # s10: any agent's command may end first
 
 
 def git_pointers(workdir):
@@ -6011,8 +6021,16 @@ TASK_FILE_BYTES = 64_000    # a task file larger than this is not read (a clone 
 MAX_SUBJECT = 200           # characters of a task's one-line subject
 MAX_TASK_TEXT = 8_000       # characters of a task's description
 TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
+TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
+                            # would make the next id's file name too long to create)
+TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated")  # the text fields a task shows
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+MAX_CRON = 100              # characters of a cron expression, from the model or the file
+DOW_OPEN_END = 6            # where an open day-of-week range (*, 1/2) ends: 7 is Sunday only when written
+CRON_SPEC = re.compile(r"\*|([0-9]+|[a-z]+)(?:(-)([0-9]+|[a-z]+))?")  # *, a value, a range; ASCII only
+CRON_NUMBER = re.compile(r"[0-9]+")  # ASCII digits: int() and isdigit() take "٣" and "²"
 CRON_FIELDS = {"minute": (0, 59, ()), "hour": (0, 23, ()), "day-of-month": (1, 31, ()),  # (low, high, names)
                "month": (1, 12, MONTH_NAMES), "day-of-week": (0, 7, DAY_NAMES)}
 CRON_HORIZON_DAYS = 366 * 9  # next_fire looks this far: 29 February can be 8 years away (2096 -> 2104)
@@ -6038,6 +6056,8 @@ BACKGROUND_STOP_WAIT = 5    # seconds a stop waits for its watcher to record the
 BACKGROUND_LEFT = ("it left processes running (a `&` in it?); they were killed when it ended. "
                    "background_run already runs the command beside you: drop the &")
 BACKGROUND_LOCK = threading.Lock()  # watcher threads and the loop share the records
+KILL_ROUNDS = 5             # looks for processes still holding a log (one may fork meanwhile)
+GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one snapshot (guard_git)
 
 # --- s10.1: the task graph ---
 # Invariants, kept under the lock: an id is never given twice (the next one is one
@@ -6045,15 +6065,24 @@ BACKGROUND_LOCK = threading.Lock()  # watcher threads and the loop share the rec
 # exactly when A is in B's blocks; the edges make no cycle; a completed or deleted
 # task has no edges left, so nothing waits for it. One change is one task_board()
 # block: load every task, change the dicts, write the ones that changed.
+# A clone may ship any files, so the load checks them: a task whose fields have
+# the wrong types is skipped (a broken file costs one task, not the board), and
+# the edges are mended (mend_edges) before any change, so the invariants, and the
+# cycle check, hold for planted edges too. The mend is written with the next
+# change, whichever task it touches; a read (task_list, task_get) writes nothing.
 def tasks_dir():
     """The running agent's .agent/tasks, created; refused when a planted symbolic
     link would put it outside the workspace."""
     ws = agent_state().workdir
     folder = ws / TASKS_DIR
-    if not folder.resolve().is_relative_to(ws):
+    if not leads_inside(folder, ws):
         raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; the task tools work only inside.")
-    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # a planted file there: the check below says so
+        folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir():
+        raise ToolError(f"{TASKS_DIR} is not a folder. Ask the user to move it away; the task "
+                        f"tools keep the board there.")
     return folder
 
 
@@ -6061,7 +6090,11 @@ def tasks_dir():
 def task_lock(folder):
     """One writer at a time, across processes and threads: each call opens its own
     descriptor of .lock, and flock excludes other descriptors even in this process."""
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:  # a planted link (or folder) at .lock: no lock, so no change
+        raise ToolError(f"{rel(folder / '.lock')} cannot be opened as a lock ({e.strerror}; a "
+                        f"planted link?). Ask the user to remove it.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -6083,18 +6116,26 @@ def read_task(path):
         data = fh.read(TASK_FILE_BYTES + 1)
     try:
         task = json.loads(data) if len(data) <= TASK_FILE_BYTES else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: 60 KB of [ nests too deep
         return None
-    ok = isinstance(task, dict) and task.get("id") == path.stem \
-        and task.get("status") in TASK_STATUSES and all(
-            isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
-            for k in ("blocked_by", "blocks"))
-    return task if ok else None
+    return task if is_task(task, path.name) else None
+
+
+def is_task(task, name):
+    """Has every field the tools use the right type? Text fields other than the
+    subject may be missing (the tools read them with .get)."""
+    return isinstance(task, dict) and bool(TASK_FILE.fullmatch(name)) \
+        and task.get("id") == name.removesuffix(".json") and task.get("status") in TASK_STATUSES \
+        and isinstance(task.get("subject"), str) \
+        and all(isinstance(task.get(k, ""), str) for k in TASK_TEXTS) \
+        and all(isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
+                for k in ("blocked_by", "blocks"))
 
 
 def task_ids(folder):
-    """The numbers of every task file, readable or not (so none is given twice)."""
-    return [int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit()]
+    """The numbers of every task file, readable or not (so none is given twice).
+    Only <id>.json names count: a planted 249-digit one is not a task."""
+    return [int(p.stem) for p in folder.glob("*.json") if TASK_FILE.fullmatch(p.name)]
 
 
 def save_task(folder, task):
@@ -6124,20 +6165,47 @@ def task_board():
     with task_lock(folder):
         tasks = {str(i): t for i in sorted(task_ids(folder))[:MAX_TASKS]
                  if (t := read_task(folder / f"{i}.json"))}
-        before = {i: json.dumps(t, sort_keys=True) for i, t in tasks.items()}
+        snapshot = lambda: {i: json.dumps(t, sort_keys=True) for i, t in tasks.items()}
+        on_disk = snapshot()
+        mend_edges(tasks)
+        before = snapshot()
         yield tasks
+        after = snapshot()
+        if after == before:
+            return  # no change: a mend alone is not written
         for i, task in tasks.items():
-            if json.dumps(task, sort_keys=True) != before.get(i):
-                task["updated"] = now_stamp()
+            if after[i] != on_disk.get(i):  # changed, or mended
+                if after[i] != before.get(i):
+                    task["updated"] = now_stamp()
                 save_task(folder, task)
 
 
+def mend_edges(tasks):
+    """Make the loaded edges keep the invariants: an edge a -> b is there when
+    either side lists it and both tasks exist and are open; the rest (an id that
+    is missing, unreadable, closed, or the task itself) are dropped, so an id
+    named before its task exists never comes alive. Each list keeps its order;
+    an edge only the other side knew comes last."""
+    live = {i for i, t in tasks.items() if t["status"] in OPEN_STATUSES}
+    ok = lambda a, b: a in live and b in live and a != b
+    ins = {i: dict.fromkeys(b for b in t["blocked_by"] if ok(b, i)) for i, t in tasks.items()}
+    outs = {i: dict.fromkeys(d for d in t["blocks"] if ok(i, d)) for i, t in tasks.items()}
+    for i in tasks:  # dicts as ordered sets: add each edge's other side
+        for a in ins[i]:
+            outs[a].setdefault(i)
+        for d in outs[i]:
+            ins[d].setdefault(i)
+    for i, task in tasks.items():
+        task["blocked_by"], task["blocks"] = list(ins[i]), list(outs[i])
+
+
 def task_id(value):
-    """'3' or '#3' as the id '3'; ToolError for anything else."""
+    """'3' or '#3' as the id '3'; ToolError for anything else ('²' too: ASCII digits only)."""
     text = str(value).strip().removeprefix("#")
-    if not text.isdigit():
+    digits = text.lstrip("0") or "0"
+    if not re.fullmatch(r"[0-9]+", text) or len(digits) > TASK_ID_DIGITS:
         raise ToolError(f"{value!r} is not a task id; ids are numbers such as 3 (see task_list).")
-    return str(int(text))
+    return digits
 
 
 def open_task(tasks, value):
@@ -6233,6 +6301,9 @@ def task_create(subject, description="", blocked_by=None):
             raise ToolError(f"The board holds {len(ids)} tasks, the most it may. Ask the user "
                             f"to archive old ones (.agent/tasks).")
         new, now = str(max(ids, default=0) + 1), now_stamp()
+        if len(new) > TASK_ID_DIGITS:
+            raise ToolError(f"The next task id would be {new}, longer than {TASK_ID_DIGITS} digits. "
+                            f"Ask the user to archive old tasks (.agent/tasks).")
         tasks[new] = {"id": new, "subject": subject, "description": description,
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
@@ -6357,23 +6428,36 @@ register("task_list", TASK_HELP + (
 # Five fields, local time: minute hour day-of-month month day-of-week. Each field
 # is a comma list of items: *, a number or a name, a range a-b, and any of these
 # with a step (*/15, 10-50/20, 5/10 = 5 to the field's end). Days of the week run
-# 0-7 (0 and 7 are Sunday). POSIX rule: when both day fields are restricted (not
-# a lone *), a day matches if EITHER matches; else the restricted one decides.
-# (Vixie cron also counts */2 as unrestricted; here, as in croniter, any field
-# but * restricts.) A bad expression is a ValueError that names the field.
+# 0-7 (0 and 7 are Sunday); an open range (*, 1/2) ends at 6, so 7 counts only
+# when written. Numbers are ASCII digits ("٣" or "*/²" is refused). POSIX rule:
+# when both day fields are restricted, a day matches if EITHER matches; else the
+# restricted one decides. As in Vixie cron, a day field is restricted when it does
+# not start with *: "0 0 1 * *,1" runs on every 1st, "0 0 1 * */2" on a 1st that
+# is a Sunday, Tuesday, Thursday or Saturday. croniter agrees on * and *,1 but
+# counts */2 as restricted and 1,* as not. A bad expression is a ValueError that
+# names the field.
+# Times are local and naive. At the autumn change the clock repeats an hour: a
+# job already run at 01:30 (summer time) waits for the next match after that,
+# 02:00, so "*/30" is silent for the repeated hour and "30 1" runs once; in
+# spring a job due in the skipped hour ("30 2") runs once, at 03:00.
+# Vixie cron runs the wildcard jobs in the repeated hour; doing that needs the
+# scheduler to keep the last run as an absolute time, so this stays as it is.
 def cron_values(text, field):
     """The set of values one field allows; ValueError names the field and the item."""
     low, high, names = CRON_FIELDS[field]
+    top = DOW_OPEN_END if field == "day-of-week" else high  # where * and 5/10 end
     values = set()
     for item in text.lower().split(","):
-        spec, _, step = item.partition("/")
-        if step and not step.isdigit() or step == "0" or (step and int(step) > high):
-            raise ValueError(f"cron {field} field {text!r}: bad step in {item!r}")
-        first, dash, last = spec.partition("-")
+        spec, slash, step = item.partition("/")
+        if slash and not (CRON_NUMBER.fullmatch(step) and 1 <= int(step) <= high):
+            raise ValueError(f"cron {field} field {text!r}: bad step in {item!r} "
+                             f"(a step is a number 1-{high})")
         try:
+            if not (m := CRON_SPEC.fullmatch(spec)):
+                raise ValueError(spec)
+            first, dash, last = m.groups()
             a = low if spec == "*" else cron_number(first, low, high, names)
-            end = high if spec == "*" or (step and not dash) else last if dash else first
-            b = end if isinstance(end, int) else cron_number(end, low, high, names)
+            b = top if spec == "*" or (slash and not dash) else cron_number(last or first, low, high, names)
         except ValueError:
             raise ValueError(f"cron {field} field {text!r}: {item!r} is not * or a value "
                              f"{low}-{high}" + (f" or a name ({', '.join(names[:3])}, ...)" if names else ""))
@@ -6386,20 +6470,23 @@ def cron_values(text, field):
 def cron_number(word, low, high, names):
     if word in names:
         return names.index(word) + low
-    if not word.isdigit() or not low <= int(word) <= high:
+    if not CRON_NUMBER.fullmatch(word) or not low <= int(word) <= high:
         raise ValueError(word)
     return int(word)
 
 
 def parse_cron(expr):
     """{field: set of values} plus which day fields are restricted."""
-    words = str(expr).split()
+    expr = str(expr)
+    if len(expr) > MAX_CRON:
+        raise ValueError(f"a cron expression is at most {MAX_CRON} characters; this one has {len(expr)}")
+    words = expr.split()
     if len(words) != len(CRON_FIELDS):
         raise ValueError(f"a cron expression has 5 fields (minute hour day-of-month month "
                          f"day-of-week); {expr!r} has {len(words)}")
     cron = {field: cron_values(word, field) for field, word in zip(CRON_FIELDS, words)}
     cron["day-of-week"] = {d % 7 for d in cron["day-of-week"]}  # 7 is Sunday too
-    cron["restricted"] = {f for f, w in zip(CRON_FIELDS, words) if w != "*"}
+    cron["restricted"] = {f for f, w in zip(CRON_FIELDS, words) if not w.startswith("*")}
     return cron
 
 
@@ -6447,6 +6534,35 @@ def next_fire(expr, after):
 # output cap, a timeout). Before each model call, the main agent's loop drains the
 # finished ones into <task-notification> blocks, after that round's tool results:
 # a preview and the log's path, never the whole log. At exit, what still runs is stopped.
+# s07 puts git's pointer files back after a sandboxed command, comparing them with
+# a snapshot taken when it started. With commands running at once (a background
+# one beside bash, a background agent's beside its parent's) one snapshot per
+# command is not enough: a command that starts after another planted a redirect
+# would take the redirect for the state to keep. So the snapshot is taken when the
+# first sandboxed command in the workspace starts and kept until the last one ends;
+# every end compares with it.
+def guard_git(state):
+    """bash_process: the snapshot of the workspace's pointer files to undo against."""
+    with GIT_GUARD_LOCK:
+        guards = state.session.setdefault("git_guard", {})  # the session's, by workspace
+        guard = guards.setdefault(str(state.workdir), {"running": 0, "before": {}})
+        if not guard["running"]:
+            guard["before"] = git_pointers(state.workdir)
+        guard["running"] += 1
+        return guard["before"]
+
+
+def release_git(state):
+    """A sandboxed command ended: undo redirects against the shared snapshot."""
+    with GIT_GUARD_LOCK:
+        guard = state.session.get("git_guard", {}).get(str(state.workdir))
+        state.git_before = guard["before"] if guard else state.git_before
+        note = undo_git_redirects(state)
+        if guard:
+            guard["running"] = max(0, guard["running"] - 1)
+        return note
+
+
 def runtime_dir():
     """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
     clone can ship it: a link there (even to a folder inside, such as the workspace
@@ -6454,7 +6570,8 @@ def runtime_dir():
     ws = agent_state().workdir
     folder = ws / RUNTIME_DIR
     with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
-        folder.mkdir(parents=True, exist_ok=True)
+        if leads_inside(ws / AGENT_DIR, ws):  # no folder made through a linked .agent
+            folder.mkdir(parents=True, exist_ok=True)
     if not plain_folder(folder, ws):
         raise ToolError(f"{RUNTIME_DIR} is a symbolic link or not a folder, or leads outside the "
                         f"workspace. Ask the user to remove it; run the command with bash instead.")
@@ -6464,7 +6581,16 @@ def runtime_dir():
 
 def plain_folder(folder, ws):
     """A real folder inside the workspace: no link at its end, none leading out."""
-    return not folder.is_symlink() and folder.is_dir() and folder.resolve().is_relative_to(ws)
+    return not folder.is_symlink() and folder.is_dir() and leads_inside(folder, ws)
+
+
+def leads_inside(path, ws):
+    """Does `path`, links followed, stay in the workspace? A link loop a clone
+    planted (.agent -> .agent) makes resolve() raise: that is a no, not a crash."""
+    try:
+        return path.resolve().is_relative_to(ws)
+    except (OSError, RuntimeError):
+        return False
 
 
 def read_tail(fh, limit):
@@ -6495,6 +6621,7 @@ def background_run(command):
     try:
         fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as e:  # a file or link planted under the new id's name: never written through
+        shell or release_git(state)
         raise ToolError(f"Could not create {RUNTIME_DIR / id}.log ({e.strerror}). Ask the user to "
                         f"clear {RUNTIME_DIR}; run the command with bash instead.")
     sink = open(fd, "w+b")
@@ -6503,6 +6630,7 @@ def background_run(command):
                              stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
     except OSError as e:
         sink.close()
+        shell or release_git(state)
         raise ToolError(f"Could not start it: {e}. Check the command, or run it with bash.")
     record = {"id": id, "command": command, "status": "running", "exit_code": None, "pid": p.pid,
               "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
@@ -6528,6 +6656,11 @@ def watch_background(record):
         note = watch_command(p, sink, BACKGROUND_TIMEOUT)
     finally:
         left = kill_group(p.pid)
+        left = kill_writers(sink) or left  # a setsid child leaves the group, not the log
+    if note and note.startswith("timed out"):  # bash's advice names a timeout it has not got
+        note = f"timed out after {BACKGROUND_TIMEOUT}s, a background command's limit: split it into shorter runs"
+    if os.fstat(sink.fileno()).st_size > BASH_OUTPUT_CAP:  # it grew between two looks
+        os.ftruncate(sink.fileno(), BASH_OUTPUT_CAP)  # the disk keeps the cap, not the overshoot
     preview = read_tail(sink, BACKGROUND_PREVIEW).rstrip()
     preview += "" if record["_shell"] else sandbox_note(preview, p.returncode)  # as run_bash
     with BACKGROUND_LOCK:
@@ -6557,6 +6690,55 @@ def kill_group(pgid):
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def kill_writers(sink):
+    """SIGKILL every other process that still holds the log open; True when any did.
+    A process that called setsid (or daemonised) is out of the command's process
+    group, but it took the log with it: /proc shows who has the file. Rounds, as a
+    process may fork while it is looked for. This process's own children are left
+    alone: between fork and exec (a hook starting now) they hold every descriptor
+    of ours for a moment. Without /proc (not Linux) none is found."""
+    target, me, found = os.fstat(sink.fileno()), os.getpid(), False
+    for _ in range(KILL_ROUNDS):  # not this process, nor a child of it: one forked this moment
+        pids = [pid for pid in proc_pids() if pid != me and holds(pid, target) and parent(pid) != me]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        found = found or bool(pids)
+        if not pids:
+            break
+    return found
+
+
+def proc_pids():
+    try:
+        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def parent(pid):
+    """The parent's pid, from /proc/<pid>/stat (the name in parentheses may hold any
+    character, so the fields are read after its last ")"); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def holds(pid, target):
+    """Does process `pid` have the file `target` (an os.stat result) open?"""
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                st = os.stat(fd.path)
+                if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                    return True
+    except OSError:  # gone, or not ours to look at
+        pass
+    return False
 
 
 def background_running():
@@ -6601,8 +6783,8 @@ def background_check(id=None):
     record = background_record(id)
     output = background_output(record) or "(no output)"
     with BACKGROUND_LOCK:
-        if record["status"] not in ("running", "stopping"):
-            record["notified"] = True  # seen here: no notification repeats it
+        if record["status"] not in ("running", "stopping") and not agent_state().label:
+            record["notified"] = True  # the main agent saw it here: no notification repeats it
     note = f" ({record['note']})" if record["note"] else ""
     if record["kind"] == "agent" and record["status"] in ("running", "stopping"):
         note += f" ({record['_usage']['calls']} model calls so far; its text so far below)"
@@ -6632,7 +6814,7 @@ def background_stop(id):
 def notification(r):
     """One finished command or agent as the model hears of it: the facts, a preview
     (an agent's: its report and usage), the log."""
-    preview = r["preview"].replace("</task-notification>", "</task-notification >")  # output is data
+    preview = re.sub(r"(?i)<(\s*/\s*task-notification)", r"&lt;\1", r["preview"])  # output is data
     lines = [f"<task-id>{r['id']}</task-id>", f"<status>{r['status']}</status>"]
     lines += [f"<exit-code>{r['exit_code']}</exit-code>"] if r["kind"] == "command" else []
     lines += [f"<command>{r['command'][:BACKGROUND_COMMAND_CHARS]}</command>",
@@ -6664,7 +6846,7 @@ def deliver_notifications(messages):
         return
     if not (done := drain_notifications()):
         return
-    say(f"[background: {', '.join(background_line(r) for r in done)}]")
+    say(printable(f"[background: {', '.join(background_line(r) for r in done)}]"))
     content = messages[-1]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     messages[-1]["content"] = blocks + [{"type": "text", "text": notification(r)} for r in done]
@@ -6692,11 +6874,11 @@ def stop_all_background():
     agents = [r for r in running if r["kind"] == "agent"]
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         if commands:
-            say(f"[stopping {len(commands)} background command(s): "
-                f"{', '.join(background_line(r) for r in commands)}]")
+            say(printable(f"[stopping {len(commands)} background command(s): "
+                          f"{', '.join(background_line(r) for r in commands)}]"))
         if agents:
-            say(f"[cancelling {len(agents)} background agent(s): "
-                f"{', '.join(background_line(r) for r in agents)}]")
+            say(printable(f"[cancelling {len(agents)} background agent(s): "
+                          f"{', '.join(background_line(r) for r in agents)}]"))
     for record in running:
         stop_background(record, wait=False)
     deadline = time.monotonic() + BACKGROUND_STOP_WAIT
@@ -6729,6 +6911,7 @@ def start_background_agent(client, history, child, settings, name):
     child.cancel = threading.Event()
     tools = [t for t in settings["tools"] if t["name"] not in BACKGROUND_AGENT_DROPS]
     settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
+    child.progress = settings["out"]  # its lines too: the terminal is the human's, at any moment
     record = {"id": id, "command": f"agent {name}", "status": "running", "exit_code": None, "pid": None,
               "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
               "note": "", "preview": "", "notified": False, "kind": "agent",
@@ -6738,8 +6921,8 @@ def start_background_agent(client, history, child, settings, name):
                                          args=(run_background_agent, record, client, history, child, settings))
     with BACKGROUND_LOCK:
         state.background[id] = record
-        save_task(folder, public(record))
-    say(f"[background agent {id} started: {name}]")
+        save_status(record)
+    say(printable(f"[background agent {id} started: {name}]"))
     record["_thread"].start()
     return (f"Started agent {id} in the background: {name}\nIt works beside you; its report comes "
             f"as a <task-notification> when it ends. background_check {id} shows its progress, "
@@ -6756,6 +6939,8 @@ def run_background_agent(record, client, history, child, settings):
     note = (f"[subagent {child.label}: {usage['calls']} model calls, "
             f"{usage['input']} input + {usage['output']} output tokens]")
     status, why, report = agent_outcome(reason, history, settings["max_turns"])
+    if record["_cancel"].is_set():  # a stop asked for is a stop, however the last call ended
+        status, why = "stopped", "cancelled by background_stop"
     with contextlib.suppress(OSError, ValueError), log:
         log.write(f"\n[{status}{': ' + why if why else ''}] {note}\n")
     say(note)
@@ -6764,7 +6949,7 @@ def run_background_agent(record, client, history, child, settings):
         record["_sink"].close()
         record.update(status=status, finished=now_stamp(), note=why, notified=status == "stopped",
                       preview=f"{clip(report, AGENT_REPORT_CHARS)}\n\n{note}")  # a stop asked for: no news
-        save_task(record["_folder"], public(record))
+        save_status(record)
 
 
 def agent_outcome(reason, history, turns):
@@ -6942,7 +7127,7 @@ def schedules_path():
     """.agent/schedules.json of the running agent's workspace; ToolError when a
     planted link would put it outside."""
     ws = agent_state().workdir
-    if not (ws / AGENT_DIR).resolve().is_relative_to(ws):
+    if not leads_inside(ws / AGENT_DIR, ws):
         raise ToolError(f"{AGENT_DIR} leads outside the workspace (a symbolic link?), so there "
                         f"are no durable schedules. Ask the user to remove it; session-only "
                         f"jobs (durable false) still work.")
@@ -7007,6 +7192,7 @@ def read_schedules(path):
         else:
             jobs[entry["id"]] = {k: entry.get(k) for k in ("id", "cron", "prompt", "recurring",
                                                            "created", "last_fired")}
+            jobs[entry["id"]]["cron"] = " ".join(entry["cron"].split())  # no line breaks in a question
     if len(skipped) > SCHEDULE_SKIPS_SHOWN:
         skipped[SCHEDULE_SKIPS_SHOWN:] = [f"{len(skipped) - SCHEDULE_SKIPS_SHOWN} more entries skipped"]
     return jobs, hashlib.sha256(data).hexdigest(), [f"{rel(path)}: {s}" for s in skipped]
@@ -7023,20 +7209,41 @@ def schedules_trusted(path, jobs, digest):
 
 
 def durable_view():
-    """(jobs, trusted) of the durable file as it is now, read without the lock (a
-    rename makes every write whole); ToolError when it cannot be used."""
+    """(jobs, trusted) of the durable file as it is now; ToolError when it cannot be used."""
     path = schedules_path()
-    jobs, digest, _ = read_schedules(path)
+    jobs, digest, _ = locked_read(path)
     return jobs, schedules_trusted(path, jobs, digest)
+
+
+def locked_read(path):
+    """read_schedules under the lock: a write renames the file, then records the new
+    content's trust, so a reader between the two would take the agent's own file
+    for one changed behind its back. A parse is kept while the file is the same."""
+    if not path.parent.is_dir():
+        return {}, None, []
+    with task_lock(path.parent):
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        cache = agent_state().schedules.get("parsed")
+        if key is None or cache is None or cache[0] != key:  # a planted 1 MB file: parsed once
+            try:
+                cache = (key, read_schedules(path))
+            except ToolError as e:  # a broken file too: its answer is kept
+                cache = (key, e)
+            agent_state().schedules["parsed"] = cache if key else None
+    if isinstance(cache[1], ToolError):
+        raise cache[1]
+    return cache[1]
 
 
 def write_schedules(path, jobs, trusted):
     """The whole file: a temp file, then os.replace. Trusted content stays trusted:
-    the new hash is recorded before the rename, so the checker never finds the
-    agent's own file untrusted."""
+    the new hash is recorded after the rename (a failed write leaves the old file
+    and its trust), under the lock every reader takes (locked_read)."""
     data = json.dumps({"jobs": list(jobs.values())}, ensure_ascii=False, indent=1).encode()
-    if trusted:
-        trust(rel(path), hashlib.sha256(data).hexdigest())
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules.", suffix=".tmp")
     try:
         with open(fd, "wb") as fh:
@@ -7046,6 +7253,8 @@ def write_schedules(path, jobs, trusted):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if trusted:
+        trust(rel(path), hashlib.sha256(data).hexdigest())
 
 
 @contextlib.contextmanager
@@ -7148,7 +7357,7 @@ def durable_jobs():
     s = agent_state().schedules
     try:
         path = schedules_path()
-        jobs, digest, skipped = read_schedules(path)
+        jobs, digest, skipped = locked_read(path)
     except ToolError as e:
         tell(f"[{e}]")
         return {}
@@ -7182,8 +7391,8 @@ def run_checker(stop):
     while not stop.wait(SCHEDULE_TICK):
         try:
             check_schedules(local_now())
-        except (ToolError, OSError) as e:  # a file it cannot write: told once, the checker goes on
-            tell(f"[schedules: {e}]")
+        except Exception as e:  # a file it cannot write, anything a clone planted: told once, it goes on
+            tell(f"[schedules: {type(e).__name__}: {e}]")
 
 
 def fire_job(key, now):
@@ -7218,7 +7427,7 @@ def scheduled_turn():
             continue
         if job:
             say(printable(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]"))
-            prompt = job["prompt"].replace("</scheduled-prompt>", "</scheduled-prompt >")  # data
+            prompt = re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", job["prompt"])  # data, not a tag
             return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
 
 
@@ -7294,6 +7503,8 @@ class StdinLines:
     object, so lines it buffered before (answers to start-up questions) come next."""
     def __init__(self, stream):
         self.stream, self.lines, self.next = stream, queue.Queue(), None
+        with contextlib.suppress(AttributeError, ValueError):  # a byte that is not UTF-8: U+FFFD,
+            stream.reconfigure(errors="replace")  # not the silent end of input a decode error was
         threading.Thread(target=self.pump, daemon=True).start()  # a blocked read cannot be stopped
 
     def pump(self):
@@ -7953,7 +8164,7 @@ def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
         text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=sys.stderr, flush=True)
+    print(text, file=getattr(CURRENT.get(None), "progress", None) or sys.stderr, flush=True)  # s10: see AgentState
 
 
 def show_text(text, out=None):
@@ -8104,10 +8315,12 @@ def add_user_text(messages, text):
 def read_line(prompt):
     """input() at a terminal; from a pipe the prompt goes to stderr, so stdout
     holds only answers (printf 'task' | python sNN_x.py > answer.txt)."""
+    if isinstance(sys.stdin, StdinLines):  # s10: the REPL's stdin, read by a thread
+        return wait_for_line(prompt)  # s10: a line waiting first, else a job that is due
     if turn := scheduled_turn():  # s10: the agent is idle here: a due job goes first
         return turn  # s10
-    if isinstance(sys.stdin, StdinLines):  # s10: the REPL's stdin, read by a thread
-        return wait_for_line(prompt)  # s10: a job that falls due meanwhile runs too
+    if sys.stdin is None:  # started with stdin closed (<&-): that is the end of input
+        raise EOFError
     if sys.stdin.isatty():
         return input(prompt)
     print(prompt, end="", file=sys.stderr, flush=True)
