@@ -116,6 +116,7 @@ class AgentState:
         self.schedules = {"jobs": {}, "due": [], "since": None, "checker": None, "notes": [],  # s10: session-only
                           "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
+        self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -7687,6 +7688,15 @@ AGENT_SENT = {  # types the program sends, never the model (send_message refuses
     "plan_approval_request": "exit_plan_mode sends it, with your plan",
     "permission_request": "a tool call that needs the user's yes sends it",
     "permission_response": "the user answers it at the lead's terminal"}
+TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
+TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
+PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "MODEL_ID",
+              "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY")  # the lead's config: a tmux pane starts from tmux's own env
+JOIN_WAIT = 30              # seconds the lead waits for a started teammate to join the team
+IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
+IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
+SHUTDOWN_GRACE = 10         # seconds teammates get to stop after the lead's shutdown request
+KILL_WAIT = 3               # seconds a straggler gets after SIGTERM, before SIGKILL
 
 # --- s11.1: the roster ---
 # config.json is the team's one shared record of who is in it: rewritten whole
@@ -7812,6 +7822,8 @@ def join_team(team, member, key):
         raise ToolError(f"Team {team!r} is not this run's, or has no member {member!r}: "
                         f"a teammate joins only the team of the lead that started it.")
     state.team = {"name": team, "member": member, "dir": folder, "key": key}
+    with team_roster() as roster:  # the lead waits for this stamp before it records the process
+        find_member(roster, member).update(status="working", joined=now_stamp())
     return roster
 
 
@@ -8154,6 +8166,232 @@ def release_dead(procs):
     return sorted((t["id"] for t in released), key=int)
 
 
+# --- s11.4: spawning teammates ---
+# A teammate is this same file run as `--teammate NAME --team TEAM`: in a tmux pane
+# of its own when the lead runs inside tmux (a workshop watches the team side by
+# side), else a detached process writing to <team>/<name>.log. Its first prompt
+# waits in its inbox. The join key and the lead's config travel in the environment
+# (for tmux, on tmux's stdin: `-e` words on a command line would show in ps). The
+# lead records the process (pid, start time, command line) once the child has
+# joined, from the pid it got when it started it, never from a file: anyone could
+# have written a pid there, and the lead signals only processes it started.
+def in_tmux():
+    return bool(os.getenv("TMUX")) and shutil.which("tmux") is not None
+
+
+def teammate_argv(name, team):
+    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team]
+
+
+def teammate_env(name, plan_mode_required):
+    """What a teammate's process gets besides the lead's own environment."""
+    state = agent_state()
+    mode = "plan" if plan_mode_required else state.mode  # it inherits the lead's mode
+    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": mode}
+
+
+def start_detached(argv, env, log):
+    """A process in a session of its own (the terminal's Ctrl+C is not its), output to the log."""
+    with open(log, "ab") as out:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             env=os.environ | env, cwd=agent_state().workdir, start_new_session=True)
+    return p.pid, p
+
+
+def start_in_tmux(argv, env):
+    """A pane beside the lead's. The words go to `tmux source-file -` on stdin, every one
+    quoted; the pane runs `exec`, so the pid tmux prints is the teammate's, not a shell's."""
+    passed = {k: os.environ[k] for k in PASSED_ENV if k in os.environ} | env
+    words = ["split-window", "-d", "-P", "-F", "#{pane_pid}", "-c", str(agent_state().workdir)]
+    words += ["-t", os.environ["TMUX_PANE"]] if os.getenv("TMUX_PANE") else []
+    words += [w for k, v in passed.items() for w in ("-e", f"{k}={v}")]
+    words += ["--", "exec " + shlex.join(argv)]
+    r = subprocess.run(["tmux", "source-file", "-"], input=" ".join(map(shlex.quote, words)) + "\n",
+                       capture_output=True, text=True, timeout=10)
+    if r.returncode or not r.stdout.strip().isdigit():
+        raise OSError(f"tmux split-window failed: {(r.stderr or r.stdout).strip()[:200]}")
+    return int(r.stdout.strip()), None
+
+
+def await_join(name, pid, proc, argv):
+    """The child's identity once its roster record says it joined and its command line
+    is the one it was started with (before exec it is still a shell's, or empty)."""
+    deadline, folder = time.monotonic() + JOIN_WAIT, agent_state().team["dir"]
+    while time.monotonic() < deadline:
+        ident = process_identity(pid)
+        if ident is None or (proc and proc.poll() is not None):
+            return None
+        if " ".join(ident[1]) == " ".join(argv) and find_member(read_roster(folder), name).get("joined"):
+            return ident
+        time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)  # started by this call moments ago: ours
+    return None
+
+
+def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False):
+    """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
+    state = agent_state()
+    if os.getenv(TEAMMATE_ENV) or (state.team and state.team["member"] != LEAD):
+        raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
+                        "(send_message).")
+    if not state.team:
+        create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
+    team, backend = state.team, "tmux" if in_tmux() else "detached"
+    name = add_member(name, role, agent_type, None, backend, None, plan_mode_required)["name"]
+    post(name, "message", prompt)  # its first prompt, waiting when it joins
+    argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
+    try:
+        pid, proc = start_in_tmux(argv, teammate_env(name, plan_mode_required)) if backend == "tmux" \
+            else start_detached(argv, teammate_env(name, plan_mode_required), log)
+    except (OSError, subprocess.SubprocessError) as e:
+        set_member(name, status="stopped")
+        raise ToolError(f"{name} could not be started ({e}). Tell the user.")
+    if (ident := await_join(name, pid, proc, argv)) is None:
+        set_member(name, status="stopped")
+        where = f"see {rel(log)}" if backend == "detached" else "its tmux pane closed"
+        raise ToolError(f"{name} did not join the team within {JOIN_WAIT} s ({where}). Tell the user.")
+    state.teammates[name] = {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
+    set_member(name, pid=pid)
+    where = "in a tmux pane" if backend == "tmux" else f"detached, output in {rel(log)}"
+    return (f"Spawned {name} ({role}) in team {team['name']}, {where}. It works on your prompt, then "
+            f"on ready tasks from the board; its messages reach you as <teammate-message> blocks.")
+
+
+register("spawn_teammate", (
+    "Start a teammate: another agent, in its own process, that keeps its history between tasks. "
+    "It gets `prompt` as its first message, works on it, then takes ready tasks from the task "
+    "board (task_create) and messages you (send_message) with its results. Give each a clear "
+    "role. Only the lead spawns; teammates cannot."),
+    {"type": "object", "required": ["name", "role", "prompt"], "properties": {
+        "name": {"type": "string", "description": "Its member name: letters, digits, - and _."},
+        "role": {"type": "string", "description": "What it is for, in one line."},
+        "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."},
+        "agent_type": {"type": "string", "description": "An agent type (see the agent tool); default general-purpose."},
+        "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."}}},
+    spawn_teammate)
+
+
+# --- s11.5: the teammate's loop ---
+# A teammate's main() joins, then works and idles until told to stop: each wake-up
+# (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
+# it is idle and looks at its inbox and the board every IDLE_POLL seconds. Idle for
+# IDLE_TIMEOUT, it tells the lead and stops. A shutdown_request from the lead ends
+# it at once: it answers shutdown_response and its roster record says stopped.
+def start_teammate(argv):
+    """--teammate NAME --team TEAM: join with the key from the environment, taken out
+    of it so no command this process runs sees it. Returns argv without the flags."""
+    name, team = pop_flag(argv, "--teammate", True), pop_flag(argv, "--team", True)
+    if name is None and team is None:
+        return argv
+    if not name or not team or argv:
+        raise ValueError("a teammate is started as: --teammate NAME --team TEAM (by its lead)")
+    join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
+    return argv
+
+
+def teammate_intro(record, team):
+    return (f"You are {record['name']}, a teammate in team {team['name']}; your role: {record['role']}. "
+            f"The lead is {LEAD!r}: send it your results with send_message. Messages from the team "
+            f"come as <teammate-message> blocks; tasks come from the task board.")
+
+
+def next_work(me, role):
+    """What wakes an idle teammate: its messages, else a ready task it has just claimed.
+    None: nothing yet; "shutdown": the lead asked it to stop (answered here)."""
+    records = take_inbox(inbox_path(me))
+    if asks := [r for r in records if r["type"] == "shutdown_request" and r["from"] == LEAD]:
+        post(LEAD, "shutdown_response", "Stopping now.", request_id=asks[0]["request_id"], approve=True)
+        return "shutdown"
+    if records:
+        return "\n\n".join(teammate_block(r) for r in records)
+    if task := claim_next(me, role):
+        return (f"You claimed task #{task['id']}: {task['subject']}\n{task.get('description', '')}\n"
+                f"Do it, mark it completed (task_update), and tell the lead.")
+    return None
+
+
+def teammate_loop(client, history):
+    team = agent_state().team
+    me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
+    tools = [t for t in TOOLS if t["name"] != "spawn_teammate"]  # teammates never spawn
+    intro, idle_since = teammate_intro(record, team), time.monotonic()
+    while (work := next_work(me, record["role"])) != "shutdown":
+        if work is None:
+            if time.monotonic() - idle_since >= IDLE_TIMEOUT:
+                with contextlib.suppress(ToolError):
+                    post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
+                return 0
+            time.sleep(IDLE_POLL)
+            continue
+        set_member(me, status="working")
+        add_user_text(history, f"{intro}\n\n{work}" if intro else work)
+        intro = ""
+        agent_loop(client, history, tools=tools)
+        set_member(me, status="idle")
+        idle_since = time.monotonic()
+    return 0
+
+
+# --- s11.6: the lead's end ---
+# No teammate outlives the lead: when the lead's session ends (the REPL left, a
+# signal, an error), every teammate it started and that still runs gets a
+# shutdown_request, then SHUTDOWN_GRACE seconds, then SIGTERM, then SIGKILL. Each
+# is checked with same_process first: a pid alone may be someone else's by now.
+def running_teammates(state):
+    for t in state.teammates.values():
+        if t["proc"]:
+            t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
+    return {n: t for n, t in state.teammates.items() if same_process(t["pid"], t["start"], t["cmdline"])}
+
+
+def wait_teammates(state, seconds):
+    """True once none of them runs; False when `seconds` passed first."""
+    deadline = time.monotonic() + seconds
+    while running_teammates(state):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def signal_teammates(state, signum):
+    for name, t in running_teammates(state).items():
+        with contextlib.suppress(OSError):
+            os.kill(t["pid"], signum)
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+
+
+def stop_teammates(state):
+    if not (running := running_teammates(state)):
+        return
+    with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
+        say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
+    for name in running:
+        with contextlib.suppress(ToolError):
+            post(name, "shutdown_request", "The lead's session is ending: stop now.")
+    if not wait_teammates(state, SHUTDOWN_GRACE):
+        signal_teammates(state, signal.SIGTERM)
+        if not wait_teammates(state, KILL_WAIT):
+            signal_teammates(state, signal.SIGKILL)
+            wait_teammates(state, KILL_WAIT)
+
+
+@contextlib.contextmanager
+def team_session():
+    """The end of a session: a teammate marks itself stopped, a lead stops its teammates."""
+    try:
+        yield
+    finally:
+        state = agent_state()
+        if state.team and state.team["member"] != LEAD:
+            with contextlib.suppress(ToolError):
+                set_member(state.team["member"], status="stopped")
+        elif state.teammates:
+            stop_teammates(state)
+
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -8363,11 +8601,14 @@ def main(argv=None):
     CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     try:
         argv = start_permissions(argv)  # s07: flags, config files, workspace trust, sandbox
+        argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
         argv, history = start_session(argv, client)  # s09: --continue, --resume ID, or a new session
-    except (ValueError, ConfigError) as e:  # s07
+    except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
         print(e, file=sys.stderr)  # s07
         return 2  # s07
-    with hook_session(), memory_session(), background_session():  # s08, s09: their session work; s10: commands stop
+    with hook_session(), memory_session(), background_session(), team_session():  # s08, s09; s10; s11: teammates stop first
+        if agent_state().team:  # s11: only a teammate has joined a team at start-up
+            return teammate_loop(client, history)  # s11
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
             return run_slash_once(client, " ".join(argv))
         if argv:
