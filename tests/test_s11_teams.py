@@ -520,3 +520,109 @@ def test_a_claimer_killed_mid_task_has_its_task_released_and_claimed_by_another(
     finally:
         bob.kill()
         bob.wait()
+
+
+# --- s11.4-6: a lead and its teammates, as processes ---------------------------------------
+# The lead runs its REPL as a learner would; the teammates it spawns are processes of
+# their own. They all call the one scripted server, in any order, so each request
+# takes its step from the script of the member that sent it (a teammate's first
+# message names it), and every request of every member is checked like any other.
+
+def routed(scripts):
+    """One step per expected request, each from its sender's own script."""
+    def step(body):
+        first = json.dumps(body["messages"][0]["content"])
+        who = next((n for n in scripts if f"You are {n}, a teammate" in first), "lead")
+        step = scripts[who].pop(0) if scripts[who] else reply("(script exhausted)")
+        return step(body) if callable(step) else step
+    return [step] * sum(len(s) for s in scripts.values())
+
+
+def start_lead(mod, api, workspace, env=None):
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "TMUX"))}
+    full |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url, "AGENT_AUTO_MEMORY": "0",
+             "AGENT_PERMISSION_MODE": "bypassPermissions"} | (env or {})
+    return subprocess.Popen([sys.executable, str(ROOT / f"{mod.__name__}.py")], cwd=workspace, env=full,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def roster_of(workspace):
+    teams = list((workspace / ".agent" / "team").glob("*/config.json")) if (workspace / ".agent" / "team").exists() else []
+    return json.loads(teams[0].read_text()) if teams else None
+
+
+def statuses(workspace):
+    roster = roster_of(workspace) or {"members": []}
+    return {m["name"]: m["status"] for m in roster["members"]}
+
+
+def teammate_pids(team):
+    """Every process on the machine running as a teammate of `team` (from /proc)."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"--teammate" in argv and team.encode() in argv:
+                pids.append(int(p))
+    return pids
+
+
+def team_round(mod, api, workspace, lead):
+    """Spawn alice and bob; each messages the lead; the lead reads both; then the lead leaves."""
+    spawn = [tool("spawn_teammate", {"name": n, "role": f"{n}'s part", "prompt": f"{n}: say hello to the lead."})
+             for n in ("alice", "bob")]
+
+    seen = []
+
+    def reads_both(body):         # each hello in the history once (it may come in either turn)
+        history = json.dumps(body["messages"])
+        seen.extend(history.count(f"hello from {n}") for n in ("alice", "bob"))
+        return reply("Alice and bob both said hello.")
+    scripts = {"lead": [reply(*spawn), reply("Both are on it."), reads_both],
+               "alice": [reply(tool("send_message", {"to": "lead", "content": "hello from alice"})), reply("Done.")],
+               "bob": [reply(tool("send_message", {"to": "lead", "content": "hello from bob"})), reply("Done.")]}
+    api.script(routed(scripts))
+    lead.stdin.write("build a team of two\n")
+    lead.stdin.flush()
+    wait_for(lambda: statuses(workspace).get("alice") == statuses(workspace).get("bob") == "idle", lead,
+             "both teammates to finish their turn")
+    team = roster_of(workspace)["team"]
+    members = {m["name"]: m for m in roster_of(workspace)["members"]}
+    pids = sorted(members[n]["pid"] for n in ("alice", "bob"))
+    assert sorted(teammate_pids(team)) == pids                      # two processes, as the roster says
+    lead.stdin.write("what did they say?\n")
+    lead.stdin.flush()
+    wait_for(lambda: not any(scripts.values()), lead, "the lead to read both messages")
+    out, err = lead.communicate("", timeout=60)                     # end of input: the user leaves
+    assert lead.returncode == 0, err
+    assert "Alice and bob both said hello." in out and seen == [1, 1], err
+    assert teammate_pids(team) == [], "a teammate outlived its lead"
+    assert statuses(workspace) == {"lead": "working", "alice": "stopped", "bob": "stopped"}
+    responses = [r for r in inbox_of(workspace, team, "lead") if r["type"] == "shutdown_response"]
+    assert sorted(r["from"] for r in responses) == ["alice", "bob"] and all(r["approve"] for r in responses)
+    assert api.exhausted == 0
+    return team, members, err
+
+
+def inbox_of(workspace, team, name):
+    path = workspace / ".agent" / "team" / team / "inbox" / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.e2e("s11")
+def test_a_lead_spawns_two_detached_teammates_and_none_outlives_it(mod, api, workspace):
+    lead = start_lead(mod, api, workspace)
+    try:
+        team, members, err = team_round(mod, api, workspace, lead)
+    finally:
+        lead.kill()
+    assert {members[n]["backend"] for n in ("alice", "bob")} == {"detached"}
+    log = (workspace / ".agent" / "team" / team / "alice.log").read_text()
+    assert "send_message" in log                                    # its progress went to its log
+    assert "[asking 2 teammate(s) to stop: alice, bob]" in err
+    assert os.environ.get("AGENT_TEAM_KEY") is None
+    for pid in (members["alice"]["pid"], members["bob"]["pid"]):
+        assert not os.path.exists(f"/proc/{pid}") or pid not in teammate_pids(team)
