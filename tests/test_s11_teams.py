@@ -8,6 +8,7 @@ claimer killed with kill -9 in the middle of its task.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -570,7 +571,7 @@ def teammate_pids(team):
     return pids
 
 
-def team_round(mod, api, workspace, lead):
+def team_round(mod, api, workspace, lead, before_second=lambda body: None):
     """Spawn alice and bob; each messages the lead; the lead reads both; then the lead leaves."""
     spawn = [tool("spawn_teammate", {"name": n, "role": f"{n}'s part", "prompt": f"{n}: say hello to the lead."})
              for n in ("alice", "bob")]
@@ -581,7 +582,10 @@ def team_round(mod, api, workspace, lead):
         history = json.dumps(body["messages"])
         seen.extend(history.count(f"hello from {n}") for n in ("alice", "bob"))
         return reply("Alice and bob both said hello.")
-    scripts = {"lead": [reply(*spawn), reply("Both are on it."), reads_both],
+    def second(body):
+        before_second(body)
+        return reply("Both are on it.")
+    scripts = {"lead": [reply(*spawn), second, reads_both],
                "alice": [reply(tool("send_message", {"to": "lead", "content": "hello from alice"})), reply("Done.")],
                "bob": [reply(tool("send_message", {"to": "lead", "content": "hello from bob"})), reply("Done.")]}
     api.script(routed(scripts))
@@ -626,3 +630,33 @@ def test_a_lead_spawns_two_detached_teammates_and_none_outlives_it(mod, api, wor
     assert os.environ.get("AGENT_TEAM_KEY") is None
     for pid in (members["alice"]["pid"], members["bob"]["pid"]):
         assert not os.path.exists(f"/proc/{pid}") or pid not in teammate_pids(team)
+
+
+@pytest.mark.e2e("s11")
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_inside_tmux_each_teammate_gets_a_pane_of_its_own(mod, api, workspace):
+    """A tmux server of the test's own (-L), its one pane standing in for the lead's."""
+    sock = f"s11-test-{os.getpid()}-{time.monotonic_ns()}"
+    tmux = ["tmux", "-L", sock]
+    subprocess.run(tmux + ["new-session", "-d", "-s", "lead", "-x", "200", "-y", "50", "sleep 600"], check=True,
+                   env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")})
+    try:
+        info = subprocess.run(tmux + ["display", "-p", "-t", "lead", "#{socket_path},#{pid},0 #{pane_id}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        lead = start_lead(mod, api, workspace, env={"TMUX": info[0], "TMUX_PANE": info[1]})
+        panes = []
+
+        def watch_panes(body):       # while the lead's second call is out: both panes are up
+            panes.append(subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"],
+                                        capture_output=True, text=True).stdout.split())
+        try:
+            team, members, err = team_round(mod, api, workspace, lead, before_second=watch_panes)
+        finally:
+            lead.kill()
+        assert {members[n]["backend"] for n in ("alice", "bob")} == {"tmux"}
+        pids = {str(members[n]["pid"]) for n in ("alice", "bob")}
+        assert len(panes[0]) == 3 and pids <= set(panes[0])             # the lead's pane and one each
+        left = subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True)
+        assert not pids & set(left.stdout.split())                      # their panes closed with them
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
