@@ -7212,20 +7212,22 @@ def schedules_trusted(path, jobs, digest):
 def durable_view():
     """(jobs, trusted) of the durable file as it is now; ToolError when it cannot be used."""
     path = schedules_path()
-    jobs, digest, _ = locked_read(path)
-    return jobs, schedules_trusted(path, jobs, digest)
+    jobs, _, _, trusted = locked_read(path)
+    return jobs, trusted
 
 
 def locked_read(path):
-    """read_schedules under the lock: a write renames the file, then records the new
-    content's trust, so a reader between the two would take the agent's own file
-    for one changed behind its back. A parse is kept while the file is the same."""
+    """read_schedules, and whether its content is trusted, under the lock: a write
+    renames the file, then records the new content's trust, so a reader between the
+    two would take the agent's own file for one changed behind its back. A parse is
+    kept while the file is the same."""
     if not path.parent.is_dir():
-        return {}, None, []
+        return {}, None, [], True
     with task_lock(path.parent):
-        try:
-            st = os.stat(path, follow_symlinks=False)
-            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        try:  # a file changed in the last seconds may share its stamp with the one before
+            st = os.stat(path, follow_symlinks=False)  # (coarse mtimes, reused inodes): parsed anew
+            settled = time.time_ns() - st.st_mtime_ns > 2e9
+            key = (st.st_ino, st.st_size, st.st_mtime_ns) if settled else None
         except OSError:
             key = None
         cache = agent_state().schedules.get("parsed")
@@ -7235,9 +7237,10 @@ def locked_read(path):
             except ToolError as e:  # a broken file too: its answer is kept
                 cache = (key, e)
             agent_state().schedules["parsed"] = cache if key else None
-    if isinstance(cache[1], ToolError):
-        raise cache[1]
-    return cache[1]
+        if isinstance(cache[1], ToolError):
+            raise cache[1]
+        jobs, digest, skipped = cache[1]
+        return jobs, digest, skipped, schedules_trusted(path, jobs, digest)
 
 
 def write_schedules(path, jobs, trusted):
@@ -7358,13 +7361,13 @@ def durable_jobs():
     s = agent_state().schedules
     try:
         path = schedules_path()
-        jobs, digest, skipped = locked_read(path)
+        jobs, digest, skipped, trusted = locked_read(path)
     except ToolError as e:
         tell(f"[{e}]")
         return {}
     for line in skipped:
         tell(f"[{line}]")
-    if schedules_trusted(path, jobs, digest):
+    if trusted:
         return jobs
     if digest != s["untrusted"]:  # the start already named the content it was asked about
         s["untrusted"] = digest
