@@ -1358,6 +1358,7 @@ def child_state(fork, label):
     child.background = parent.background  # s10: background commands too
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     child.schedules = parent.schedules  # s10: and scheduled jobs
+    child.team = parent.team  # s11: a teammate's child asks through the lead too (no inbox: a label)
     return child
 
 
@@ -1621,6 +1622,8 @@ def ask_human(question):
     input, or no stdin at all, answers no."""
     if getattr(CURRENT.get(None), "cancel", None) is not None:  # s10: the REPL may be reading stdin
         raise ToolError(f"{BACKGROUND_ASK}.")  # s10: a background agent never asks
+    if is_teammate():  # s11: its user is at the lead's terminal
+        return ask_lead(question)  # s11
     print(question, end="", file=sys.stderr, flush=True)
     try:
         answer = input()
@@ -3408,7 +3411,8 @@ MAX_DENIALS = 3             # denials in a row before the model is told to stop 
 # config, hooks, commondir, modules and the .git file of a worktree all steer
 # what git runs later, and no task needs a file tool inside .git.
 PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
-                  ".claude/skills", ".claude/agents")
+                  ".claude/skills", ".claude/agents",
+                  ".agent/team")  # s11: messages, requests and the roster: only the program writes them
 PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
 HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
 
@@ -3901,7 +3905,8 @@ def ask_permission(name, args, reason, state):
     who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
     say(printable(f"permission needed: {reason}"))
     show_request(name, args)
-    answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
+    answer = ask_human(f"{lead_detail(name, args, reason)}{who}Allow {name}? "  # s11: the call, for the lead's user
+                       f"[y]es / [n]o / [a]lways / or tell it what to do instead: ")  # s11
     word = answer.strip()
     if word.lower() in ("y", "yes"):
         return None
@@ -4026,6 +4031,8 @@ def exit_plan_mode(plan):
     state = agent_state()
     if state.mode != "plan":
         raise ToolError("Plan mode is not active; carry on with the task.")
+    if is_teammate():  # s11: the lead approves a teammate's plan
+        return ask_plan_approval(plan)  # s11
     say(f"\nProposed plan:\n{plan}\n")
     answer = ask_human("Approve the plan? [a] approve and accept edits / [y] approve, ask "
                        "before edits / anything else: keep planning (your words go to the model): ")
@@ -7542,7 +7549,7 @@ def wait_for_line(prompt):
     out = sys.stdout if sys.stdin.isatty() else sys.stderr  # where read_line puts the prompt
     print(prompt, end="", file=out, flush=True)
     while not sys.stdin.ready(INPUT_POLL):
-        if turn := scheduled_turn():
+        if turn := scheduled_turn() or team_turn():  # s11: or a plan for the lead to judge
             print(file=out)  # the prompt's line ends; the turn's lines follow
             return turn
     return input()  # a line (or the end) is waiting: this does not block
@@ -7982,21 +7989,42 @@ def recipients(roster, to, sender):
 
 def post(to, type, content, request_id=None, approve=None):
     """Send a message as the running agent. Its `from` is this process's member name,
-    never an input. Returns (records sent, {name: why not} for a broadcast's misses)."""
+    never an input. A request gets a fresh request_id and its file (s11.3); a response
+    is sent only for a pending request it answers. Returns (records sent, {name: why
+    not} for a broadcast's misses)."""
     team = my_team()
     sender, to = team["member"], str(to).strip()
     kind = "broadcast" if to == "*" and type == "message" else type
     check_message(sender, to, kind, approve)
     content = check_text(content, "content", MESSAGE_CHARS)
+    if kind in REQUEST_TYPES and request_id is not None:
+        raise ToolError(f"A {kind} gets its request_id from the program: leave request_id out.")
     if kind in RESPONSE_TYPES and not request_id:
         raise ToolError(f"A {kind} answers a request: pass the request_id its message carried.")
-    if kind in REQUEST_TYPES and request_id is None:
-        request_id = f"req_{os.urandom(4).hex()}"  # its responses name it
-    elif request_id is not None:
-        request_id = check_name(request_id, "request_id")
+    request_id = f"req_{os.urandom(4).hex()}" if kind in REQUEST_TYPES else request_id
+    request_id = request_id and check_name(request_id, "request_id")
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
     body |= {"approve": approve} if kind in RESPONSE_TYPES else {}
+    if kind in RESPONSE_TYPES:
+        with pending_request(request_id, kind, sender, to) as request:  # checked, then answered
+            result = deliver(team, to, sender, head, body)
+            request.update(state="approved" if approve else "rejected", answered=now_stamp(),
+                           answer=content[:REQUEST_SUMMARY])
+        after_answer(kind, approve)
+        return result
+    if kind in REQUEST_TYPES:
+        open_request(request_id, kind, sender, to, content)  # before it can be answered
+    try:
+        return deliver(team, to, sender, head, body)
+    except ToolError:
+        if kind in REQUEST_TYPES:
+            drop_request(request_id)  # never delivered: nobody can answer it
+        raise
+
+
+def deliver(team, to, sender, head, body):
+    """One record in each recipient's inbox: (sent, {name: why not})."""
     sent, missed = [], {}
     for name in recipients(read_roster(team["dir"]), to, sender):
         record = head | {"to": name} | body
@@ -8014,6 +8042,9 @@ def send_message(to, content, type="message", request_id=None, approve=None):
     """The model's way to post; the types the program itself sends are refused."""
     if type in AGENT_SENT:
         raise ToolError(f"A {type} is not sent with send_message: {AGENT_SENT[type]}.")
+    if agent_state().label:
+        raise ToolError("A subagent does not message the team: put it in your report, and your "
+                        "parent passes it on.")
     sent, missed = post(to, type, content, request_id, approve)
     if not sent and to == "*":
         raise ToolError("Nobody else is in the team yet." if not missed else
@@ -8034,36 +8065,17 @@ def teammate_block(r):
     return f"<teammate-message {attrs}>\n{content}\n</teammate-message>"
 
 
-def drain_inbox(messages):
-    """Before a model call: the member's unread messages join the last user message,
-    after its tool results (results must come first). An agent in no team, such as a
-    subagent (it gets a fresh state), has no inbox."""
-    team = agent_state().team
-    if not team or not messages or messages[-1]["role"] != "user":
-        return
-    try:
-        records = take_inbox(inbox_path(team["member"]))
-    except ToolError as e:
-        say(f"[inbox: {e}]")
-        return
-    if not records:
-        return
-    more = f", +{len(records) - 5} more" if len(records) > 5 else ""
-    say("[inbox: " + ", ".join(f"{r['type']} from {r['from']}" for r in records[:5]) + more + "]")
-    content = messages[-1]["content"]
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-    messages[-1]["content"] = blocks + [{"type": "text", "text": teammate_block(r)} for r in records]
-
-
 register("send_message", (
     "Send a message to a member of your team: the lead, or a teammate by name, or to \"*\" "
     "for everyone else. Messages arrive in the recipient's next model call as "
     "<teammate-message from=... type=...> blocks, and theirs come to you the same way. "
     "Use it to hand over results, ask a question or answer one; the task board (task_list) "
-    "is where work is assigned and claimed. Protocol types: shutdown_request (lead only) asks "
-    "a teammate to stop; it answers with shutdown_response {approve, request_id} to the lead; "
-    "plan_approval_response {approve, request_id} (lead only) answers a teammate's plan, with "
-    "the feedback in content."),
+    "is where work is assigned and claimed. Protocols: shutdown_request (lead only) asks a "
+    "teammate to stop; the teammate answers the lead with shutdown_response {request_id, "
+    "approve, content: the reason} (approve true ends its session after this reply). "
+    "plan_approval_response {request_id, approve, content: feedback} (lead only) answers a "
+    "teammate's plan_approval_request. Permission questions are asked and answered by the "
+    "program, not with this tool."),
     {"type": "object", "required": ["to", "content"], "properties": {
         "to": {"type": "string", "description": "A member's name, or \"*\" for everyone else."},
         "content": {"type": "string", "description": "The message (for a response: the reason or feedback)."},
@@ -8074,7 +8086,237 @@ register("send_message", (
     send_message, read_only=True)  # no project file changes
 
 
-# --- s11.3: claiming work ---
+# --- s11.3: requests and answers ---
+# Three protocols (seed 4.1, 4.2) pair a request with its response by request_id:
+# the lead's shutdown_request -> the teammate's shutdown_response, a teammate's
+# plan_approval_request (sent by its exit_plan_mode) -> the lead's
+# plan_approval_response, and a teammate's permission_request (a call that needs
+# the user's yes) -> the permission_response typed at the lead's terminal. Each
+# request is a file, requests/<id>.json, written whole under the folder's lock:
+# pending until the one it was sent to answers (approved, rejected), or its sender
+# stops waiting (expired). A response goes out only for a pending request of the
+# matching type, sent to the responder by the member it answers, in the same
+# locked step that marks it answered: nobody approves what was never asked, or
+# answers twice.
+ANSWERS = {"shutdown_request": "shutdown_response", "plan_approval_request": "plan_approval_response",
+           "permission_request": "permission_response"}
+REQUEST_STATES = ("pending", "approved", "rejected", "expired")
+REQUEST_BYTES = 20_000      # a requests/<id>.json larger than this is not read
+REQUEST_SUMMARY = 200       # characters of the request's and the answer's content kept in its file
+PERMISSION_WAIT = 300       # seconds a teammate waits for the user's answer at the lead's terminal: then no
+ANSWER_POLL = 0.2           # seconds between a waiting teammate's looks at its inbox
+
+
+def requests_dir():
+    folder = my_team()["dir"] / "requests"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def read_request(folder, id):
+    """requests/<id>.json as a dict, or None when there is none (or it is not one)."""
+    try:
+        r = json.loads(read_plain(folder / f"{check_name(id, 'request_id')}.json", REQUEST_BYTES) or b"null")
+    except ValueError:
+        return None
+    ok = isinstance(r, dict) and r.get("type") in ANSWERS and r.get("state") in REQUEST_STATES
+    return r if ok else None
+
+
+def open_request(id, kind, sender, to, content):
+    folder = requests_dir()
+    with task_lock(folder):
+        save_task(folder, {"id": id, "type": kind, "from": sender, "to": to, "state": "pending",
+                           "created": now_stamp(), "content": content[:REQUEST_SUMMARY]})
+
+
+def drop_request(id):
+    folder = requests_dir()
+    with task_lock(folder), contextlib.suppress(FileNotFoundError):
+        (folder / f"{id}.json").unlink()
+
+
+@contextlib.contextmanager
+def pending_request(id, kind, responder, asker):
+    """The pending request a `kind` response from `responder` to `asker` answers,
+    under the folder's lock; saved after the block (which sends the answer)."""
+    folder = requests_dir()
+    with task_lock(folder):
+        request = read_request(folder, id)
+        if request is None or ANSWERS[request["type"]] != kind or request["to"] != responder \
+                or request["from"] != asker:
+            asked = next(k for k, v in ANSWERS.items() if v == kind)
+            raise ToolError(f"No {asked} {id} from {asker} to you: a {kind} answers one, with the "
+                            f"request_id its message carried.")
+        if request["state"] != "pending":
+            raise ToolError(f"Request {id} is {request['state']} already: it needs no answer.")
+        yield request
+        save_task(folder, request)
+
+
+def expire_request(id):
+    """The sender stops waiting: True when the request was still pending (now expired);
+    False when an answer came first (it is in the inbox)."""
+    folder = requests_dir()
+    with task_lock(folder):
+        request = read_request(folder, id)
+        if request is None or request["state"] != "pending":
+            return False
+        save_task(folder, request | {"state": "expired", "answered": now_stamp()})
+        return True
+
+
+def is_teammate():
+    team = agent_state().team
+    return bool(team) and team["member"] != LEAD
+
+
+def after_answer(kind, approve):
+    """A teammate that answered the lead's shutdown_request: yes ends its session
+    after this round (agent_loop asks team_stopping); either way it is answered."""
+    team = agent_state().team
+    if kind == "shutdown_response":
+        team.pop("shutdown", None)
+        team["stopping"] = team.get("stopping") or approve
+
+
+def team_stopping():
+    return bool((agent_state().team or {}).get("stopping"))
+
+
+def ask_lead(question):
+    """A teammate's question for the user (s05's ask_human), asked at the lead's
+    terminal: a permission_request, then the inbox watched for its answer; other
+    messages that come meanwhile are held for the next model call. No answer within
+    PERMISSION_WAIT seconds is no."""
+    sent, _ = post(LEAD, "permission_request", question[:MESSAGE_CHARS])
+    id, deadline = sent[0]["request_id"], time.monotonic() + PERMISSION_WAIT
+    say(f"[asked the user at the lead's terminal (request {id}); waiting up to {PERMISSION_WAIT} s]")
+    while (answer := take_answer(id)) is None:
+        if time.monotonic() >= deadline and expire_request(id):
+            say(f"[no answer to request {id} in {PERMISSION_WAIT} s: that is a no]")
+            return f"no answer came from the lead's terminal within {PERMISSION_WAIT} s"
+        time.sleep(ANSWER_POLL)
+    return answer
+
+
+def take_answer(id):
+    """The lead's permission_response to request `id` as ask_human's answer, or None."""
+    team, answer = agent_state().team, None
+    for r in take_inbox(inbox_path(team["member"])):
+        if answer is None and r["type"] == "permission_response" and r["from"] == LEAD \
+                and r["request_id"] == id:
+            word = r["content"].strip()
+            yes = word.lower() in ("y", "yes", "a", "always")
+            answer = (word if yes else "y") if r["approve"] else ("no" if yes else word or "no")
+        else:
+            team.setdefault("held", []).append(r)
+    return answer
+
+
+def lead_detail(name, args, reason):
+    """What the user at the lead's terminal needs to judge a teammate's call (s07's
+    show_request prints it to the teammate's own log, which nobody may be watching)."""
+    if not is_teammate():
+        return ""
+    shown = json.dumps(args, ensure_ascii=False)
+    shown = shown if len(shown) <= 3000 else f"{shown[:2000]} ... {shown[-800:]}"
+    return f"wants to run {name} {shown}\n  (permission needed: {reason})\n"
+
+
+def ask_plan_approval(plan):
+    """A teammate's exit_plan_mode: the plan goes to the lead as a plan_approval_request;
+    the turn ends, and the answer wakes the teammate (teammate_news acts on it)."""
+    team, state = my_team(), agent_state()
+    if team.get("plan"):
+        raise ToolError(f"Your plan is with the lead already (request {team['plan']}): end your "
+                        f"turn now; its answer wakes you.")
+    where = rel(plan_file(state))
+    if len(plan) > MESSAGE_CHARS - 200:
+        plan = f"{plan[:MESSAGE_CHARS - 200]}\n[... cut here: the whole plan is in {where}]"
+    sent, _ = post(LEAD, "plan_approval_request", plan)
+    team["plan"] = sent[0]["request_id"]
+    return (f"Your plan went to the lead for approval (request_id {team['plan']}). End your turn "
+            f"now: the lead's answer wakes you. Approved, you leave plan mode and carry it out; "
+            f"not approved, you stay in plan mode with its feedback.")
+
+
+def teammate_news(r):
+    """A teammate's program acts on the lead's protocol messages as they arrive, then
+    passes them on (None: dropped). A shutdown_request is answered by the model in a
+    turn, or by teammate_loop when idle; an approved plan ends plan mode here."""
+    team, state = agent_state().team, agent_state()
+    if r["from"] == LEAD and r["type"] == "shutdown_request":
+        team["shutdown"] = r["request_id"]
+    if r["from"] == LEAD and r["type"] == "plan_approval_response" and r["request_id"] == team.get("plan"):
+        team.pop("plan")
+        if r["approve"] and state.mode == "plan":
+            set_mode(state.mode_before_plan if state.mode_before_plan != "plan" else "default")
+            return r, f"(The lead approved your plan: plan mode is off, permission mode {state.mode}. Carry it out.)"
+        return r, "(The lead did not approve your plan: you are still in plan mode. Revise it, then exit_plan_mode again.)"
+    if r["type"] == "permission_response":
+        return None  # an answer that came after its request expired: the question was a no
+    return r, None
+
+
+def lead_news(r):
+    """The lead's program answers a permission_request itself, at its terminal (the
+    user is here, the teammate is not); the rest is for the lead's model."""
+    if r["type"] != "permission_request":
+        return r, None
+    say(printable(f"[{r['from']} needs the user's permission (request {r['request_id']})]"))
+    try:
+        answer = ask_human(printable(f"[{r['from']}] {r['content']}"))
+    except KeyboardInterrupt:  # Ctrl+C at the question: no
+        answer = ""
+    word = answer.strip()
+    with contextlib.suppress(ToolError):
+        post(r["from"], "permission_response", word or "no", request_id=r["request_id"],
+             approve=word.lower() in ("y", "yes", "a", "always"))
+        return None
+    say(f"[{r['from']} stopped waiting for that answer (request {r['request_id']}): it took it as no]")
+    return None
+
+
+def team_news():
+    """The member's new messages, with its program's protocol steps taken: a list of
+    (record, note) the model gets, in order. Records held back while a teammate
+    waited for an answer come first."""
+    team = agent_state().team
+    records = team.pop("held", []) + take_inbox(inbox_path(team["member"]))
+    if records:
+        more = f", +{len(records) - 5} more" if len(records) > 5 else ""
+        say("[inbox: " + ", ".join(f"{r['type']} from {r['from']}" for r in records[:5]) + more + "]")
+    act = lead_news if team["member"] == LEAD else teammate_news
+    return [kept for r in records if (kept := act(r))]
+
+
+def news_texts(news):
+    return [text for r, note in news for text in (teammate_block(r), note) if text]
+
+
+def drain_inbox(messages):
+    """Before a model call: the member's news joins the last user message, after its
+    tool results (results must come first), with what the lead was shown while it
+    waited at the prompt. The lead also looks at its teammates' processes here. A
+    subagent (it has a label) shares its teammate's team for questions, not its inbox."""
+    state = agent_state()
+    if not state.team or state.label or not messages or messages[-1]["role"] != "user":
+        return
+    if state.team["member"] == LEAD:
+        notice_dead(state)
+    try:
+        texts = state.team.pop("shown", []) + news_texts(team_news())
+    except ToolError as e:
+        say(f"[inbox: {e}]")
+        return
+    if texts:
+        content = messages[-1]["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        messages[-1]["content"] = blocks + [{"type": "text", "text": t} for t in texts]
+
+
+# --- s11.4: claiming work ---
 # An idle teammate takes the first ready task on s10's board (seed 4.3: pending,
 # no owner, nothing blocking). Two teammates may see the same ready task at the
 # same moment, so the look and the take are one task_board() block under the
@@ -8169,7 +8411,7 @@ def release_dead(procs):
     return sorted((t["id"] for t in released), key=int)
 
 
-# --- s11.4: spawning teammates ---
+# --- s11.5: spawning teammates ---
 # A teammate is this same file run as `--teammate NAME --team TEAM`: in a tmux pane
 # of its own when the lead runs inside tmux (a workshop watches the team side by
 # side), else a detached process writing to <team>/<name>.log. Its first prompt
@@ -8183,14 +8425,17 @@ def in_tmux():
 
 
 def teammate_argv(name, team):
-    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team]
+    """The command line; --trust-workspace when the lead's run had it, so a teammate
+    reads the project's config as the lead does (a yes the user gave is in trusted.yaml)."""
+    trust = ["--trust-workspace"] if agent_state().permissions.get("trust_all") else []
+    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust]
 
 
-def teammate_env(name, plan_mode_required):
-    """What a teammate's process gets besides the lead's own environment."""
+def teammate_env(name):
+    """What a teammate's process gets besides the lead's own environment: the key, and
+    the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
     state = agent_state()
-    mode = "plan" if plan_mode_required else state.mode  # it inherits the lead's mode
-    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": mode}
+    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode}
 
 
 def start_detached(argv, env, log):
@@ -8235,7 +8480,7 @@ def await_join(name, pid, proc, argv):
 def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False):
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
-    if os.getenv(TEAMMATE_ENV) or (state.team and state.team["member"] != LEAD):
+    if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
                         "(send_message).")
     if not state.team:
@@ -8245,8 +8490,8 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     try:
-        pid, proc = start_in_tmux(argv, teammate_env(name, plan_mode_required)) if backend == "tmux" \
-            else start_detached(argv, teammate_env(name, plan_mode_required), log)
+        pid, proc = start_in_tmux(argv, teammate_env(name)) if backend == "tmux" \
+            else start_detached(argv, teammate_env(name), log)
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
@@ -8275,7 +8520,7 @@ register("spawn_teammate", (
     spawn_teammate)
 
 
-# --- s11.5: the teammate's loop ---
+# --- s11.6: the teammate's loop ---
 # A teammate's main() joins, then works and idles until told to stop: each wake-up
 # (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
 # it is idle and looks at its inbox and the board every IDLE_POLL seconds. Idle for
@@ -8300,14 +8545,19 @@ def teammate_intro(record, team):
 
 
 def next_work(me, role):
-    """What wakes an idle teammate: its messages, else a ready task it has just claimed.
-    None: nothing yet; "shutdown": the lead asked it to stop (answered here)."""
-    records = take_inbox(inbox_path(me))
-    if asks := [r for r in records if r["type"] == "shutdown_request" and r["from"] == LEAD]:
-        post(LEAD, "shutdown_response", "Stopping now.", request_id=asks[0]["request_id"], approve=True)
+    """What wakes an idle teammate: its messages (the lead's answer to its plan too),
+    else a ready task it has just claimed. None: nothing yet; "shutdown": it agreed
+    to stop in its turn, or the lead asked while it was idle (answered yes here: an
+    idle teammate loses nothing), or in a turn that left the request unanswered."""
+    team, news = agent_state().team, team_news()
+    if team.get("stopping"):
         return "shutdown"
-    if records:
-        return "\n\n".join(teammate_block(r) for r in records)
+    if id := team.pop("shutdown", None):
+        with contextlib.suppress(ToolError):  # the lead may have stopped waiting
+            post(LEAD, "shutdown_response", "Stopping now: I am idle.", request_id=id, approve=True)
+        return "shutdown"
+    if news:
+        return "\n\n".join(news_texts(news))
     if task := claim_next(me, role):
         return (f"You claimed task #{task['id']}: {task['subject']}\n{task.get('description', '')}\n"
                 f"Do it, mark it completed (task_update), and tell the lead.")
@@ -8319,6 +8569,8 @@ def teammate_loop(client, history):
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
     tools = [t for t in TOOLS if t["name"] != "spawn_teammate"]  # teammates never spawn
     intro, idle_since = teammate_intro(record, team), time.monotonic()
+    if record.get("plan_mode_required"):  # it plans first; exit_plan_mode asks the lead
+        set_mode("plan", history)
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:
@@ -8336,11 +8588,62 @@ def teammate_loop(client, history):
     return 0
 
 
-# --- s11.6: the lead's end ---
+# --- s11.7: the lead's side ---
+# While the lead's REPL waits for the user, it looks at the team every IDLE_POLL
+# seconds (team_turn): a teammate's message is shown at once and joins the next
+# model call; a permission question is asked then and there; a plan to approve
+# starts a turn, as the lead's model must judge it (plain messages do not: the
+# team never talks the lead into turns the user did not ask for). A teammate's
+# process that ended (killed, crashed) is noticed, here and before each model
+# call: its open tasks go back on the board for another to claim.
 # No teammate outlives the lead: when the lead's session ends (the REPL left, a
 # signal, an error), every teammate it started and that still runs gets a
 # shutdown_request, then SHUTDOWN_GRACE seconds, then SIGTERM, then SIGKILL. Each
 # is checked with same_process first: a pid alone may be someone else's by now.
+NEWS_SHOWN = 2_000          # characters of one message shown at the prompt (the model gets it all)
+
+
+def notice_dead(state):
+    """Each teammate whose process has ended since the last look: marked stopped, its
+    open tasks released (release_dead), one line."""
+    for name, t in state.teammates.items():
+        if t.get("ended"):
+            continue
+        if t["proc"]:
+            t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
+        if same_process(t["pid"], t["start"], t["cmdline"]):
+            continue
+        t["ended"] = True
+        released = release_dead({name: (t["pid"], t["start"], t["cmdline"])})
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+        back = f"; task(s) {', '.join('#' + i for i in released)} back on the board" if released else ""
+        say(f"[{name}'s process has ended{back}]")
+
+
+def team_turn():
+    """The lead's REPL, idle: the team's news shown at once and kept for the next model
+    call. The text of a turn when a plan waits for the lead's verdict, else None."""
+    state = agent_state()
+    team = state.team
+    if not team or team["member"] != LEAD or time.monotonic() - team.get("looked", 0) < IDLE_POLL:
+        return None
+    team["looked"] = time.monotonic()
+    notice_dead(state)
+    try:
+        news = team_news()
+    except ToolError as e:
+        say(f"[inbox: {e}]")
+        return None
+    for text in news_texts(news):
+        say(printable(text if len(text) <= NEWS_SHOWN else text[:NEWS_SHOWN] + " [...]"))
+    team.setdefault("shown", []).extend(news_texts(news))
+    if any(r["type"] == "plan_approval_request" for r, _ in news):
+        return ("A teammate's plan waits for your verdict: answer it with send_message "
+                "plan_approval_response {to, request_id, approve, content: feedback}.")
+    return None
+
+
 def running_teammates(state):
     for t in state.teammates.values():
         if t["proc"]:
@@ -8522,6 +8825,8 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
             results += hook_notes()  # s08: context the hooks added this round
             if hook_halt():  # s08: a hook's continue: false
                 return "hook_stop"  # s08
+            if team_stopping():  # s11: it agreed to the lead's shutdown_request
+                return "shutdown"  # s11
             for block in calls:
                 unknown = unknown + 1 if block.name not in allowed_names(tools) else 0  # s04
             if unknown >= MAX_UNKNOWN_TOOLS:

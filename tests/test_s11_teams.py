@@ -176,31 +176,34 @@ def test_from_is_set_by_the_senders_process_never_by_the_model(crew, workspace):
 
 def test_lead_only_and_to_lead_only_types_are_refused_from_anyone_else(crew, workspace):
     mod = crew
+    asked = mod.post("alice", "shutdown_request", "please stop")[0][0]["request_id"]
+    with mod.acting_as(member(mod, workspace, "bob")):
+        planned = mod.post("lead", "plan_approval_request", "my plan")[0][0]["request_id"]
     with mod.acting_as(member(mod, workspace, "alice")):
         for kind in ("shutdown_request", "plan_approval_response"):
             args = {"request_id": "req_1", "approve": True} if kind.endswith("response") else {}
             assert f"Only the lead sends {kind}" in refused(mod, mod.send_message, "bob", "x", type=kind, **args)
         assert "to the lead only" in refused(mod, mod.send_message, "bob", "no", type="shutdown_response",
-                                             request_id="req_1", approve=False)
-        assert "Sent shutdown_response (request_id req_1) to lead." == mod.send_message(
-            "lead", "still busy", type="shutdown_response", request_id="req_1", approve=False)
+                                             request_id=asked, approve=False)
+        assert f"Sent shutdown_response (request_id {asked}) to lead." == mod.send_message(
+            "lead", "still busy", type="shutdown_response", request_id=asked, approve=False)
         assert "Only the lead" in refused(mod, mod.post, "lead", "permission_response", "yes",
                                           request_id="req_2", approve=True)
-    assert inbox(workspace, "bob") == [] and [r["approve"] for r in inbox(workspace, "lead")] == [False]
-    out = mod.send_message("bob", "plan looks good", type="plan_approval_response", request_id="req_9",
+    lead_inbox = inbox(workspace, "lead")
+    assert inbox(workspace, "bob") == [] and [r.get("approve") for r in lead_inbox] == [None, False]
+    out = mod.send_message("bob", "plan looks good", type="plan_approval_response", request_id=planned,
                            approve=True)
-    assert out == "Sent plan_approval_response (request_id req_9) to bob."
+    assert out == f"Sent plan_approval_response (request_id {planned}) to bob."
     assert inbox(workspace, "bob")[0]["approve"] is True
     for kind in mod.AGENT_SENT:             # the program sends these; the model never does, lead or not
         assert "is not sent with send_message" in refused(mod, mod.send_message, "alice", "x", type=kind)
     assert "pass the request_id" in refused(mod, mod.send_message, "alice", "ok", type="plan_approval_response",
                                             approve=True)
     assert "approve true or false" in refused(mod, mod.send_message, "alice", "ok",
-                                              type="plan_approval_response", request_id="req_9")
+                                              type="plan_approval_response", request_id=planned)
     assert "with a response" in refused(mod, mod.send_message, "alice", "hi", approve=True)
     assert "Unknown message type" in refused(mod, mod.send_message, "alice", "hi", type="order")
-    sent = mod.post("alice", "shutdown_request", "please stop")[0][0]
-    assert sent["request_id"].startswith("req_")                    # a request gets an id to answer
+    assert asked.startswith("req_") and planned.startswith("req_")  # a request gets an id to answer
 
 
 def test_star_sends_to_every_member_but_the_sender(crew, workspace):
@@ -423,7 +426,8 @@ def fork(name):
 if job == "work":           # exec'd alone: claims one task and works on it until it is killed
     mod.CURRENT.set(mod.AgentState(ws))
     task = mod.claim_next(names[0])
-    (signals / f"claimed-{names[0]}").write_text(task["id"] if task else "none")
+    (signals / "claiming").write_text(task["id"] if task else "none")
+    os.replace(signals / "claiming", signals / f"claimed-{names[0]}")  # whole, or not there
     time.sleep(600)
 pids = {name: fork(name) for name in names}
 (signals / "go").touch()
