@@ -49,10 +49,10 @@ def mod_of(state):
     return sys.modules[type(state).__module__]
 
 
-def wait_until(test, what):
+def wait_until(test, what, seen=None):
     deadline = time.monotonic() + 30                                 # a hang guard, not a timing assertion
     while not test():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        assert time.monotonic() < deadline, f"gave up waiting for {what}" + (f"; so far:\n{seen.text}" if seen else "")
         time.sleep(0.01)
 
 
@@ -409,3 +409,118 @@ def test_the_lead_notices_a_dead_teammate_and_its_task_goes_back_on_the_board(cr
     assert err.count("[alice's process has ended; task(s) #1 back on the board]") == 1
     roster = json.loads((workspace / ".agent" / "team" / "crew" / "config.json").read_text())
     assert next(m for m in roster["members"] if m["name"] == "alice")["status"] == "stopped"
+
+
+# --- real processes: a lead REPL and its teammates ---------------------------------------------
+
+class Lines:
+    """The lead's stderr, read by a thread as it comes, so the test can wait for a line."""
+    def __init__(self, stream):
+        self.text = ""
+        threading.Thread(target=self.pump, args=(stream,), daemon=True).start()
+
+    def pump(self, stream):                                          # chunks: a question has no newline
+        for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+            self.text += chunk.decode("utf-8", "replace")
+
+
+def tell(lead, line):
+    lead.stdin.write(line + "\n")
+    lead.stdin.flush()
+
+
+def leave(lead, err):
+    """End of input: the user leaves; the lead stops its teammates and exits."""
+    lead.stdin.close()
+    assert lead.wait(timeout=60) == 0, err.text
+    return lead.stdout.read()
+
+
+@pytest.mark.e2e("s11")
+def test_a_plan_is_approved_and_a_permission_answered_through_the_lead(mod, api, workspace):
+    """alice (plan_mode_required) plans; her plan wakes the idle lead, whose model approves;
+    the answer wakes alice, whose write asks the user at the lead's terminal, who says y."""
+    from test_s11_teams import teammate_pids
+    approve = {}
+
+    def lead_judges(body):
+        last = json.dumps(body["messages"][-1]["content"])
+        assert 'type=\\"plan_approval_request\\"' in last and "write notes.txt" in last
+        approve["id"] = last.split('request_id=\\"')[1].split('\\"')[0]
+        return reply(tool("send_message", {"to": "alice", "content": "Go ahead.", "approve": True,
+                                           "type": "plan_approval_response", "request_id": approve["id"]}))
+    def alice_woken(body):
+        last = json.dumps(body["messages"][-1]["content"])
+        assert "Go ahead." in last and "plan mode is off, permission mode default" in last
+        return reply(tool("write_file", {"path": "notes.txt", "content": "planned, approved, written\n"}))
+    scripts = {
+        "lead": [reply(tool("spawn_teammate", {"name": "alice", "role": "writes notes", "plan_mode_required": True,
+                                               "prompt": "alice: plan notes.txt, then write it."})),
+                 reply("Alice is planning."), lead_judges, reply("Approved alice's plan.")],
+        "alice": [reply(tool("exit_plan_mode", {"plan": "1. write notes.txt"})), reply("Waiting for the lead."),
+                  alice_woken, reply(tool("send_message", {"to": "lead", "content": "notes.txt written"})),
+                  reply("Done.")]}
+    api.script(routed(scripts))
+    lead = start_lead(mod, api, workspace, env={"AGENT_PERMISSION_MODE": "default"})
+    err = Lines(lead.stderr)
+    try:
+        tell(lead, "start alice")
+        wait_until(lambda: "Allow spawn_teammate?" in err.text, "the lead's question about spawning", err)
+        tell(lead, "y")
+        wait_until(lambda: "[alice] wants to run write_file" in err.text, "alice's question at the lead", err)
+        assert "Allow write_file?" in err.text.split("[alice] wants to run write_file")[1]
+        tell(lead, "y")
+        wait_until(lambda: not any(scripts.values()), "the team to finish", err)
+        wait_until(lambda: "notes.txt written" in err.text, "alice's news, shown at the idle prompt", err)
+        team = json.loads(next((workspace / ".agent" / "team").glob("*/config.json")).read_text())["team"]
+        out = leave(lead, err)
+    finally:
+        lead.kill()
+    assert (workspace / "notes.txt").read_text() == "planned, approved, written\n"
+    assert "Approved alice's plan." in out
+    folder = workspace / ".agent" / "team" / team / "requests"
+    states = {r["type"]: r["state"] for r in (json.loads(p.read_text()) for p in folder.glob("*.json"))}
+    assert states == {"plan_approval_request": "approved", "permission_request": "approved",
+                      "shutdown_request": "approved"}
+    assert teammate_pids(team) == [] and api.exhausted == 0
+
+
+@pytest.mark.e2e("s11")
+def test_a_teammate_killed_mid_task_is_noticed_by_the_lead_and_another_claims_its_task(mod, api, workspace):
+    from test_s11_teams import teammate_pids
+    mod.task_create("the parser")
+    with mod.task_board() as tasks:
+        tasks["1"]["owner"] = "alice"                                 # assigned: only alice claims it first
+    working, release = threading.Event(), threading.Event()
+
+    def alice_works(body):                                           # alice's call for the task: out
+        assert "You claimed task #1" in json.dumps(body["messages"][-1]["content"])
+        working.set()
+        release.wait(60)
+        return reply("(alice was killed before this reply)")
+    scripts = {
+        "lead": [reply(*(tool("spawn_teammate", {"name": n, "role": "parser work", "prompt": f"{n}: wait for tasks."})
+                         for n in ("alice", "bob"))), reply("Both are waiting for tasks.")],
+        "alice": [reply("Ready."), alice_works],
+        "bob": [reply("Ready."), reply(tool("task_update", {"id": "1", "status": "completed"})),
+                reply(tool("send_message", {"to": "lead", "content": "took over #1; done"})), reply("Done.")]}
+    api.script(routed(scripts))
+    lead = start_lead(mod, api, workspace)
+    err = Lines(lead.stderr)
+    try:
+        tell(lead, "start two teammates")
+        assert working.wait(60), err.text
+        roster = json.loads(next((workspace / ".agent" / "team").glob("*/config.json")).read_text())
+        alice = next(m for m in roster["members"] if m["name"] == "alice")
+        assert board(workspace)["1"]["owner"] == "alice"
+        os.kill(alice["pid"], signal.SIGKILL)
+        wait_until(lambda: "took over #1; done" in err.text, "bob's news at the lead's prompt", err)
+        release.set()
+        out = leave(lead, err)
+    finally:
+        release.set()
+        lead.kill()
+    assert (board(workspace)["1"]["owner"], board(workspace)["1"]["status"]) == ("bob", "completed")
+    assert "[alice's process has ended; task(s) #1 back on the board]" in err.text
+    assert "Both are waiting" in out
+    assert teammate_pids(roster["team"]) == [] and api.exhausted == 0
