@@ -1,36 +1,46 @@
 #!/usr/bin/env python3
 """s11_teams.py - agent teams: teammates that live longer than one task, each an
-OS process of its own with a name, a role and an inbox; they message each other
-and take work from s10's task board, and no two ever take the same task.
+OS process of its own with a name, a role and an inbox; they message each other,
+answer each other's requests, and take work from s10's task board, where no two
+ever take the same task.
 
 New since s10: create_team, join_team, add_member, set_member, team_roster (the
-roster); post, send_message, take_inbox, drain_inbox (mailboxes); claim_task,
-claim_next, release_dead, same_process, process_identity (claiming work).
+roster); post, send_message, take_inbox (mailboxes); pending_request, ask_lead,
+ask_plan_approval, team_news, drain_inbox (requests and answers); claim_task,
+claim_next, release_dead, same_process (claiming work); spawn_teammate (tmux pane
+or detached process); teammate_loop, next_work (work, idle, claim); team_turn,
+notice_dead, team_session (the lead's side).
 
-    lead: create_team "docs" -> .agent/team/docs/config.json {key, members: [lead, ...]}
+    lead: spawn_teammate alice -> .agent/team/<team>/config.json {key, members}
+          -> python s11_teams.py --teammate alice --team <team>  (tmux pane or detached)
     alice: send_message {to: "lead", content: "parser done"}
         flock inbox/lead.lock -> append one line to inbox/lead.jsonl (full: refused)
-    lead, before its next model call: flock -> read all, truncate to 0 -> unlock
-        -> <teammate-message from="alice" type="message"> after the tool results
+    lead, before its next model call (or at once, idle at its prompt):
+        flock -> read all, truncate to 0 -> unlock -> <teammate-message from="alice">
     alice, idle: claim_next("alice") -> under .agent/tasks/.lock: #3 pending, no owner,
         nothing blocking -> owner alice, in_progress; bob's claim_task(3) -> False
-    alice killed -> release_dead: pid, start time, command line no longer match -> #3 pending
+    bob, in plan mode: exit_plan_mode -> plan_approval_request (requests/req_1.json
+        pending) -> lead: plan_approval_response {approve} -> approved; bob wakes
+    bob's write needs a yes: permission_request -> the lead's terminal asks the
+        user -> permission_response (none in 300 s: no)
+    alice killed -> the lead notices (pid, start time, command line) -> #3 pending
 
 Subagent or teammate? A subagent (s04) runs inside its parent's turn, answers
 once and is gone. A teammate keeps its own history between tasks, and lives in
 another process, so all the team shares is files: the roster, one inbox each,
-the task board. Each shared file changes in one step under a lock, and `from`
-on a message is written by the sender's process, never by its model.
+the requests, the task board. Each shared file changes in one step under a lock,
+and `from` on a message is written by the sender's process, never by its model.
 
 Run:
     python s11_teams.py                              # REPL, prompt "s11 >> "
-    python tests/demo.py s11                         # offline, no key: scripted model
+    python tests/demo.py s11                         # offline, no key: a lead and two teammates
 Try:
     python -m pytest tests/test_s11_teams.py -k processes -v   # 8 real processes race
-    (real model) make a team: alice writes parser.py, bob its tests; they claim the tasks
+    (real model, inside tmux) make a team: alice writes parser.py, bob its tests
 
 Key insight: processes share nothing but files, so every change to a shared file
-is one locked step: append a message, take the whole inbox, claim a task.
+is one locked step: append a message, take the whole inbox, answer a request,
+claim a task.
 """
 
 # --- imports ---
@@ -7670,14 +7680,12 @@ register("schedule_delete", (
 # The lead is the agent the user talks to; a teammate is another OS process running
 # this same file, with a name, a role and an inbox. All they share is files under
 # .agent/team/<team>/: the roster config.json (s11.1), one JSONL inbox per member
-# (s11.2), and s10's task board, where work is claimed atomically (s11.3).
+# (s11.2), one file per request (s11.3), and s10's task board, where work is
+# claimed atomically (s11.4). The lead spawns teammates (s11.5); a teammate works,
+# idles and claims (s11.6); the lead watches them and stops them at its end (s11.7).
 # Trust: a team folder is made fresh by this run's lead (os.mkdir refuses one that
 # exists) and carries a random key that only the processes it starts are told, so
 # a team folder or an inbox that came with a cloned repository is never read.
-# Still to come here: spawn_teammate (tmux panes or detached processes), the
-# teammate's work/idle loop with auto-claim, request tracking for the protocols
-# (.agent/team/<team>/requests/), permission questions routed to the lead, identity
-# after compaction, the lead's REPL (/team, messages while it waits) and shutdown.
 TEAM_DIR = Path(AGENT_DIR) / "team"  # in the workspace: <team>/config.json, <team>/inbox/
 LEAD = "lead"               # the lead's member name: reserved, no teammate takes it
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")  # a team or member name is a file name
