@@ -8209,7 +8209,8 @@ def ask_lead(question):
 
 
 def take_answer(id):
-    """The lead's permission_response to request `id` as ask_human's answer, or None."""
+    """The lead's permission_response to request `id` as ask_human's answer, or None.
+    A shutdown_request from the lead ends the wait too: a no, as the lead is leaving."""
     team, answer = agent_state().team, None
     for r in take_inbox(inbox_path(team["member"])):
         if answer is None and r["type"] == "permission_response" and r["from"] == LEAD \
@@ -8217,8 +8218,11 @@ def take_answer(id):
             word = r["content"].strip()
             yes = word.lower() in ("y", "yes", "a", "always")
             answer = (word if yes else "y") if r["approve"] else ("no" if yes else word or "no")
-        else:
-            team.setdefault("held", []).append(r)
+            continue
+        if answer is None and r["type"] == "shutdown_request" and r["from"] == LEAD:
+            answer = "no: the lead asked you to stop, so nobody will answer this question"
+            expire_request(id)
+        team.setdefault("held", []).append(r)
     return answer
 
 

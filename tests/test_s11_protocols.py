@@ -524,3 +524,18 @@ def test_a_teammate_killed_mid_task_is_noticed_by_the_lead_and_another_claims_it
     assert "[alice's process has ended; task(s) #1 back on the board]" in err.text
     assert "Both are waiting" in out
     assert teammate_pids(roster["team"]) == [] and api.exhausted == 0
+
+
+def test_a_shutdown_request_ends_a_wait_for_an_answer_with_a_no(crew, workspace):
+    mod = crew
+    alice = member(mod, workspace, "alice")
+    asking = in_thread(alice, mod.ask_human, "Allow bash? ")
+    wait_until(lambda: inbox(workspace, "lead"), "alice's question")
+    rid = mod.post("alice", "shutdown_request", "the session is ending")[0][0]["request_id"]
+    asking.join(10)
+    assert asking.box["result"].startswith("no: the lead asked you to stop")
+    states = {r["type"]: r["state"] for r in requests(workspace).values()}
+    assert states == {"permission_request": "expired", "shutdown_request": "pending"}
+    with mod.acting_as(alice):
+        assert mod.next_work("alice", "writes the code") == "shutdown"   # the request was kept, and answered
+    assert requests(workspace)[rid]["state"] == "approved"

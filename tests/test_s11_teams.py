@@ -562,17 +562,10 @@ def statuses(workspace):
 
 
 def teammate_pids(team):
-    """Every process on the machine running as a teammate of `team` (from /proc)."""
-    pids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if b"--teammate" in argv and team.encode() in argv:
-                pids.append(int(p))
-    return pids
+    """Every process on the machine running as a teammate of `team`, as ps lists them."""
+    rows = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid, _, args in (row.strip().partition(" ") for row in rows.splitlines())
+            if "--teammate" in args.split() and team in args.split()]
 
 
 def team_round(mod, api, workspace, lead, before_second=lambda body: None):
