@@ -7892,6 +7892,9 @@ def set_member(name, **changes):
 # message appended "between the read and the truncate" cannot exist: it lands
 # before the read (in this batch) or after the truncate (in the next). Nothing is
 # lost, nothing is read twice, whatever the number of processes.
+# An inbox keeps only what is unread, so the team's record of what was said is a
+# log beside the inboxes, messages.jsonl: every delivered record, appended by its
+# sender under the log's own lock, until LOG_BYTES (then one line says so).
 def inbox_path(member):
     return my_team()["dir"] / "inbox" / f"{check_name(member, 'member name')}.jsonl"
 
@@ -7948,6 +7951,39 @@ def take_inbox(inbox):
             data = fh.read(INBOX_BYTES)
             os.ftruncate(fd, 0)
     return [r for line in data.splitlines() if (r := parse_record(line))]
+
+
+LOG_BYTES = 1_000_000        # bytes of the team's message log: a record past it is not logged
+LOG_FULL = (json.dumps({"type": "log_full", "content": f"The log reached {LOG_BYTES} bytes: later "
+                        "messages are delivered but not logged."}) + "\n").encode()  # its last line, once
+
+
+def log_records(folder, records):
+    """Append delivered records to the team's log, messages.jsonl, one line each, in
+    one locked step. A log that cannot be used (a planted link, a FIFO) is skipped
+    with one warning: the messages were delivered all the same."""
+    log = folder / "messages.jsonl"
+    try:
+        with inbox_lock(log):  # messages.lock: the log's own lock, never an inbox's
+            fd = open_inbox(log, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+            with open(fd, "r+b", buffering=0) as fh:
+                append_log(fh, records)
+    except (OSError, ToolError) as e:
+        warn_once(f"[the team's message log is not written: {e}]")
+
+
+def append_log(fh, records):
+    """Lines up to LOG_BYTES, keeping room for LOG_FULL; a log that ends with LOG_FULL
+    is full and takes nothing more, so the marker is written once."""
+    size = os.fstat(fh.fileno()).st_size
+    if size >= len(LOG_FULL) and os.pread(fh.fileno(), len(LOG_FULL), size - len(LOG_FULL)) == LOG_FULL:
+        return
+    for r in records:
+        line = (json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8")
+        if size + len(line) + len(LOG_FULL) > LOG_BYTES:
+            fh.write(LOG_FULL)
+            return
+        size += fh.write(line)
 
 
 def parse_record(line):
@@ -8043,6 +8079,7 @@ def deliver(team, to, sender, head, body):
             if to != "*":
                 raise
             missed[name] = str(e)
+    log_records(team["dir"], sent)  # the team's record: inboxes are emptied when read
     return sent, missed
 
 

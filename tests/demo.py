@@ -20,9 +20,11 @@ outcome (the file made, the answer given, the artefact on disk) does not hold.
 A scenario module defines PROMPT and STEPS (fake_api steps: replies, or
 callables that look at the request first), and optionally SETUP(workspace),
 ENV (extra environment for the chapter), INPUT (the human's typed answers, piped
-to the chapter's stdin), FAKED (what else is faked) and
+to the chapter's stdin), FAKED (what else is faked),
 CHECK(workspace, stdout), which raises AssertionError when the outcome is
-wrong; its docstring says what the demo shows and what to watch.
+wrong, and SHOW(workspace), the text to print after the run (a record the
+chapter kept on disk, say); its docstring says what the demo shows and what
+to watch.
 """
 import argparse
 import codecs
@@ -130,6 +132,9 @@ def intro(name, path, scenario):
     check = getattr(scenario, "CHECK", None)
     if check and check.__doc__:
         lines += ["", "Checked at the end:", wrap(" ".join(check.__doc__.split()))]
+    shown = getattr(scenario, "SHOW", None)
+    if shown and shown.__doc__:
+        lines += ["", "Shown at the end:", wrap(" ".join(shown.__doc__.split()))]
     return "\n".join(lines) + "\n"
 
 
@@ -209,6 +214,18 @@ def problems(code, server, steps, scenario, workspace, stdout):
     return found
 
 
+def show_after(scenario, workspace):
+    """The scenario's SHOW(workspace) text, printed after the run; a failure to build
+    it is one line (CHECK says what went wrong with the outcome)."""
+    if (show := getattr(scenario, "SHOW", None)) is None:
+        return
+    try:
+        text = show(workspace)
+    except Exception as e:
+        text = f"(nothing to show: {type(e).__name__}: {e})"
+    print(f"\n{text}", flush=True)
+
+
 def save_log(server, path):
     with open(path, "w", encoding="utf-8") as f:
         for n, e in enumerate(server.requests, 1):
@@ -240,6 +257,7 @@ def run_demo(name, keep=False, show=False):
     finally:
         server.close()
     seconds = time.monotonic() - started
+    show_after(scenario, workspace)
     if show:
         sys.stderr.flush()
         print()

@@ -25,7 +25,8 @@ DEMOS = sorted(p.stem.split("_")[0] for p in ROOT.glob("s[0-9][0-9]_*.py"))
 
 def run_demo_py(tmp_path, *args, env=None):
     """demo.py as a learner runs it; workspaces land in tmp_path (TMPDIR)."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    # Not TMUX either: run inside tmux, s11's demo opens its teammates' panes in that window.
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "TMUX"))}
     full |= {"HOME": str(tmp_path), "TMPDIR": str(tmp_path)} | (env or {})
     return subprocess.run([sys.executable, str(TESTS / "demo.py"), *args], cwd=tmp_path,
                           env=full, capture_output=True, text=True, timeout=600)
@@ -58,6 +59,7 @@ def test_demo_all_runs_every_chapter_to_its_end_behind_a_proxy(tmp_path):
         assert f"{steps}/{steps} scripted replies used" in line and ", check held: " in line
     assert r.stdout.count("What is faked:") == len(DEMOS)      # each says so before it runs
     assert "input_tokens=168,500): a fixed number" in r.stdout  # s06's jump is scripted
+    assert "alice -> lead  shutdown_response [approve true]" in r.stdout  # s11 shows its message log
     assert not list(tmp_path.glob("agent-demo-*"))             # workspaces removed
 
 
