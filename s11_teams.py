@@ -7709,7 +7709,9 @@ AGENT_SENT = {  # types the program sends, never the model (send_message refuses
 TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
 TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
 PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "MODEL_ID",
-              "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY")  # the lead's config: a tmux pane starts from tmux's own env
+              "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY", "HOME", "PATH", "NO_PROXY", "no_proxy",
+              "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")  # the lead's config (~/.agent
+              # too) and network: a tmux pane starts from the tmux server's environment, not the lead's
 JOIN_WAIT = 30              # seconds the lead waits for a started teammate to join the team
 IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
 IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
