@@ -635,17 +635,24 @@ def test_inside_tmux_each_teammate_gets_a_pane_of_its_own(mod, api, workspace):
     """A tmux server of the test's own (-L), its one pane standing in for the lead's."""
     sock = f"s11-test-{os.getpid()}-{time.monotonic_ns()}"
     tmux = ["tmux", "-L", sock]
+    (workspace.parent / "tmux-home").mkdir()
     subprocess.run(tmux + ["new-session", "-d", "-s", "lead", "-x", "200", "-y", "50", "sleep 600"], check=True,
-                   env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")})
+                   env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+                   | {"HOME": str(workspace.parent / "tmux-home")})       # the server's own HOME
     try:
         info = subprocess.run(tmux + ["display", "-p", "-t", "lead", "#{socket_path},#{pid},0 #{pane_id}"],
                               capture_output=True, text=True, check=True).stdout.split()
         lead = start_lead(mod, api, workspace, env={"TMUX": info[0], "TMUX_PANE": info[1]})
         panes = []
 
+        homes = []
+
         def watch_panes(body):       # while the lead's second call is out: both panes are up
             panes.append(subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"],
                                         capture_output=True, text=True).stdout.split())
+            for m in roster_of(workspace)["members"][1:]:            # the lead's HOME, not tmux's
+                env = open(f"/proc/{m['pid']}/environ", "rb").read().split(b"\0")
+                homes.append(next(v[5:].decode() for v in env if v.startswith(b"HOME=")))
         try:
             team, members, err = team_round(mod, api, workspace, lead, before_second=watch_panes)
         finally:
@@ -653,6 +660,7 @@ def test_inside_tmux_each_teammate_gets_a_pane_of_its_own(mod, api, workspace):
         assert {members[n]["backend"] for n in ("alice", "bob")} == {"tmux"}
         pids = {str(members[n]["pid"]) for n in ("alice", "bob")}
         assert len(panes[0]) == 3 and pids <= set(panes[0])             # the lead's pane and one each
+        assert homes == [str(workspace.parent / "home")] * 2
         left = subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True)
         assert not pids & set(left.stdout.split())                      # their panes closed with them
     finally:
