@@ -7677,6 +7677,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")  # a team or member
 MEMBER_STATUSES = ("working", "idle", "stopped")
 BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
 MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
+TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
 ROSTER_BYTES = 64_000       # a config.json larger than this is not read
 MESSAGE_CHARS = 8_000       # characters of one message's content
 INBOX_BYTES = 100_000       # bytes of unread messages one inbox holds: a send past it is refused
@@ -7935,6 +7936,18 @@ def take_inbox(inbox):
     return [r for line in data.splitlines() if (r := parse_record(line))]
 
 
+def inbox_size(inbox):
+    """(messages, bytes) unread in an inbox, which is left as it is: read under its
+    lock, so a send is counted whole or not at all, and nothing is taken."""
+    with inbox_lock(inbox):
+        fd = open_inbox(inbox, os.O_RDONLY)
+        if fd is None:
+            return 0, 0
+        with open(fd, "rb") as fh:
+            size, data = os.fstat(fd).st_size, fh.read(INBOX_BYTES)
+    return sum(parse_record(line) is not None for line in data.splitlines()), size
+
+
 def parse_record(line):
     """One inbox line as a message dict, or None when it is not one (a torn or foreign line)."""
     try:
@@ -8167,6 +8180,51 @@ def release_dead(procs):
         for task in released:
             task["owner"], task["status"] = "", "pending"
     return sorted((t["id"] for t in released), key=int)
+
+
+# /team: who is in the team, what waits in each inbox, what each has taken.
+def open_tasks_by_owner():
+    """Owner -> "#3, #5": the open tasks each member owns, from one locked read of the board."""
+    with task_board() as tasks:
+        owned = {}
+        for t in sorted(tasks.values(), key=lambda t: int(t["id"])):
+            if t["status"] in OPEN_STATUSES and t.get("owner"):
+                owned.setdefault(t["owner"], []).append(f"#{t['id']}")
+    return {owner: ", ".join(ids) for owner, ids in owned.items()}
+
+
+def inbox_text(name):
+    try:
+        count, size = inbox_size(inbox_path(name))
+    except (ToolError, OSError):
+        return "unusable"
+    return f"{count} msg, {size} B"
+
+
+def show_team(args, ctx):
+    """/team: the roster, each member's unread inbox (counted, never taken) and open tasks."""
+    team = agent_state().team
+    if not team:
+        print("No team yet: spawn_teammate makes one with its first teammate.")
+        return
+    try:
+        roster, owned = read_roster(team["dir"]), open_tasks_by_owner()
+    except ToolError as e:
+        ctx["error"] = str(e)
+        say(ctx["error"])
+        return
+    rows = [("name", "role", "status", "backend", "pid", "inbox", "open tasks")]
+    rows += [(m["name"], clip_row(printable(m.get("role", "")), TEAM_ROLE_CHARS), m["status"],
+              str(m.get("backend", "")), str(m.get("pid") or "-"), inbox_text(m["name"]),
+              owned.get(m["name"], "-")) for m in roster["members"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    print(f"team {team['name']}: {len(rows) - 2} teammate(s)")
+    for r in rows:
+        print("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+command("team", "Show the team: each member's role, status, process, unread inbox and open tasks",
+        show_team)
 
 
 # --- s11.4: spawning teammates ---

@@ -1,0 +1,127 @@
+"""s11: the team at work: /team, a teammate's identity after a compaction, its agent
+type applied, and its work, idle and claim loop.
+
+Each member runs in-process as its own AgentState (as each teammate is in its own
+process); a teammate's loop is driven in-process with the scripted model, with
+IDLE_TIMEOUT and IDLE_POLL made small.
+"""
+import json
+import os
+import re
+import types
+
+import pytest
+
+from conftest import chapters_from, message_bodies
+from fake_api import reply, tool
+
+pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
+
+SUMMARY = "<analysis>DRAFT</analysis>\n<summary>1. Primary request: SUMMARY-TEXT</summary>"
+
+
+@pytest.fixture
+def crew(mod, workspace):
+    """Team "crew": the test's agent is the lead; alice and bob are in the roster."""
+    mod.create_team("crew")
+    mod.add_member("alice", "writes the code")
+    mod.add_member("bob", "writes the tests")
+    return mod
+
+
+def member(mod, workspace, name):
+    """A teammate's own agent state, joined to the lead's team as its process would."""
+    state, key = mod.AgentState(workspace), mod.agent_state().team["key"]
+    with mod.acting_as(state):
+        mod.join_team("crew", name, key)
+    return state
+
+
+def inbox(workspace, name):
+    path = workspace / ".agent" / "team" / "crew" / "inbox" / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def call(mod, name, args):
+    """One tool call through run_tool, as the loop makes it."""
+    return mod.run_tool(types.SimpleNamespace(id="toolu_1", name=name, input=args))
+
+
+def team_rows(out):
+    """/team's member rows by name, each split into its columns."""
+    return {cols[0]: cols for cols in (re.split(r"\s{2,}", line.strip()) for line in out[2:])}
+
+
+# --- /team --------------------------------------------------------------------------------
+
+def test_team_shows_each_member_with_its_unread_inbox_and_open_tasks(crew, workspace, capsys, monkeypatch):
+    mod = crew
+    with mod.acting_as(member(mod, workspace, "alice")):
+        mod.send_message("lead", "parser done")
+        mod.send_message("lead", "tests next")
+    mod.send_message("bob", "please review the parser")
+    mod.set_member("alice", status="idle", pid=4242)
+    for subject in ("parser", "tests", "docs", "old"):
+        mod.task_create(subject)
+    mod.claim_task("1", "alice")
+    mod.task_update("2", owner="alice")                             # assigned, not started: open too
+    mod.claim_task("4", "alice")
+    mod.task_update("4", status="completed")                        # done: not shown
+    locked, real_lock = [], mod.inbox_lock
+    monkeypatch.setattr(mod, "inbox_lock", lambda box: locked.append(box.name) or real_lock(box))
+    before = {n: inbox(workspace, n) for n in ("lead", "alice", "bob")}
+    capsys.readouterr()
+    ctx = {}
+    assert mod.handle_slash("/team", ctx) is None and "error" not in ctx
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "team crew: 2 teammate(s)"
+    assert re.split(r"\s{2,}", out[1].strip()) == ["name", "role", "status", "backend", "pid", "inbox",
+                                                   "open tasks"]
+    rows = team_rows(out)
+    lead_bytes = (workspace / ".agent/team/crew/inbox/lead.jsonl").stat().st_size
+    assert rows["lead"] == ["lead", "team lead", "working", "terminal", str(os.getpid()),
+                            f"2 msg, {lead_bytes} B", "-"]
+    assert rows["alice"] == ["alice", "writes the code", "idle", "detached", "4242", "0 msg, 0 B", "#1, #2"]
+    assert rows["bob"][:5] == ["bob", "writes the tests", "working", "detached", "-"]
+    assert rows["bob"][5].startswith("1 msg, ") and rows["bob"][6] == "-"
+    assert {"lead.jsonl", "alice.jsonl", "bob.jsonl"} <= set(locked)    # counted under each inbox's lock
+    assert {n: inbox(workspace, n) for n in before} == before         # and nothing was taken
+    assert [r["content"] for r in mod.take_inbox(mod.inbox_path("lead"))] == ["parser done", "tests next"]
+
+
+def test_team_without_a_team_says_so_in_one_line(mod, capsys):
+    ctx = {}
+    assert mod.handle_slash("/team", ctx) is None and "error" not in ctx
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["No team yet: spawn_teammate makes one with its first teammate."]
+    assert err == ""
+
+
+def test_team_with_a_roster_that_cannot_be_read_says_so_in_one_line(crew, workspace, capsys):
+    mod = crew
+    (workspace / ".agent" / "team" / "crew" / "config.json").write_text('{"members": "not a list"')
+    capsys.readouterr()
+    assert mod.run_slash_once(None, "/team") == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert "cannot be read" in err and "Traceback" not in err and "failed" not in err
+
+
+def test_team_shows_a_roles_control_characters_as_escapes(crew, capsys):
+    """A role comes from the model: a cursor movement in it must not rewrite the terminal."""
+    mod = crew
+    mod.add_member("carol", "reviews\x1b[2J\x1b[Hok")
+    capsys.readouterr()
+    mod.handle_slash("/team", {})
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and team_rows(out.splitlines())["carol"][1] == "reviews\\x1b[2J\\x1b[Hok"
+
+
+def test_team_never_opens_an_inbox_that_is_not_a_plain_file(crew, workspace, capsys):
+    """A FIFO would hang a plain open(); /team shows the inbox as unusable and goes on."""
+    mod = crew
+    os.mkfifo(workspace / ".agent" / "team" / "crew" / "inbox" / "bob.jsonl")
+    capsys.readouterr()
+    mod.handle_slash("/team", {})
+    rows = team_rows(capsys.readouterr().out.splitlines())
+    assert rows["bob"][5] == "unusable" and rows["alice"][5] == "0 msg, 0 B"
