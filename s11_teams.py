@@ -2305,6 +2305,7 @@ def compact(client, messages, focus=None, why="auto", options=None):
     head = [{"type": "text", "text": (
         f"This session continues from an earlier conversation that was compacted to free "
         f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+    head = team_identity() + head  # s11: a teammate's name, role, team and lead, again
     head = ([] if agent_state().label else context_blocks(agent_state())) + head  # s09: they opened it
     tail = messages[start:]
     for m in tail:
@@ -8355,6 +8356,21 @@ def teammate_intro(record, team):
     return (f"You are {record['name']}, a teammate in team {team['name']}; your role: {record['role']}. "
             f"The lead is {LEAD!r}: send it your results with send_message. Messages from the team "
             f"come as <teammate-message> blocks; tasks come from the task board.")
+
+
+def team_identity():
+    """After a compaction (s06) the prompt that carried teammate_intro is summarised
+    away, so the new first message says it again. [] for the lead, for an agent in
+    no team, and for a subagent (its fresh state has no team)."""
+    state = agent_state()
+    if not state.team or state.team["member"] == LEAD or state.label:
+        return []
+    try:
+        record = find_member(read_roster(state.team["dir"]), state.team["member"])
+    except ToolError:
+        record = None
+    record = record or {"name": state.team["member"], "role": "(the roster cannot be read now)"}
+    return [{"type": "text", "text": teammate_intro(record, state.team)}]
 
 
 def next_work(me, role):

@@ -125,3 +125,49 @@ def test_team_never_opens_an_inbox_that_is_not_a_plain_file(crew, workspace, cap
     mod.handle_slash("/team", {})
     rows = team_rows(capsys.readouterr().out.splitlines())
     assert rows["bob"][5] == "unusable" and rows["alice"][5] == "0 msg, 0 B"
+
+
+# --- identity after a compaction ----------------------------------------------------------
+
+def first_message(body):
+    return json.dumps(body["messages"][0], ensure_ascii=False)
+
+
+def test_a_teammate_compacted_is_told_again_who_it_is(crew, api, client, workspace, monkeypatch):
+    """Its first prompt carried teammate_intro; the compaction summarises that prompt
+    away, and the new first message says it again: name, role, team, lead."""
+    mod = crew
+    monkeypatch.setattr(mod, "IDLE_TIMEOUT", 0)                     # one turn, then it stops
+    alice = member(mod, workspace, "alice")
+    mod.send_message("alice", "write parser.py")
+    api.script([reply(tool("compact", {})), reply(SUMMARY), reply("done")])
+    with mod.acting_as(alice):
+        intro = mod.teammate_intro(mod.find_member(mod.read_roster(alice.team["dir"]), "alice"), alice.team)
+        assert mod.teammate_loop(client, []) == 0
+    assert "You are alice, a teammate in team crew; your role: writes the code. The lead is 'lead'" in intro
+    first, _, after = message_bodies(api)
+    assert intro in first_message(first)
+    assert "SUMMARY-TEXT" in first_message(after) and intro in first_message(after)
+    assert json.dumps(after["messages"]).count(intro) == 1          # once: the old prompt is summarised
+
+
+@pytest.mark.parametrize("who", ["no team", "the lead"])
+def test_an_agent_that_is_no_teammate_gets_no_identity_after_a_compaction(mod, api, client, workspace, who):
+    if who == "the lead":
+        mod.create_team("crew")
+        mod.add_member("alice", "writes the code")
+    api.script([reply(tool("compact", {})), reply(SUMMARY), reply("done")])
+    assert mod.agent_loop(client, [{"role": "user", "content": "do the work"}]) == "end_turn"
+    after = message_bodies(api)[-1]
+    assert "SUMMARY-TEXT" in first_message(after) and "a teammate in team" not in json.dumps(after)
+    assert mod.team_identity() == []
+
+
+def test_a_teammates_subagent_gets_no_identity(crew, workspace):
+    mod = crew
+    with mod.acting_as(member(mod, workspace, "alice")):
+        assert "You are alice" in mod.team_identity()[0]["text"]
+        with mod.acting_as(mod.child_state(False, "look around")):
+            assert mod.team_identity() == []
+        with mod.acting_as(mod.child_state(True, "a fork")):
+            assert mod.team_identity() == []
