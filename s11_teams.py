@@ -7679,6 +7679,8 @@ MEMBER_STATUSES = ("working", "idle", "stopped")
 BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
 MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
 TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
+TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
+                            # its agent type says: without these a teammate cannot work in a team
 ROSTER_BYTES = 64_000       # a config.json larger than this is not read
 MESSAGE_CHARS = 8_000       # characters of one message's content
 INBOX_BYTES = 100_000       # bytes of unread messages one inbox holds: a send past it is refused
@@ -8291,16 +8293,24 @@ def await_join(name, pid, proc, argv):
     return None
 
 
+def teammate_spec(agent_type):
+    """A teammate's agent definition ({}: general-purpose, unless a file defines that
+    name); ToolError naming the types for an unknown one, as the agent tool says."""
+    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
+    return {} if general else pick_agent(agent_type, False)
+
+
 def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False):
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
     if os.getenv(TEAMMATE_ENV) or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
                         "(send_message).")
+    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
     team, backend = state.team, "tmux" if in_tmux() else "detached"
-    name = add_member(name, role, agent_type, None, backend, None, plan_mode_required)["name"]
+    name = add_member(name, role, agent_type, spec.get("model"), backend, None, plan_mode_required)["name"]
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     try:
@@ -8373,6 +8383,34 @@ def team_identity():
     return [{"type": "text", "text": teammate_intro(record, state.team)}]
 
 
+def teammate_tools(spec, record):
+    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
+    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
+    when it must plan first; it may keep agent, and never has spawn_teammate."""
+    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
+    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
+    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
+    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
+            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
+
+
+def teammate_settings(record):
+    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
+    system prompt (the agent's own, then the definition's), its model (the definition's,
+    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
+    try:
+        spec = teammate_spec(record.get("agent_type"))
+    except ToolError as e:
+        say(f"[{e}]")
+        with contextlib.suppress(ToolError):
+            post(LEAD, "message", f"I cannot start: {e}")
+        return None
+    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
+    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
+    return {"tools": teammate_tools(spec, record), "system": system,
+            "model": spec.get("model") or record.get("model")}
+
+
 def next_work(me, role):
     """What wakes an idle teammate: its messages, else a ready task it has just claimed.
     None: nothing yet; "shutdown": the lead asked it to stop (answered here)."""
@@ -8391,7 +8429,8 @@ def next_work(me, role):
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
-    tools = [t for t in TOOLS if t["name"] != "spawn_teammate"]  # teammates never spawn
+    if (settings := teammate_settings(record)) is None:
+        return 1
     intro, idle_since = teammate_intro(record, team), time.monotonic()
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
@@ -8404,7 +8443,7 @@ def teammate_loop(client, history):
         set_member(me, status="working")
         add_user_text(history, f"{intro}\n\n{work}" if intro else work)
         intro = ""
-        agent_loop(client, history, tools=tools)
+        agent_loop(client, history, **settings)
         set_member(me, status="idle")
         idle_since = time.monotonic()
     return 0

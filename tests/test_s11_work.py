@@ -171,3 +171,128 @@ def test_a_teammates_subagent_gets_no_identity(crew, workspace):
             assert mod.team_identity() == []
         with mod.acting_as(mod.child_state(True, "a fork")):
             assert mod.team_identity() == []
+
+
+# --- agent_type and model -----------------------------------------------------------------
+
+REVIEWER = """---
+name: reviewer
+description: Reviews code and reports problems.
+tools: [read_file, grep]
+disallowed_tools: [send_message, task_update, bash]
+model: claude-reviewer-1
+---
+You review code. REVIEWER-RULES.
+"""
+BUILDER = """---
+name: builder
+description: Builds things.
+disallowed_tools: [bash, agent, task_list]
+---
+"""
+
+
+def define(workspace, name, text):
+    folder = workspace / ".agent" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.md").write_text(text)
+
+
+def never_started(mod, monkeypatch):
+    def start(*args):
+        raise AssertionError("a teammate process was started")
+    monkeypatch.setattr(mod, "start_detached", start)
+    monkeypatch.setattr(mod, "start_in_tmux", start)
+
+
+def test_spawn_refuses_an_unknown_agent_type_before_anything_is_made(mod, workspace, monkeypatch):
+    define(workspace, "reviewer", REVIEWER)
+    never_started(mod, monkeypatch)
+    with pytest.raises(mod.ToolError) as e:
+        mod.spawn_teammate("alice", "writes the code", "write parser.py", agent_type="revewer")
+    assert "Unknown agent_type 'revewer'" in str(e.value) and "explore, reviewer" in str(e.value)
+    assert mod.agent_state().team == {} and not (workspace / ".agent" / "team").exists()  # no team made
+    mod.create_team("crew")
+    roster = (workspace / ".agent" / "team" / "crew" / "config.json").read_text()
+    out = call(mod, "spawn_teammate", {"name": "alice", "role": "r", "prompt": "p", "agent_type": "nope"})
+    assert out["is_error"] and "Use one of: explore, reviewer" in out["content"]
+    assert (workspace / ".agent" / "team" / "crew" / "config.json").read_text() == roster   # nobody added
+    assert inbox(workspace, "alice") == []                                                 # no prompt sent
+
+
+def test_spawn_records_the_agent_type_and_its_model(mod, workspace, monkeypatch):
+    define(workspace, "reviewer", REVIEWER)
+
+    def fails(*args):
+        raise OSError("no processes in this test")
+    monkeypatch.setattr(mod, "start_detached", fails)
+    monkeypatch.setattr(mod, "in_tmux", lambda: False)
+    for name, kind in (("alice", "general-purpose"), ("bob", "explore"), ("carol", "reviewer")):
+        with pytest.raises(mod.ToolError, match="could not be started"):   # got past the type check
+            mod.spawn_teammate(name, "a role", "a prompt", agent_type=kind)
+    members = {m["name"]: m for m in mod.read_roster(mod.my_team()["dir"])["members"]}
+    assert [(members[n]["agent_type"], members[n]["model"]) for n in ("alice", "bob", "carol")] == [
+        ("general-purpose", mod.model_id()), ("explore", mod.model_id()), ("reviewer", "claude-reviewer-1")]
+
+
+def run_teammate(mod, api, client, workspace, name, monkeypatch, steps=(reply("Looked at it."),)):
+    """One wake-up of `name`'s loop (its first prompt from the lead), then it idles out."""
+    monkeypatch.setattr(mod, "IDLE_TIMEOUT", 0)
+    state = member(mod, workspace, name)
+    mod.send_message(name, "look at parser.py")
+    api.script(list(steps))
+    with mod.acting_as(state):
+        code = mod.teammate_loop(client, [])
+    return code, message_bodies(api)
+
+
+def tool_names(body):
+    return sorted(t["name"] for t in body["tools"])
+
+
+def test_a_teammate_runs_with_its_definitions_tools_prompt_and_model(crew, api, client, workspace, monkeypatch):
+    mod = crew
+    define(workspace, "reviewer", REVIEWER)
+    mod.add_member("carol", "reviews", agent_type="reviewer")             # roster model: the lead's
+    code, bodies = run_teammate(mod, api, client, workspace, "carol", monkeypatch)
+    assert code == 0 and len(bodies) == 1
+    body = bodies[0]
+    assert tool_names(body) == sorted(["read_file", "grep"] + list(mod.TEAMMATE_KEEPS))  # kept whatever it said
+    system = json.dumps(body["system"])
+    assert "REVIEWER-RULES" in system and "Your agent type, reviewer" in system
+    assert mod.SYSTEM in system                                           # added to its own prompt
+    assert body["model"] == "claude-reviewer-1"                           # the definition's model
+
+
+def test_a_teammate_without_a_model_in_its_definition_uses_the_rosters(crew, api, client, workspace, monkeypatch):
+    mod = crew
+    define(workspace, "builder", BUILDER)
+    mod.add_member("dave", "builds", agent_type="builder", model="claude-roster-2")
+    code, bodies = run_teammate(mod, api, client, workspace, "dave", monkeypatch)
+    names = tool_names(bodies[0])
+    assert code == 0 and bodies[0]["model"] == "claude-roster-2"
+    assert {"bash", "background_run", "agent", "spawn_teammate"}.isdisjoint(names)
+    assert {"task_list", "send_message", "write_file", "edit_file", "read_file"} <= set(names)
+    assert "Your agent type" not in json.dumps(bodies[0]["system"])    # a definition without a body adds none
+
+
+def test_a_general_purpose_teammate_has_every_tool_but_spawn_teammate(crew, api, client, workspace, monkeypatch):
+    mod = crew
+    code, bodies = run_teammate(mod, api, client, workspace, "alice", monkeypatch)
+    assert code == 0 and bodies[0]["model"] == mod.model_id()
+    assert tool_names(bodies[0]) == sorted(t["name"] for t in mod.TOOLS if t["name"] != "spawn_teammate")
+    mod.add_member("erin", "plans first", agent_type="reviewer", plan_mode_required=True)
+    define(workspace, "reviewer", REVIEWER)
+    record = mod.find_member(mod.read_roster(mod.my_team()["dir"]), "erin")
+    assert "exit_plan_mode" in [t["name"] for t in mod.teammate_settings(record)["tools"]]  # it must ask
+
+
+def test_a_teammate_whose_agent_type_is_gone_tells_the_lead_and_stops(crew, api, client, workspace, monkeypatch):
+    mod = crew
+    define(workspace, "reviewer", REVIEWER)
+    mod.add_member("carol", "reviews", agent_type="reviewer")
+    (workspace / ".agent" / "agents" / "reviewer.md").unlink()             # after the lead checked it
+    code, bodies = run_teammate(mod, api, client, workspace, "carol", monkeypatch, steps=())
+    assert code == 1 and bodies == []
+    told = [r for r in inbox(workspace, "lead") if r["from"] == "carol"]
+    assert len(told) == 1 and "Unknown agent_type 'reviewer'" in told[0]["content"]
