@@ -6026,7 +6026,7 @@ TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
 TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
                             # would make the next id's file name too long to create)
 TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
-TASK_TEXTS = ("subject", "description", "owner", "created", "updated")  # the text fields a task shows
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role")  # text fields; s11: role
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 MAX_CRON = 100              # characters of a cron expression, from the model or the file
@@ -6294,7 +6294,7 @@ def check_text(value, field, limit, one_line=False):
     return text
 
 
-def task_create(subject, description="", blocked_by=None):
+def task_create(subject, description="", blocked_by=None, role=None):  # s11: role, who it is for
     subject = check_text(subject, "subject", MAX_SUBJECT, one_line=True)
     description = check_text(description, "description", MAX_TASK_TEXT)
     with task_board() as tasks:
@@ -6309,6 +6309,7 @@ def task_create(subject, description="", blocked_by=None):
         tasks[new] = {"id": new, "subject": subject, "description": description,
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
+        set_task_role(tasks[new], role)  # s11
         for other in blocked_by or []:
             link(tasks, other, new)
         return f"Created task #{new}: {subject}" + waits_note(tasks, tasks[new])
@@ -6334,7 +6335,7 @@ def set_status(tasks, task, status):
 
 
 def task_update(id, status=None, subject=None, description=None, owner=None,
-                add_blocked_by=None, add_blocks=None, remove_blocked_by=None):
+                add_blocked_by=None, add_blocks=None, remove_blocked_by=None, role=None):  # s11: role
     with task_board() as tasks:
         task = open_task(tasks, id)
         if subject is not None:
@@ -6343,6 +6344,7 @@ def task_update(id, status=None, subject=None, description=None, owner=None,
             task["description"] = check_text(description, "description", MAX_TASK_TEXT)
         if owner is not None:
             task["owner"] = check_text(owner, "owner", MAX_SUBJECT)
+        set_task_role(task, role)  # s11
         for other in remove_blocked_by or []:
             unlink(tasks, task_id(other), task["id"])
         for other in add_blocked_by or []:
@@ -6357,6 +6359,7 @@ def task_label(tasks, task):
     """What task_list shows in brackets: the kind, the blockers, the owner."""
     kind = task_kind(tasks, task)
     label = "blocked by " + ", ".join("#" + i for i in blocking(tasks, task)) if kind == "blocked" else kind
+    label += f", for role: {task['role']}" if task.get("role") else ""  # s11: who may claim it
     return label + (f", owner: {task['owner']}" if task.get("owner") else "")
 
 
@@ -6398,6 +6401,8 @@ register("task_create", TASK_HELP + (
     {"type": "object", "required": ["subject"], "properties": {
         "subject": {"type": "string", "description": "One line, imperative: 'Write the CSV parser'."},
         "description": {"type": "string", "description": "What done means, and anything the worker needs."},
+        "role": {"type": "string", "description": "A teammate role it is for, as given to spawn_teammate: "  # s11
+                 "only teammates of that role take it from the board. Omit it for anyone."},  # s11
         "blocked_by": IDS | {"description": "Ids of the tasks that must be completed first."}}},
     task_create, read_only=True)  # the agent's own bookkeeping: no project file changes
 register("task_update", TASK_HELP + (
@@ -6411,6 +6416,7 @@ register("task_update", TASK_HELP + (
         "subject": {"type": "string", "description": "A new one-line subject."},
         "description": {"type": "string", "description": "A new description (replaces the old)."},
         "owner": {"type": "string", "description": "Who works on it; \"\" for nobody."},
+        "role": {"type": "string", "description": "The teammate role it is for; \"\" for anyone."},  # s11
         "add_blocked_by": IDS | {"description": "Ids this task must wait for."},
         "add_blocks": IDS | {"description": "Ids that must wait for this task."},
         "remove_blocked_by": IDS | {"description": "Ids this task no longer waits for."}}},
@@ -8097,15 +8103,35 @@ register("send_message", (
 # task lock, and the claimer uses what the claim returned: of claimers racing
 # for one task exactly one wins. A task whose owner's process has ended would
 # stay in progress forever; release_dead puts it back on the board.
+# Who a task is for: the teammates of its role (task_create and task_update take a
+# role, the words of a spawn_teammate role; case and spacing aside), or the one the
+# lead made its owner (whatever the role); a task with neither is for anyone.
 def claimable(tasks, task, owner):
     """Pending, nothing blocking it, and nobody's (or already this owner's: assigned)."""
     return task["status"] == "pending" and not blocking(tasks, task) \
         and (task.get("owner") or "") in ("", owner)
 
 
+def role_key(role):
+    return " ".join(str(role).split()).casefold()  # "Writes  the Tests" is "writes the tests"
+
+
+def set_task_role(task, role):
+    """task_create's and task_update's role: the teammate role a task is for, kept on
+    one line; "" makes it for anyone again. None: no change."""
+    if role is None:
+        return
+    role = check_text(" ".join(str(role).split()), "role", MAX_SUBJECT)
+    if role:
+        task["role"] = role
+    else:
+        task.pop("role", None)
+
+
 def fits(task, role):
-    """A task that names a role is for members of that role; one that names none is for anyone."""
-    return role is None or not task.get("role") or task["role"] == role
+    """A task that names a role is for members of that role (case and spacing aside);
+    one that names none is for anyone."""
+    return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
 
 
 def take_task(task, owner):
@@ -8125,12 +8151,13 @@ def claim_task(id, owner):
 
 
 def claim_next(owner, role=None):
-    """The first ready task (lowest id) that fits `role`, claimed in the same locked
-    step that found it; None when there is none."""
+    """The first ready task (lowest id) that fits `role`, or that the lead assigned to
+    `owner` (whatever its role), claimed in the same locked step that found it; None
+    when there is none."""
     owner = check_name(owner, "owner")
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
-            if claimable(tasks, task, owner) and fits(task, role):
+            if claimable(tasks, task, owner) and (task.get("owner") == owner or fits(task, role)):
                 take_task(task, owner)
                 return task
     return None
@@ -8337,7 +8364,8 @@ register("spawn_teammate", (
     "role. Only the lead spawns; teammates cannot."),
     {"type": "object", "required": ["name", "role", "prompt"], "properties": {
         "name": {"type": "string", "description": "Its member name: letters, digits, - and _."},
-        "role": {"type": "string", "description": "What it is for, in one line."},
+        "role": {"type": "string", "description": "What it is for, in one line; tasks created with "
+                 "this role are its to take."},
         "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."},
         "agent_type": {"type": "string", "description": "An agent type (see the agent tool); default general-purpose."},
         "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."}}},
@@ -8426,6 +8454,15 @@ def next_work(me, role):
     return None
 
 
+def idle_out(me):
+    """IDLE_TIMEOUT without work: stopped in the roster first, so the lead, once told, finds it so."""
+    with contextlib.suppress(ToolError):
+        set_member(me, status="stopped")
+    with contextlib.suppress(ToolError):
+        post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
+    return 0
+
+
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
@@ -8435,9 +8472,7 @@ def teammate_loop(client, history):
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:
-                with contextlib.suppress(ToolError):
-                    post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
-                return 0
+                return idle_out(me)
             time.sleep(IDLE_POLL)
             continue
         set_member(me, status="working")

@@ -296,3 +296,95 @@ def test_a_teammate_whose_agent_type_is_gone_tells_the_lead_and_stops(crew, api,
     assert code == 1 and bodies == []
     told = [r for r in inbox(workspace, "lead") if r["from"] == "carol"]
     assert len(told) == 1 and "Unknown agent_type 'reviewer'" in told[0]["content"]
+
+
+# --- work, idle, claim --------------------------------------------------------------------
+
+def board(workspace):
+    return {p.stem: json.loads(p.read_text()) for p in (workspace / ".agent" / "tasks").glob("*.json")}
+
+
+def claims_in(body):
+    """The task ids the claim prompts in a request's history named, in order."""
+    return re.findall(r"You claimed task #(\d+)", json.dumps(body["messages"]))
+
+
+def test_a_task_says_which_role_it_is_for_and_the_board_shows_it(mod, workspace):
+    for args in ({"subject": "write the tests", "role": "  Writes the\nTESTS "}, {"subject": "for anyone"},
+                 {"subject": "blank role", "role": ""}):
+        out = call(mod, "task_create", args)
+        assert not out.get("is_error"), out
+    tasks = board(workspace)
+    assert tasks["1"]["role"] == "Writes the TESTS" and "role" not in tasks["2"] and "role" not in tasks["3"]
+    assert "#1 [ready, for role: Writes the TESTS] write the tests" in mod.task_list()
+    assert "[ready, for role: Writes the TESTS]" in mod.task_get("1")
+    assert not call(mod, "task_update", {"id": "2", "role": "reviews"}).get("is_error")
+    assert board(workspace)["2"]["role"] == "reviews"
+    assert not call(mod, "task_update", {"id": "1", "role": ""}).get("is_error")   # for anyone again
+    assert "role" not in board(workspace)["1"]
+    out = call(mod, "task_create", {"subject": "x", "role": "r" * (mod.MAX_SUBJECT + 1)})
+    assert out["is_error"] and "Shorten it" in out["content"]
+
+
+def test_a_planted_task_whose_role_is_not_text_is_no_task(mod, workspace):
+    mod.task_create("real")
+    planted = board(workspace)["1"] | {"id": "2", "role": ["writes the code"]}
+    (workspace / ".agent" / "tasks" / "2.json").write_text(json.dumps(planted))
+    assert mod.claim_next("alice", role="writes the code")["id"] == "1"
+    assert mod.claim_next("bob") is None                              # 2 is skipped, as a broken file is
+
+
+def test_claim_next_takes_what_fits_the_role_or_was_assigned(mod, workspace):
+    mod.task_create("tests", role="writes the tests")                # 1: bob's role
+    mod.task_create("bob's, by name", role="writes the code")        # 2: assigned to bob, another role
+    mod.task_update("2", owner="bob")
+    mod.task_create("code", role="Writes  The Code")                 # 3: alice's, case and spacing aside
+    mod.task_create("anything")                                      # 4: for anyone
+    assert mod.claim_next("alice", role="writes the code")["id"] == "3"
+    assert mod.claim_next("alice", role="writes the code")["id"] == "4"
+    assert mod.claim_next("alice", role="writes the code") is None   # 1 is bob's role, 2 bob's task
+    assert mod.claim_next("bob", role="writes the tests")["id"] == "1"
+    assert mod.claim_next("bob", role="writes the tests")["id"] == "2"   # assigned: whatever its role
+    assert {i: t["owner"] for i, t in board(workspace).items()} == {"1": "bob", "2": "bob", "3": "alice",
+                                                                    "4": "alice"}
+
+
+def test_an_idle_teammate_claims_only_the_ready_tasks_that_fit_its_role(crew, api, client, workspace, monkeypatch):
+    """Alice writes the code: the task for testers is never hers; the one for nobody in
+    particular and the one for her role are, in id order, one wake-up each."""
+    mod = crew
+    monkeypatch.setattr(mod, "IDLE_TIMEOUT", 0.05)
+    monkeypatch.setattr(mod, "IDLE_POLL", 0.01)
+    for args in ({"subject": "write the tests", "role": "Writes the TESTS"}, {"subject": "write the README"},
+                 {"subject": "write parser.py", "role": "writes the code"}):
+        assert not call(mod, "task_create", args).get("is_error")
+    alice = member(mod, workspace, "alice")
+    api.script([reply(tool("task_update", {"id": "2", "status": "completed"})), reply("README done."),
+                reply(tool("task_update", {"id": "3", "status": "completed"})), reply("parser done.")])
+    with mod.acting_as(alice):
+        assert mod.teammate_loop(client, []) == 0
+    bodies = message_bodies(api)
+    assert api.remaining() == 0 and len(bodies) == 4
+    assert [claims_in(b) for b in bodies] == [["2"], ["2"], ["2", "3"], ["2", "3"]]  # one wake-up each
+    tasks = board(workspace)
+    assert [(tasks[i]["owner"], tasks[i]["status"]) for i in "123"] == [
+        ("", "pending"), ("alice", "completed"), ("alice", "completed")]
+    with mod.acting_as(member(mod, workspace, "bob")):
+        assert mod.claim_next("bob", "writes the tests")["id"] == "1"   # bob's role: it is his
+
+
+def test_an_idle_teammate_tells_the_lead_and_stops_after_the_idle_timeout(crew, api, client, workspace, monkeypatch):
+    mod = crew
+    monkeypatch.setattr(mod, "IDLE_TIMEOUT", 0.2)
+    monkeypatch.setattr(mod, "IDLE_POLL", 0.02)
+    alice = member(mod, workspace, "alice")
+    mod.send_message("alice", "say hello")
+    api.script([reply("Hello.")])
+    with mod.acting_as(alice):
+        assert mod.teammate_loop(client, []) == 0
+    assert len(message_bodies(api)) == 1                              # one wake-up, then only idle looks
+    told = [r for r in inbox(workspace, "lead") if r["from"] == "alice"]
+    assert len(told) == 1 and told[0]["type"] == "message"
+    assert told[0]["content"] == "Idle for 0.2 s with nothing to do; stopping."
+    assert mod.find_member(mod.read_roster(mod.my_team()["dir"]), "alice")["status"] == "stopped"
+    assert "has stopped" in str(pytest.raises(mod.ToolError, mod.send_message, "alice", "still there?").value)
