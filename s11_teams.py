@@ -2318,6 +2318,7 @@ def compact(client, messages, focus=None, why="auto", options=None):
     head = [{"type": "text", "text": (
         f"This session continues from an earlier conversation that was compacted to free "
         f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+    head = team_identity() + head  # s11: a teammate's name, role, team and lead, again
     head = ([] if agent_state().label else context_blocks(agent_state())) + head  # s09: they opened it
     tail = messages[start:]
     for m in tail:
@@ -6042,7 +6043,7 @@ TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
 TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
                             # would make the next id's file name too long to create)
 TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
-TASK_TEXTS = ("subject", "description", "owner", "created", "updated")  # the text fields a task shows
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role")  # text fields; s11: role
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 MAX_CRON = 100              # characters of a cron expression, from the model or the file
@@ -6310,7 +6311,7 @@ def check_text(value, field, limit, one_line=False):
     return text
 
 
-def task_create(subject, description="", blocked_by=None):
+def task_create(subject, description="", blocked_by=None, role=None):  # s11: role, who it is for
     subject = check_text(subject, "subject", MAX_SUBJECT, one_line=True)
     description = check_text(description, "description", MAX_TASK_TEXT)
     with task_board() as tasks:
@@ -6325,6 +6326,7 @@ def task_create(subject, description="", blocked_by=None):
         tasks[new] = {"id": new, "subject": subject, "description": description,
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
+        set_task_role(tasks[new], role)  # s11
         for other in blocked_by or []:
             link(tasks, other, new)
         return f"Created task #{new}: {subject}" + waits_note(tasks, tasks[new])
@@ -6350,7 +6352,7 @@ def set_status(tasks, task, status):
 
 
 def task_update(id, status=None, subject=None, description=None, owner=None,
-                add_blocked_by=None, add_blocks=None, remove_blocked_by=None):
+                add_blocked_by=None, add_blocks=None, remove_blocked_by=None, role=None):  # s11: role
     with task_board() as tasks:
         task = open_task(tasks, id)
         if subject is not None:
@@ -6359,6 +6361,7 @@ def task_update(id, status=None, subject=None, description=None, owner=None,
             task["description"] = check_text(description, "description", MAX_TASK_TEXT)
         if owner is not None:
             task["owner"] = check_text(owner, "owner", MAX_SUBJECT)
+        set_task_role(task, role)  # s11
         for other in remove_blocked_by or []:
             unlink(tasks, task_id(other), task["id"])
         for other in add_blocked_by or []:
@@ -6373,6 +6376,7 @@ def task_label(tasks, task):
     """What task_list shows in brackets: the kind, the blockers, the owner."""
     kind = task_kind(tasks, task)
     label = "blocked by " + ", ".join("#" + i for i in blocking(tasks, task)) if kind == "blocked" else kind
+    label += f", for role: {task['role']}" if task.get("role") else ""  # s11: who may claim it
     return label + (f", owner: {task['owner']}" if task.get("owner") else "")
 
 
@@ -6414,6 +6418,8 @@ register("task_create", TASK_HELP + (
     {"type": "object", "required": ["subject"], "properties": {
         "subject": {"type": "string", "description": "One line, imperative: 'Write the CSV parser'."},
         "description": {"type": "string", "description": "What done means, and anything the worker needs."},
+        "role": {"type": "string", "description": "A teammate role it is for, as given to spawn_teammate: "  # s11
+                 "only teammates of that role take it from the board. Omit it for anyone."},  # s11
         "blocked_by": IDS | {"description": "Ids of the tasks that must be completed first."}}},
     task_create, read_only=True)  # the agent's own bookkeeping: no project file changes
 register("task_update", TASK_HELP + (
@@ -6427,6 +6433,7 @@ register("task_update", TASK_HELP + (
         "subject": {"type": "string", "description": "A new one-line subject."},
         "description": {"type": "string", "description": "A new description (replaces the old)."},
         "owner": {"type": "string", "description": "Who works on it; \"\" for nobody."},
+        "role": {"type": "string", "description": "The teammate role it is for; \"\" for anyone."},  # s11
         "add_blocked_by": IDS | {"description": "Ids this task must wait for."},
         "add_blocks": IDS | {"description": "Ids that must wait for this task."},
         "remove_blocked_by": IDS | {"description": "Ids this task no longer waits for."}}},
@@ -7692,6 +7699,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")  # a team or member
 MEMBER_STATUSES = ("working", "idle", "stopped")
 BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
 MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
+TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
+TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
+                            # its agent type says: without these a teammate cannot work in a team
 ROSTER_BYTES = 64_000       # a config.json larger than this is not read
 MESSAGE_CHARS = 8_000       # characters of one message's content
 INBOX_BYTES = 100_000       # bytes of unread messages one inbox holds: a send past it is refused
@@ -7986,6 +7996,18 @@ def append_log(fh, records):
             fh.write(LOG_FULL)
             return
         size += fh.write(line)
+
+
+def inbox_size(inbox):
+    """(messages, bytes) unread in an inbox, which is left as it is: read under its
+    lock, so a send is counted whole or not at all, and nothing is taken."""
+    with inbox_lock(inbox):
+        fd = open_inbox(inbox, os.O_RDONLY)
+        if fd is None:
+            return 0, 0
+        with open(fd, "rb") as fh:
+            size, data = os.fstat(fd).st_size, fh.read(INBOX_BYTES)
+    return sum(parse_record(line) is not None for line in data.splitlines()), size
 
 
 def parse_record(line):
@@ -8374,15 +8396,35 @@ def drain_inbox(messages):
 # task lock, and the claimer uses what the claim returned: of claimers racing
 # for one task exactly one wins. A task whose owner's process has ended would
 # stay in progress forever; release_dead puts it back on the board.
+# Who a task is for: the teammates of its role (task_create and task_update take a
+# role, the words of a spawn_teammate role; case and spacing aside), or the one the
+# lead made its owner (whatever the role); a task with neither is for anyone.
 def claimable(tasks, task, owner):
     """Pending, nothing blocking it, and nobody's (or already this owner's: assigned)."""
     return task["status"] == "pending" and not blocking(tasks, task) \
         and (task.get("owner") or "") in ("", owner)
 
 
+def role_key(role):
+    return " ".join(str(role).split()).casefold()  # "Writes  the Tests" is "writes the tests"
+
+
+def set_task_role(task, role):
+    """task_create's and task_update's role: the teammate role a task is for, kept on
+    one line; "" makes it for anyone again. None: no change."""
+    if role is None:
+        return
+    role = check_text(" ".join(str(role).split()), "role", MAX_SUBJECT)
+    if role:
+        task["role"] = role
+    else:
+        task.pop("role", None)
+
+
 def fits(task, role):
-    """A task that names a role is for members of that role; one that names none is for anyone."""
-    return role is None or not task.get("role") or task["role"] == role
+    """A task that names a role is for members of that role (case and spacing aside);
+    one that names none is for anyone."""
+    return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
 
 
 def take_task(task, owner):
@@ -8402,12 +8444,13 @@ def claim_task(id, owner):
 
 
 def claim_next(owner, role=None):
-    """The first ready task (lowest id) that fits `role`, claimed in the same locked
-    step that found it; None when there is none."""
+    """The first ready task (lowest id) that fits `role`, or that the lead assigned to
+    `owner` (whatever its role), claimed in the same locked step that found it; None
+    when there is none."""
     owner = check_name(owner, "owner")
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
-            if claimable(tasks, task, owner) and fits(task, role):
+            if claimable(tasks, task, owner) and (task.get("owner") == owner or fits(task, role)):
                 take_task(task, owner)
                 return task
     return None
@@ -8460,6 +8503,51 @@ def release_dead(procs):
         for task in released:
             task["owner"], task["status"] = "", "pending"
     return sorted((t["id"] for t in released), key=int)
+
+
+# /team: who is in the team, what waits in each inbox, what each has taken.
+def open_tasks_by_owner():
+    """Owner -> "#3, #5": the open tasks each member owns, from one locked read of the board."""
+    with task_board() as tasks:
+        owned = {}
+        for t in sorted(tasks.values(), key=lambda t: int(t["id"])):
+            if t["status"] in OPEN_STATUSES and t.get("owner"):
+                owned.setdefault(t["owner"], []).append(f"#{t['id']}")
+    return {owner: ", ".join(ids) for owner, ids in owned.items()}
+
+
+def inbox_text(name):
+    try:
+        count, size = inbox_size(inbox_path(name))
+    except (ToolError, OSError):
+        return "unusable"
+    return f"{count} msg, {size} B"
+
+
+def show_team(args, ctx):
+    """/team: the roster, each member's unread inbox (counted, never taken) and open tasks."""
+    team = agent_state().team
+    if not team:
+        print("No team yet: spawn_teammate makes one with its first teammate.")
+        return
+    try:
+        roster, owned = read_roster(team["dir"]), open_tasks_by_owner()
+    except ToolError as e:
+        ctx["error"] = str(e)
+        say(ctx["error"])
+        return
+    rows = [("name", "role", "status", "backend", "pid", "inbox", "open tasks")]
+    rows += [(m["name"], clip_row(printable(m.get("role", "")), TEAM_ROLE_CHARS), m["status"],
+              str(m.get("backend", "")), str(m.get("pid") or "-"), inbox_text(m["name"]),
+              owned.get(m["name"], "-")) for m in roster["members"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    print(f"team {team['name']}: {len(rows) - 2} teammate(s)")
+    for r in rows:
+        print("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+command("team", "Show the team: each member's role, status, process, unread inbox and open tasks",
+        show_team)
 
 
 # --- s11.5: spawning teammates ---
@@ -8528,16 +8616,24 @@ def await_join(name, pid, proc, argv):
     return None
 
 
+def teammate_spec(agent_type):
+    """A teammate's agent definition ({}: general-purpose, unless a file defines that
+    name); ToolError naming the types for an unknown one, as the agent tool says."""
+    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
+    return {} if general else pick_agent(agent_type, False)
+
+
 def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False):
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
     if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
                         "(send_message).")
+    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
     team, backend = state.team, "tmux" if in_tmux() else "detached"
-    name = add_member(name, role, agent_type, None, backend, None, plan_mode_required)["name"]
+    name = add_member(name, role, agent_type, spec.get("model"), backend, None, plan_mode_required)["name"]
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     try:
@@ -8564,7 +8660,8 @@ register("spawn_teammate", (
     "role. Only the lead spawns; teammates cannot."),
     {"type": "object", "required": ["name", "role", "prompt"], "properties": {
         "name": {"type": "string", "description": "Its member name: letters, digits, - and _."},
-        "role": {"type": "string", "description": "What it is for, in one line."},
+        "role": {"type": "string", "description": "What it is for, in one line; tasks created with "
+                 "this role are its to take."},
         "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."},
         "agent_type": {"type": "string", "description": "An agent type (see the agent tool); default general-purpose."},
         "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."}}},
@@ -8595,6 +8692,49 @@ def teammate_intro(record, team):
             f"come as <teammate-message> blocks; tasks come from the task board.")
 
 
+def team_identity():
+    """After a compaction (s06) the prompt that carried teammate_intro is summarised
+    away, so the new first message says it again. [] for the lead, for an agent in
+    no team, and for a subagent (its fresh state has no team)."""
+    state = agent_state()
+    if not state.team or state.team["member"] == LEAD or state.label:
+        return []
+    try:
+        record = find_member(read_roster(state.team["dir"]), state.team["member"])
+    except ToolError:
+        record = None
+    record = record or {"name": state.team["member"], "role": "(the roster cannot be read now)"}
+    return [{"type": "text", "text": teammate_intro(record, state.team)}]
+
+
+def teammate_tools(spec, record):
+    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
+    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
+    when it must plan first; it may keep agent, and never has spawn_teammate."""
+    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
+    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
+    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
+    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
+            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
+
+
+def teammate_settings(record):
+    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
+    system prompt (the agent's own, then the definition's), its model (the definition's,
+    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
+    try:
+        spec = teammate_spec(record.get("agent_type"))
+    except ToolError as e:
+        say(f"[{e}]")
+        with contextlib.suppress(ToolError):
+            post(LEAD, "message", f"I cannot start: {e}")
+        return None
+    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
+    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
+    return {"tools": teammate_tools(spec, record), "system": system,
+            "model": spec.get("model") or record.get("model")}
+
+
 def next_work(me, role):
     """What wakes an idle teammate: its messages (the lead's answer to its plan too),
     else a ready task it has just claimed. None: nothing yet; "shutdown": it agreed
@@ -8615,25 +8755,33 @@ def next_work(me, role):
     return None
 
 
+def idle_out(me):
+    """IDLE_TIMEOUT without work: stopped in the roster first, so the lead, once told, finds it so."""
+    with contextlib.suppress(ToolError):
+        set_member(me, status="stopped")
+    with contextlib.suppress(ToolError):
+        post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
+    return 0
+
+
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
-    tools = [t for t in TOOLS if t["name"] != "spawn_teammate"]  # teammates never spawn
+    if (settings := teammate_settings(record)) is None:
+        return 1
     intro, idle_since = teammate_intro(record, team), time.monotonic()
     if record.get("plan_mode_required"):  # it plans first; exit_plan_mode asks the lead
         set_mode("plan", history)
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:
-                with contextlib.suppress(ToolError):
-                    post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
-                return 0
+                return idle_out(me)
             time.sleep(IDLE_POLL)
             continue
         set_member(me, status="working")
         add_user_text(history, f"{intro}\n\n{work}" if intro else work)
         intro = ""
-        agent_loop(client, history, tools=tools)
+        agent_loop(client, history, **settings)
         set_member(me, status="idle")
         idle_since = time.monotonic()
     return 0
