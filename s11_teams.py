@@ -7718,6 +7718,7 @@ AGENT_SENT = {  # types the program sends, never the model (send_message refuses
     "permission_response": "the user answers it at the lead's terminal"}
 TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
 TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
+LEAD_PID_ENV = "AGENT_TEAM_LEAD"  # the lead's pid: a teammate whose lead has gone (even kill -9) stops
 PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "MODEL_ID",
               "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY", "HOME", "PATH", "NO_PROXY", "no_proxy",
               "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")  # the lead's config (~/.agent
@@ -8574,7 +8575,8 @@ def teammate_env(name):
     """What a teammate's process gets besides the lead's own environment: the key, and
     the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
     state = agent_state()
-    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode}
+    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode,
+            LEAD_PID_ENV: str(os.getpid())}
 
 
 def start_detached(argv, env, log):
@@ -8683,7 +8685,16 @@ def start_teammate(argv):
     if not name or not team or argv:
         raise ValueError("a teammate is started as: --teammate NAME --team TEAM (by its lead)")
     join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
+    pid = os.environ.pop(LEAD_PID_ENV, "")
+    lead = process_identity(pid) if pid.isdigit() else None  # the lead waits for this join: alive now
+    agent_state().team["lead_process"] = (int(pid), *lead) if lead else None
     return argv
+
+
+def lead_gone():
+    """Has the lead's process ended (killed before it could ask its teammates to stop)?"""
+    lead = agent_state().team.get("lead_process")
+    return lead is not None and not same_process(*lead)
 
 
 def teammate_intro(record, team):
@@ -8742,6 +8753,9 @@ def next_work(me, role):
     idle teammate loses nothing), or in a turn that left the request unanswered."""
     team, news = agent_state().team, team_news()
     if team.get("stopping"):
+        return "shutdown"
+    if lead_gone():
+        say("[the lead's process has ended: stopping]")
         return "shutdown"
     if id := team.pop("shutdown", None):
         with contextlib.suppress(ToolError):  # the lead may have stopped waiting

@@ -539,3 +539,39 @@ def test_a_shutdown_request_ends_a_wait_for_an_answer_with_a_no(crew, workspace)
     with mod.acting_as(alice):
         assert mod.next_work("alice", "writes the code") == "shutdown"   # the request was kept, and answered
     assert requests(workspace)[rid]["state"] == "approved"
+
+
+@pytest.mark.e2e("s11")
+def test_teammates_stop_by_themselves_when_their_lead_is_killed(mod, api, workspace):
+    """kill -9 leaves the lead no time to ask: an idle teammate sees its lead's process gone."""
+    from test_s11_teams import statuses, teammate_pids
+    scripts = {"lead": [reply(tool("spawn_teammate", {"name": "alice", "role": "waits", "prompt": "alice: wait."})),
+                        reply("Alice is waiting.")],
+               "alice": [reply("Waiting.")]}
+    api.script(routed(scripts))
+    lead = start_lead(mod, api, workspace)
+    err = Lines(lead.stderr)
+    try:
+        tell(lead, "start alice")
+        wait_until(lambda: statuses(workspace).get("alice") == "idle" and not any(scripts.values()),
+                   "alice to go idle", err)
+        team = json.loads(next((workspace / ".agent" / "team").glob("*/config.json")).read_text())["team"]
+        assert len(teammate_pids(team)) == 1
+        lead.kill()
+        lead.wait()
+        wait_until(lambda: teammate_pids(team) == [], "alice to stop after her lead died")
+    finally:
+        lead.kill()
+    assert statuses(workspace)["alice"] == "stopped" and api.exhausted == 0
+
+
+def test_an_idle_teammate_whose_lead_has_gone_stops(crew, workspace):
+    mod = crew
+    alice = member(mod, workspace, "alice")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alice.team["lead_process"] = (os.getpid(), *mod.process_identity(os.getpid()))
+    with mod.acting_as(alice):
+        assert mod.next_work("alice", "writes the code") is None     # the lead lives: idle
+        alice.team["lead_process"] = (gone.pid, 1, ["python", "-c", "pass"])
+        assert mod.next_work("alice", "writes the code") == "shutdown"
