@@ -1,46 +1,48 @@
 #!/usr/bin/env python3
-"""s11_teams.py - agent teams: teammates that live longer than one task, each an
-OS process of its own with a name, a role and an inbox; they message each other,
-answer each other's requests, and take work from s10's task board, where no two
-ever take the same task.
+"""s12_worktree_mcp.py - separate lanes for parallel work: git worktrees that give an
+agent, a subagent or a teammate a checkout of its own; and tools from other programs
+over MCP.
 
-New since s10: create_team, join_team, add_member, set_member, team_roster (the
-roster); post, send_message, take_inbox (mailboxes); pending_request, ask_lead,
-ask_plan_approval, team_news, drain_inbox (requests and answers); claim_task,
-claim_next, release_dead, same_process (claiming work); spawn_teammate (tmux pane
-or detached process); teammate_loop, next_work (work, idle, claim); team_turn,
-notice_dead, team_session (the lead's side).
+New since s11: worktree_create, worktree_list, worktree_closeout, make_lane,
+find_lane, set_up_lane, enter_lane, leave_lane, commit_lane, remove_lane,
+clean_stale_worktrees (worktrees); agent and spawn_teammate isolation, an agent
+definition's isolation: worktree, isolate, close_agent_lane, --worktree NAME; the
+task field worktree.
+[MCP: the MCP client's and deferred tools' names go here]
 
-    lead: spawn_teammate alice -> .agent/team/<team>/config.json {key, members}
-          -> python s11_teams.py --teammate alice --team <team>  (tmux pane or detached)
-    alice: send_message {to: "lead", content: "parser done"}
-        flock inbox/lead.lock -> append one line to inbox/lead.jsonl (full: refused)
-    lead, before its next model call (or at once, idle at its prompt):
-        flock -> read all, truncate to 0 -> unlock -> <teammate-message from="alice">
-    alice, idle: claim_next("alice") -> under .agent/tasks/.lock: #3 pending, no owner,
-        nothing blocking -> owner alice, in_progress; bob's claim_task(3) -> False
-    bob, in plan mode: exit_plan_mode -> plan_approval_request (requests/req_1.json
-        pending) -> lead: plan_approval_response {approve} -> approved; bob wakes
-    bob's write needs a yes: permission_request -> the lead's terminal asks the
-        user -> permission_response (none in 300 s: no)
-    alice killed -> the lead notices (pid, start time, command line) -> #3 pending
+    agent {prompt, isolation: "worktree"}
+      -> git worktree add -b agent/agent-1a2b3c4d -- .agent/worktrees/agent-1a2b3c4d <HEAD>
+         + .agent/config.local.yaml, core.hooksPath, symlink_directories, .worktreeinclude
+      -> the child's workdir = the lane (no chdir), file-read records fresh,
+         its task begins with <worktree>: where it is, re-read the paths it was given
+      ... it edits; the main workspace is untouched ...
+      -> the manager: git add -A (not .agent/, not links) + commit, no hooks
+      -> parent: "[worktree ...: committed 3f2a1bc; branch agent/agent-1a2b3c4d ...]" + diffstat
+         (no change and no commit: the lane is removed)
+    worktree_closeout {name, action: remove}: uncommitted or unmerged work -> the human says yes
+    start-up: agent-made lanes unused for 24 h with nothing in them are removed
+[MCP: the MCP flow goes here]
 
-Subagent or teammate? A subagent (s04) runs inside its parent's turn, answers
-once and is gone. A teammate keeps its own history between tasks, and lives in
-another process, so all the team shares is files: the roster, one inbox each,
-the requests, the task board. Each shared file changes in one step under a lock,
-and `from` on a message is written by the sender's process, never by its model.
+A lane is the project's, not the process's: the task board, the lanes and their
+event log (.agent/worktrees/events.jsonl) stay in the workspace the agent came
+from. A clone may plant anything there, so a lane is used only when its .git
+pointer and this repository's record name each other, and the manager's git runs
+pinned to that record, with no hooks.
 
 Run:
-    python s11_teams.py                              # REPL, prompt "s11 >> "
-    python tests/demo.py s11                         # offline, no key: a lead and two teammates
+    python s12_worktree_mcp.py                       # REPL, prompt "s12 >> "
+    python s12_worktree_mcp.py --worktree fix-parser # the session works in that lane
+    python tests/demo.py s12                         # offline, no key: an isolated subagent
 Try:
-    python -m pytest tests/test_s11_teams.py -k processes -v   # 8 real processes race
-    (real model, inside tmux) make a team: alice writes parser.py, bob its tests
+    python -m pytest tests/test_s12_worktrees.py -v
+    (real model, in a git repository) have a subagent in a worktree rename a function
+      everywhere; review its branch, merge it, remove the worktree
+[MCP: a Try line for MCP goes here]
 
-Key insight: processes share nothing but files, so every change to a shared file
-is one locked step: append a message, take the whole inbox, answer a request,
-claim a task.
+Key insight: isolation is a directory, not a process: point the agent's working
+directory at another checkout and every tool follows, while the one thing it
+cannot do there, commit, is done by the program that made the lane.
+[MCP: its key insight goes here]
 """
 
 # --- imports ---
@@ -127,6 +129,7 @@ class AgentState:
                           "told": set(), "expired": [], "untrusted": None}  # s10: jobs, the REPL's queue (s10.4)
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
+        self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -655,6 +658,7 @@ def walk_files(root):
     from the repository root down, as git applies them; a nested repository
     starts with its own."""
     own = agent_state().workdir / AGENT_DIR
+    lanes = agent_state().workdir / WORKTREES_DIR  # s12: the lanes, even when .agent is asked for
     rules = {root: [r for d in ignore_parents(root) for r in read_gitignore(d)]}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -663,6 +667,7 @@ def walk_files(root):
         active = ([] if nested else inherited) + read_gitignore(here)
         keep = [d for d in sorted(dirnames) if d != ".git" and here / d != own
                 and not (here / d).is_symlink() and not is_ignored(here / d, True, active)]
+        keep = [d for d in keep if here / d != lanes or root.is_relative_to(lanes)]  # s12: unless inside
         dirnames[:] = keep
         rules.update({here / d: active for d in keep})
         for name in sorted(filenames):
@@ -719,6 +724,7 @@ def rg_walk_args(root):
     """
     workdir = agent_state().workdir
     args = ["-g", f"!/{AGENT_DIR}/"] if root == workdir else []  # as walk_files skips it
+    args += [] if root.is_relative_to(workdir / WORKTREES_DIR) else ["-g", f"!/{WORKTREES_DIR.as_posix()}/"]  # s12
     if repo_root(root):
         yield args + ["--", str(root)]
         return
@@ -1100,7 +1106,7 @@ register("todo_write", (
 # child's final text. Every step in between stays in the child and is dropped.
 SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
 AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
-AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model", "isolation"}  # s12
 FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
 FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
 WARNED = set()               # warnings shown once: definitions are re-read at every loop start
@@ -1162,6 +1168,9 @@ AGENT_TOOL_HELP = (
     "run_in_background: true returns a task id at once and the report comes later as a "  # s10
     "<task-notification>: keep working meanwhile; use it only when you do not need the "  # s10
     "answer for your next step. A background agent cannot ask the user for permission.\n"  # s10
+    "isolation: \"worktree\" runs it in a git worktree of its own, made from the last commit "  # s12
+    "(your uncommitted changes are not there): it cannot disturb this workspace, and you get "  # s12
+    "its branch and a diffstat to review and merge.\n"  # s12
     "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
 
 
@@ -1214,11 +1223,13 @@ def parse_agent_file(path):
         raise ValueError("max_turns must be a positive integer")
     if model is not None and not isinstance(model, str):
         raise ValueError("model must be a model id, or 'inherit'")
+    if meta.get("isolation") not in (None, "worktree"):  # s12
+        raise ValueError("isolation must be worktree (a git worktree of its own), or left out")  # s12
     return {"name": name, "description": " ".join(description.split()),
             "tools": name_list(meta, "tools"),
             "disallowed_tools": name_list(meta, "disallowed_tools") or [],
             "max_turns": turns, "model": None if model == "inherit" else model,
-            "system": body or SUBAGENT_SYSTEM}
+            "system": body or SUBAGENT_SYSTEM, "isolation": meta.get("isolation")}  # s12
 
 
 def agent_dirs():
@@ -1369,6 +1380,7 @@ def child_state(fork, label):
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     child.schedules = parent.schedules  # s10: and scheduled jobs
     child.team = parent.team  # s11: a teammate's child asks through the lead too (no inbox: a label)
+    child.worktree = parent.worktree and parent.worktree | {"inherited": True, "lock": None}  # s12: its lane too
     return child
 
 
@@ -1399,7 +1411,8 @@ def pick_agent(agent_type, fork):
     return agents.get(agent_type, {})
 
 
-def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_background=False):  # s10
+def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_background=False,  # s10
+                 isolation=None):  # s12: "worktree", a checkout of its own
     """The agent tool: run a child loop to the end and return only its final text."""
     client = agent_state().client
     if client is None:
@@ -1409,17 +1422,21 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_b
     spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
     settings = child_settings(spec, fork, usage)
     label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
+    child = child_state(fork, label[:24])  # s12: made first, so it can get a lane
+    prompt = isolate(child, isolation or spec.get("isolation"), settings, prompt, fork)  # s12: told where it is
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
     if run_in_background:  # s10: a task id now, the report later as a <task-notification>
         name = f"{agent_type or ('fork' if fork else 'general-purpose')}: {label}"  # s10
-        return start_background_agent(client, history, child_state(fork, label[:24]), settings, name)  # s10
+        return start_background_agent(client, history, child, settings, name)  # s10
     say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, child_state(fork, label[:24]), settings)
+    reason = run_child(client, history, child, settings)  # s12: child made above
+    lane_note = close_child_lane(child)  # s12: its changes committed, or its empty lane removed
     if reason == "interrupted":
         raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
     note = (f"[subagent {label}: {usage['calls']} model calls, "
             f"{usage['input']} input + {usage['output']} output tokens]")
+    note += lane_note  # s12: its branch and diffstat
     say(note)
     text = last_text(history)
     if reason != "end_turn":
@@ -1437,7 +1454,8 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
     agent_type=("string", "One of the agent types listed above; omit for a general-purpose agent."),
     fork=("boolean", "Run a copy of you that inherits this conversation (default false)."),  # s10
     run_in_background=("boolean", "Return a task id at once; the report arrives later as a "  # s10
-                                  "<task-notification> (default false).")),  # s10
+                                  "<task-notification> (default false)."),  # s10
+    isolation=("string", "\"worktree\": run it in a git worktree of its own (default: this workspace).")),  # s12
     run_subagent)
 
 # --- s05: skills and slash commands ---
@@ -6043,7 +6061,7 @@ TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
 TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
                             # would make the next id's file name too long to create)
 TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
-TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role")  # text fields; s11: role
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role", "worktree")  # s11: role; s12
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 MAX_CRON = 100              # characters of a cron expression, from the model or the file
@@ -6092,7 +6110,7 @@ GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one sn
 def tasks_dir():
     """The running agent's .agent/tasks, created; refused when a planted symbolic
     link would put it outside the workspace."""
-    ws = agent_state().workdir
+    ws = project_dir(agent_state())  # s12: the project's board, from a lane too
     folder = ws / TASKS_DIR
     if not leads_inside(folder, ws):
         raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
@@ -6352,7 +6370,8 @@ def set_status(tasks, task, status):
 
 
 def task_update(id, status=None, subject=None, description=None, owner=None,
-                add_blocked_by=None, add_blocks=None, remove_blocked_by=None, role=None):  # s11: role
+                add_blocked_by=None, add_blocks=None, remove_blocked_by=None, role=None,  # s11: role
+                worktree=None):  # s12: the lane it is worked in
     with task_board() as tasks:
         task = open_task(tasks, id)
         if subject is not None:
@@ -6362,6 +6381,7 @@ def task_update(id, status=None, subject=None, description=None, owner=None,
         if owner is not None:
             task["owner"] = check_text(owner, "owner", MAX_SUBJECT)
         set_task_role(task, role)  # s11
+        bind_task(task, worktree)  # s12
         for other in remove_blocked_by or []:
             unlink(tasks, task_id(other), task["id"])
         for other in add_blocked_by or []:
@@ -6377,6 +6397,7 @@ def task_label(tasks, task):
     kind = task_kind(tasks, task)
     label = "blocked by " + ", ".join("#" + i for i in blocking(tasks, task)) if kind == "blocked" else kind
     label += f", for role: {task['role']}" if task.get("role") else ""  # s11: who may claim it
+    label += f", worktree: {task['worktree']}" if task.get("worktree") else ""  # s12: where it is worked
     return label + (f", owner: {task['owner']}" if task.get("owner") else "")
 
 
@@ -6434,6 +6455,8 @@ register("task_update", TASK_HELP + (
         "description": {"type": "string", "description": "A new description (replaces the old)."},
         "owner": {"type": "string", "description": "Who works on it; \"\" for nobody."},
         "role": {"type": "string", "description": "The teammate role it is for; \"\" for anyone."},  # s11
+        "worktree": {"type": "string", "description": "The worktree it is worked in (worktree_list); "  # s12
+                     "\"\" for none."},  # s12
         "add_blocked_by": IDS | {"description": "Ids this task must wait for."},
         "add_blocks": IDS | {"description": "Ids that must wait for this task."},
         "remove_blocked_by": IDS | {"description": "Ids this task no longer waits for."}}},
@@ -6963,6 +6986,7 @@ def run_background_agent(record, client, history, child, settings):
         reason = f"crashed ({type(e).__name__}: {e})"
     note = (f"[subagent {child.label}: {usage['calls']} model calls, "
             f"{usage['input']} input + {usage['output']} output tokens]")
+    note += close_child_lane(child)  # s12: its lane closed: the branch and diffstat, or removed
     status, why, report = agent_outcome(reason, history, settings["max_turns"])
     if record["_cancel"].is_set():  # a stop asked for is a stop, however the last call ended
         status, why = "stopped", "cancelled by background_stop"
@@ -8430,6 +8454,7 @@ def fits(task, role):
 
 def take_task(task, owner):
     task["owner"], task["status"], task["claimed"] = owner, "in_progress", now_stamp()
+    lane_binding(task)  # s12: claimed in a lane, worked in it
 
 
 def claim_task(id, owner):
@@ -8625,19 +8650,22 @@ def teammate_spec(agent_type):
     return {} if general else pick_agent(agent_type, False)
 
 
-def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False):
+def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False,
+                   isolation=None):  # s12: "worktree"
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
     if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
                         "(send_message).")
     spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
+    refuse_in_lane(state)  # s12: a team works from the project's own folder
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
     team, backend = state.team, "tmux" if in_tmux() else "detached"
     name = add_member(name, role, agent_type, spec.get("model"), backend, None, plan_mode_required)["name"]
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
+    argv += lane_argv(state, isolation, spec, name)  # s12: --worktree agent-..., its lane made now
     try:
         pid, proc = start_in_tmux(argv, teammate_env(name)) if backend == "tmux" \
             else start_detached(argv, teammate_env(name), log)
@@ -8666,7 +8694,9 @@ register("spawn_teammate", (
                  "this role are its to take."},
         "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."},
         "agent_type": {"type": "string", "description": "An agent type (see the agent tool); default general-purpose."},
-        "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."}}},
+        "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."},  # s12: one more
+        "isolation": {"type": "string", "description": "\"worktree\": it works in a git worktree of its "  # s12
+                      "own, its changes committed on a branch after each of its turns."}}},  # s12
     spawn_teammate)
 
 
@@ -8784,6 +8814,7 @@ def teammate_loop(client, history):
     if (settings := teammate_settings(record)) is None:
         return 1
     intro, idle_since = teammate_intro(record, team), time.monotonic()
+    intro += lane_notice(agent_state())  # s12: where it works, when in a lane
     if record.get("plan_mode_required"):  # it plans first; exit_plan_mode asks the lead
         set_mode("plan", history)
     while (work := next_work(me, record["role"])) != "shutdown":
@@ -8796,6 +8827,7 @@ def teammate_loop(client, history):
         add_user_text(history, f"{intro}\n\n{work}" if intro else work)
         intro = ""
         agent_loop(client, history, **settings)
+        checkpoint_lane()  # s12: its turn's work committed, the lead told
         set_member(me, status="idle")
         idle_since = time.monotonic()
     return 0
@@ -8909,6 +8941,863 @@ def team_session():
                 set_member(state.team["member"], status="stopped")
         elif state.teammates:
             stop_teammates(state)
+
+
+# --- s12: worktrees and MCP ---
+# Separate lanes for parallel work (seed: Git Worktree 并行隔离; 4.4). A git
+# worktree is a second checkout of the same repository on a branch of its own:
+# what an agent changes there, the main workspace never sees until someone
+# merges it. Lanes live in .agent/worktrees/<name> on branch agent/<name>
+# (s12.1: made or reused, then set up), are entered, listed and closed with
+# three tools and logged in .agent/worktrees/events.jsonl (s12.2), and give a
+# subagent or a teammate a checkout of its own (s12.3).
+# Entering a lane never chdirs the process: the agent's workdir (AgentState)
+# points into it, so every tool, bash's cwd and the sandbox's writable root
+# follow, while other agents of the process stay where they are. The task
+# board, the lanes and their log stay with the project: project_dir().
+# Trust: a cloned repository may ship anything under .agent/worktrees. A lane is
+# used only when its .git pointer names an admin folder of this repository that
+# names it back, and every git command of the manager runs pinned to that
+# folder (--git-dir, --work-tree), with no hooks, no fsmonitor and no signing:
+# nothing an agent wrote in its lane runs when the manager or, later, the human
+# uses git there.
+WORKTREES_DIR = Path(AGENT_DIR) / "worktrees"  # in the workspace: <name>/, <name>.lock, events.jsonl
+WORKTREE_BRANCH = "agent/"  # a lane's branch is agent/<name>
+WORKTREE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a slug: 1-64 characters, no "/"
+AGENT_LANE = re.compile(r"agent-[0-9a-f]{8}")  # a lane the program made for a child or a teammate:
+                            # the only kind removed without being asked (seed: named apart)
+STALE_WORKTREE_AGE = 24 * 3600  # seconds an agent-made lane lies unused before start-up removes it
+                            # (only when nothing in it is uncommitted or unmerged)
+WORKTREE_ACTIONS = ("keep", "remove")  # worktree_closeout's actions
+GIT_TIMEOUT = 120           # seconds for one git command of the manager (a big checkout takes a while)
+GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
+             "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
+MANAGER_IDENTITY = ("-c", "user.name=agent worktree manager", "-c", "user.email=agent@localhost")
+                            # its commits' author where the repository has no user.email
+POINTER_BYTES = 4_096       # a .git pointer or gitdir file larger than this is not a lane's
+INCLUDE_FILE_BYTES = 64_000  # a bigger .worktreeinclude is not read
+INCLUDE_MAX_FILES = 500     # ignored files .worktreeinclude may copy into one lane
+INCLUDE_MAX_BYTES = 50_000_000  # bytes they may add up to
+LINK_DIR = re.compile(r"[A-Za-z0-9_@+.-]+(/[A-Za-z0-9_@+.-]+)*")  # a symlink_directories entry
+DIFFSTAT_CHARS = 2_000      # characters of a diffstat the parent gets
+EVENTS_BYTES = 1_000_000    # events.jsonl past this takes one last line saying so, then nothing
+EVENTS_FULL = (json.dumps({"event": "log_full", "detail": f"events.jsonl reached {EVENTS_BYTES} "
+                           "bytes: later events are not logged"}) + "\n").encode()
+
+# --- s12.1: the worktree manager ---
+# make_lane: reuse the lane when find_lane accepts it, else `git worktree add`,
+# then the setup a fresh checkout lacks (seed: 创建后设置): the local config,
+# the main repository's hooks folder, links to big shared folders, and the
+# ignored files .worktreeinclude asks for. Each step takes only plain files and
+# folders inside the project: a planted link, a FIFO or a path outside is skipped.
+def project_dir(state):
+    """The workspace an agent's lanes and task board belong to: the one it came
+    from while it works in a lane, else its own."""
+    return Path(state.worktree["origin"]) if state.worktree else state.workdir
+
+
+def git_env():
+    """child_env without GIT_* variables: GIT_DIR or GIT_WORK_TREE from the user's
+    shell would point the manager's git somewhere else."""
+    env = {k: v for k, v in child_env().items() if not k.startswith("GIT_")}
+    return env | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+def git(cwd, *args, lane=None, check=True, quiet=True):
+    """Run git for the manager (a list, never a shell line) and return its stdout
+    (None when it failed and check is off). In a lane it is pinned to the lane's
+    admin folder, whatever its .git file says now. quiet: with GIT_QUIET (off only
+    to read the config as it is). ToolError when it fails (check) or cannot run."""
+    pin = [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
+    try:
+        p = subprocess.run(["git", *(GIT_QUIET if quiet else ()), *pin, *args], cwd=cwd, env=git_env(),
+                           stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
+                           errors="replace", timeout=GIT_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolError(f"git {args[0]} could not run ({e}). Tell the user.")
+    if check and p.returncode:
+        raise ToolError(f"git {args[0]} failed: {(p.stderr or p.stdout).strip()[:500]}")
+    return p.stdout if p.returncode == 0 else None
+
+
+def repository(origin):
+    """The repository's git folder (shared by every worktree); ToolError when the
+    workspace is no repository's top folder."""
+    out = git(origin, "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-common-dir",
+              check=False)
+    lines = (out or "").splitlines()
+    if len(lines) < 2:
+        raise ToolError("Worktrees need a git repository: this workspace is none. Ask the user to "
+                        "run git init and make a first commit.")
+    if Path(lines[0]).resolve() != origin.resolve():
+        raise ToolError(f"Worktrees need the workspace to be the repository's top folder "
+                        f"({lines[0]}); start the agent there.")
+    return Path(lines[1]).resolve()
+
+
+def lanes_dir(origin):
+    """The project's .agent/worktrees, created and kept out of git; ToolError when a
+    planted link would put it outside the workspace."""
+    folder = origin / WORKTREES_DIR
+    with contextlib.suppress(FileExistsError):
+        if leads_inside(origin / AGENT_DIR, origin):  # no folder made through a linked .agent
+            folder.mkdir(parents=True, exist_ok=True)
+    if not plain_folder(folder, origin):
+        raise ToolError(f"{WORKTREES_DIR} is a link, not a folder, or leads outside the workspace. "
+                        f"Ask the user to remove it.")
+    keep_out_of_git(folder)  # the lanes are checkouts of their own, not files of this one
+    return folder.resolve()
+
+
+def check_lane_name(name):
+    """A lane's name becomes a folder and a branch name: a slug, never a path or an option."""
+    name = str(name)
+    if name.startswith("-"):
+        raise ToolError(f"{name!r} starts with '-', which git would read as an option: pick a name "
+                        f"such as 'fix-parser'.")
+    if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith((".", ".lock")):
+        raise ToolError(f"{name!r} is not a worktree name: use 1-64 letters, digits, '.', '_' and "
+                        f"'-', starting with a letter or digit, without '..' or '/'.")
+    return name
+
+
+def text_file(path):
+    """A small plain file's text (stripped), or None: missing, a link, a FIFO, too big."""
+    data = read_plain(path, POINTER_BYTES)  # s11: O_NOFOLLOW, O_NONBLOCK, bounded
+    return None if data is None else data.decode("utf-8", "replace").strip()
+
+
+def find_lane(origin, name):
+    """The lane when .agent/worktrees/<name> is a worktree of this repository (seed:
+    复用): its .git pointer names an admin folder in <repository>/worktrees that names
+    this folder back, and HEAD there is a commit. None when the folder does not
+    exist; ToolError for anything else, which is left alone."""
+    common, folder = repository(origin), lanes_dir(origin)
+    path = folder / check_lane_name(name)
+    if not os.path.lexists(path):
+        return None
+    bad = ToolError(f"{WORKTREES_DIR / name} exists but is not a worktree of this repository (it "
+                    f"may have come with the clone); it is left alone. Pick another name, or ask "
+                    f"the user to remove it.")
+    pointer = None if path.is_symlink() or not path.is_dir() else text_file(path / ".git")
+    if not pointer or not pointer.startswith("gitdir:"):
+        raise bad
+    admin = (path / pointer.removeprefix("gitdir:").strip()).resolve()
+    back = text_file(admin / "gitdir")
+    if admin.parent != common / "worktrees" or not back or (path / back).resolve() != path / ".git":
+        raise bad
+    lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name}
+    if not (head := git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)):
+        raise bad
+    ref = (git(path, "symbolic-ref", "-q", "HEAD", lane=lane, check=False) or "").strip()
+    return lane | {"head": head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
+
+
+def base_commit(origin, base):
+    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD."""
+    if base is not None and (str(base).startswith("-") or not str(base).strip()):
+        raise ToolError(f"base {base!r} is refused: give a branch, tag or commit id, not an option.")
+    rev = str(base) if base is not None else "HEAD"
+    sha = git(origin, "rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    if sha:
+        return sha.strip()
+    if base is None:
+        raise ToolError("The repository has no commit yet: ask the user to make a first commit.")
+    raise ToolError(f"base {base!r} is no commit here: give a branch, tag or commit id (git log shows them).")
+
+
+def make_lane(origin, name, base=None):
+    """(lane, made): the lane `name`, reused when find_lane accepts it, else added on
+    a new branch agent/<name> from base (or on that branch, when it is left from an
+    earlier lane) and set up. Under the lanes' lock: two makers never race."""
+    folder = lanes_dir(origin)
+    with task_lock(folder):  # s10: the same flock, on .agent/worktrees/.lock
+        if lane := find_lane(origin, name):
+            log_event(origin, "reuse", name, head=lane["head"])
+            return lane, False
+        git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
+        start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
+        kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
+        new = [] if kept else ["-b", branch]
+        git(origin, "worktree", "add", "-q", *new, "--", str(folder / name), branch if kept else start)
+        lane = find_lane(origin, name)
+        if lane is None:
+            raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
+        lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)
+        log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
+        return lane, True
+
+
+def set_up_lane(lane):
+    """What a checkout lacks (git copies only tracked files); notes of what was done."""
+    origin = Path(lane["origin"])
+    notes = [copy_local_config(origin, lane["path"]), carry_hooks_path(origin, lane)]
+    notes += link_shared_dirs(origin, lane["path"]) + copy_included(origin, lane["path"])
+    return [n for n in notes if n]
+
+
+def plain_dir_in(path, root):
+    """Is `path` a folder reached without any link from `root` (the lane)? A tracked
+    symbolic link in the checkout must not carry a copy outside."""
+    try:
+        return path.is_dir() and path.resolve() == root / path.relative_to(root)
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def copy_plain(src, dst, root):
+    """Copy one plain file to dst inside root, never over or through a link; its size, or None."""
+    data, parent = read_plain(src, INCLUDE_MAX_BYTES), dst.parent
+    if data is None:
+        return None
+    with contextlib.suppress(OSError):
+        parent.mkdir(parents=True, exist_ok=True)
+    if not plain_dir_in(parent, root):
+        return None
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:  # there already (tracked), or a planted link
+        return None
+    with open(fd, "wb") as fh:
+        fh.write(data)
+    with contextlib.suppress(OSError):
+        os.chmod(dst, stat.S_IMODE(os.lstat(src).st_mode) & 0o755)  # its x bits; never setuid
+    return len(data)
+
+
+def copy_local_config(origin, path):
+    """.agent/config.local.yaml is the human's, git-ignored: the lane gets a copy."""
+    src = origin / AGENT_DIR / "config.local.yaml"
+    if copy_plain(src, path / AGENT_DIR / "config.local.yaml", path) is not None:
+        return "copied .agent/config.local.yaml"
+    return ""
+
+
+def carry_hooks_path(origin, lane):
+    """A relative core.hooksPath (say .husky) would make git run hooks from the lane's
+    own copy, which its agent may change: the lane's config gets the main
+    repository's folder instead (seed). Absolute or unset: shared already."""
+    raw = (git(origin, "config", "--get", "core.hooksPath", check=False, quiet=False) or "").strip()
+    if not raw or os.path.isabs(os.path.expanduser(raw)):
+        return ""
+    hooks = str((origin / raw).resolve())
+    git(origin, "config", "extensions.worktreeConfig", "true")  # per-worktree config (git worktree docs)
+    git(lane["path"], "config", "--worktree", "core.hooksPath", hooks, lane=lane)
+    return f"core.hooksPath set to {hooks}"
+
+
+def link_names(origin):
+    """worktree.symlink_directories from the user, project and local config (seed:
+    settings.worktree.symlinkDirectories): (names, notes on entries skipped). An
+    untrusted file may name them too: a link into the project gives a lane's agent
+    nothing to write, only what it could read already."""
+    names, notes = [], []
+    for path in config_files(origin).values():
+        try:
+            value = ((read_config(path).get("worktree") or {}).get("symlink_directories")) or []
+        except (ConfigError, AttributeError):
+            value = []
+        for entry in value if isinstance(value, list) else [value]:
+            ok = isinstance(entry, str) and LINK_DIR.fullmatch(entry) \
+                and not set(entry.split("/")) & {".", "..", ".git", AGENT_DIR} and not entry.startswith("-")
+            names += [entry] if ok else []
+            notes += [] if ok else [f"skipped symlink_directories entry {entry!r} in {rel(path)}"]
+    return list(dict.fromkeys(names)), notes
+
+
+def link_shared_dirs(origin, path):
+    """Big folders (node_modules, .venv) shared with the lane as links: each must be a
+    real folder of the project, and the lane must have nothing at that place yet."""
+    names, notes = link_names(origin)
+    made = []
+    for name in names:
+        src, dst = origin / name, path / name
+        if src.is_symlink() or not src.is_dir() or not leads_inside(src, origin) \
+                or os.path.lexists(dst) or not plain_dir_in(dst.parent, path):
+            continue
+        with contextlib.suppress(OSError):
+            os.symlink(src.resolve(), dst, target_is_directory=True)
+            made.append(name)
+    return notes + ([f"linked {', '.join(made)}"] if made else [])
+
+
+def lane_links(lane):
+    """The configured shared folders that are links in this lane: never committed."""
+    return [n for n in link_names(Path(lane["origin"]))[0] if (lane["path"] / n).is_symlink()]
+
+
+def ls_files(origin, *options):
+    out = git(origin, "ls-files", "-z", "--others", "--ignored", *options, check=False) or ""
+    return [p for p in out.split("\0") if p]
+
+
+def included(origin):
+    """Ignored files .worktreeinclude selects (seed: git ls-files --others --ignored
+    --exclude-standard, filtered by its patterns): git matches them, with its own
+    rules, against a copy of the file read here (never through a link). Files under
+    .agent are the agent's own and never copied."""
+    spec = read_plain(origin / ".worktreeinclude", INCLUDE_FILE_BYTES)
+    if not spec:
+        return []
+    ignored = ls_files(origin, "--exclude-standard", "--directory")  # folders end in /
+    with tempfile.NamedTemporaryFile(suffix=".worktreeinclude") as patterns:
+        patterns.write(spec)
+        patterns.flush()
+        wanted = ls_files(origin, f"--exclude-from={patterns.name}")
+    folders = tuple(p for p in ignored if p.endswith("/"))
+    return [p for p in wanted if (p in ignored or p.startswith(folders))
+            and not p.startswith((AGENT_DIR + "/", ".git/"))]
+
+
+def copy_included(origin, path):
+    """Copy what included() names, each a plain file inside the project, up to
+    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes."""
+    copied, size, left = 0, 0, 0
+    for name in included(origin):
+        src = origin / name
+        try:
+            if src.is_symlink() or src.parent.resolve() != src.parent:
+                continue  # a link, or reached through one
+            bytes_ = src.stat().st_size
+        except (OSError, RuntimeError):
+            continue
+        if copied >= INCLUDE_MAX_FILES or size + bytes_ > INCLUDE_MAX_BYTES:
+            left += 1
+            continue
+        if (n := copy_plain(src, path / name, path)) is not None:
+            copied, size = copied + 1, size + n
+    note = f"copied {copied} ignored file(s) .worktreeinclude selects" if copied else ""
+    return [note] + ([f"{left} more not copied (limits: {INCLUDE_MAX_FILES} files, "
+                      f"{INCLUDE_MAX_BYTES // 1_000_000} MB)"] if left else [])
+
+
+# --- s12.2: worktree tools and bookkeeping ---
+# An agent enters a lane by pointing its workdir there, with file-read records
+# started fresh (a path read in one checkout says nothing about the other), and
+# holds the lane's flock while it works in it: "in use" is a lock, so a lane its
+# agent left by crashing (even kill -9) is free again. worktree_closeout keep
+# leaves the lane as it is; remove deletes the lane and its branch, and asks the
+# human first when that would lose work: changes not committed, or commits no
+# other branch has. Every step is one line in .agent/worktrees/events.jsonl.
+def who():
+    state = agent_state()
+    return state.label or (state.team or {}).get("member") or "main"
+
+
+def log_event(origin, event, name, **detail):
+    """One life-cycle step (seed: EventRecord) appended to events.jsonl, under its
+    own lock, never through a planted link; bounded by EVENTS_BYTES."""
+    record = {"time": now_stamp(), "event": event, "name": name, "by": who(), "pid": os.getpid()}
+    line = (json.dumps(record | detail, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    log = origin / WORKTREES_DIR / "events.jsonl"
+    try:
+        with inbox_lock(log):  # s11: events.lock beside it
+            fd = open_inbox(log, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+            with open(fd, "r+b", buffering=0) as fh:
+                size = os.fstat(fd).st_size
+                if size + len(line) + len(EVENTS_FULL) <= EVENTS_BYTES:
+                    fh.write(line)
+                elif size + len(EVENTS_FULL) <= EVENTS_BYTES:
+                    fh.write(EVENTS_FULL)
+    except (OSError, ToolError) as e:
+        warn_once(f"[the worktree event log is not written: {e}]")
+
+
+def lock_path(lane):
+    return Path(lane["path"]).parent / f"{lane['name']}.lock"
+
+
+def lock_lane(lane, touch=True):
+    """The lane's in-use lock, taken (a descriptor) or None when an agent holds it.
+    Its file's time says when the lane was last used (touch: now; stale cleanup reads it)."""
+    try:
+        fd = os.open(lock_path(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise ToolError(f"{WORKTREES_DIR / lane['name']}.lock cannot be opened ({e.strerror}; a "
+                        f"planted link?). Ask the user to remove it.")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    if touch:
+        os.utime(fd)
+    return fd
+
+
+def enter_lane(state, lane, assigned=False):
+    """Make the lane `state`'s workdir (never a chdir): its tools, bash and sandbox
+    work there, its file-read records start fresh. assigned: the program gave it
+    to this agent (a child, a teammate), and closes it at the agent's end."""
+    fd = lock_lane(lane)
+    if fd is None:
+        raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
+    state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
+    state.workdir, state.files = Path(lane["path"]), {}
+    log_event(Path(lane["origin"]), "enter", lane["name"], workdir=str(lane["path"]))
+
+
+def leave_lane(state):
+    """Back to where it came from, with fresh file-read records; the lock let go."""
+    lane = state.worktree
+    state.workdir, state.files, state.worktree = Path(lane["came_from"]), {}, None
+    if lane.get("lock") is not None:
+        with contextlib.suppress(OSError):
+            os.utime(lane["lock"])
+            os.close(lane["lock"])
+    log_event(Path(lane["origin"]), "leave", lane["name"])
+
+
+def excluded(lane):
+    """Pathspecs for what is never a lane's work: the agent's .agent folder, and links."""
+    return [f":(exclude){p}" for p in [AGENT_DIR, *lane_links(lane)]]
+
+
+def lane_changes(lane):
+    """Paths changed or new in the lane (git status), its .agent and links aside."""
+    out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=normal",
+              "--ignore-submodules=all", "--", ".", *excluded(lane), lane=lane)
+    return [entry[3:] for entry in out.split("\0") if len(entry) > 3]
+
+
+def unmerged(lane):
+    """Commits of the lane's HEAD that no other branch, and no remote one, has."""
+    skip = [f"--exclude={lane['branch']}"] if lane.get("branch") else []
+    out = git(lane["path"], "rev-list", "--count", lane["head"], "--not", *skip, "--branches",
+              "--remotes", lane=lane)
+    return int(out.strip() or 0)
+
+
+def refresh(lane):
+    """The lane's HEAD as it is now (the manager, or the human, may have committed)."""
+    head = git(lane["path"], "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane)
+    return lane | {"head": head.strip()}
+
+
+def diffstat(lane, base):
+    """git diff --stat from base to the lane's HEAD, clipped to DIFFSTAT_CHARS."""
+    out = git(lane["path"], "diff", "--stat=100", "--no-color", "--no-ext-diff", "--no-textconv",
+              base, lane["head"], "--", lane=lane) or ""
+    return clip(out.rstrip(), DIFFSTAT_CHARS) or "(no difference)"
+
+
+def fork_point(lane):
+    """Where the lane's HEAD left the project's HEAD (its base, or a later merge)."""
+    origin = Path(lane["origin"])
+    out = git(origin, "merge-base", "HEAD", lane["head"], check=False)
+    return out.strip() if out else lane["head"]
+
+
+def restore_pointer(lane):
+    """The lane's .git file as git wrote it: an agent without the sandbox could have
+    pointed it at another repository, whose config the human's next git in the
+    lane would obey. True when it had to be put back."""
+    pointer, want = Path(lane["path"]) / ".git", f"gitdir: {lane['admin']}"
+    if not pointer.is_symlink() and text_file(pointer) == want:
+        return False
+    if pointer.is_dir() and not pointer.is_symlink():
+        shutil.rmtree(pointer)
+    elif os.path.lexists(pointer):
+        pointer.unlink()
+    pointer.write_text(want + "\n")
+    log_event(Path(lane["origin"]), "pointer_restored", lane["name"])
+    return True
+
+
+def commit_lane(lane, message):
+    """The manager commits what an agent changed in its lane: the agent's sandbox
+    cannot write the repository's objects, and the manager's git runs no hook
+    (GIT_QUIET), so a hook the agent wrote never runs. .agent and the links stay
+    out. Returns (lane as now, the new commit id or None when nothing changed)."""
+    restore_pointer(lane)
+    if not lane_changes(lane):
+        return lane, None
+    git(lane["path"], "add", "-A", "--", ".", lane=lane)
+    git(lane["path"], "reset", "-q", "--", AGENT_DIR, *lane_links(lane), lane=lane)  # staged, then not
+    known = git(lane["path"], "config", "--get", "user.email", lane=lane, check=False)
+    author = () if known else MANAGER_IDENTITY
+    git(lane["path"], *author, "commit", "-q", "--no-verify", "-m", message, lane=lane)
+    lane = refresh(lane)
+    log_event(Path(lane["origin"]), "commit", lane["name"], commit=lane["head"], message=message)
+    return lane, lane["head"]
+
+
+def remove_lane(lane, why):
+    """Delete the lane's folder, its lock file and its branch agent/<name>."""
+    origin = Path(lane["origin"])
+    with task_lock(lanes_dir(origin)):
+        git(origin, "worktree", "remove", "--force", "--", str(lane["path"]))
+        if lane.get("branch") == WORKTREE_BRANCH + lane["name"]:
+            git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
+        with contextlib.suppress(OSError):
+            lock_path(lane).unlink()
+    unbind_tasks(origin, lane["name"])
+    log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
+
+
+def lane_status(lane):
+    """One line: changes, commits no other branch has, and the diffstat's summary."""
+    changes, extra = lane_changes(lane), unmerged(lane)
+    summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()
+    parts = [f"{len(changes)} uncommitted change(s)" if changes else "no uncommitted changes",
+             f"{extra} unmerged commit(s)" if extra else "nothing unmerged"]
+    return ", ".join(parts) + (f"; {summary}" if extra else "")
+
+
+def check_free(state):
+    """Only an agent that chose its lane opens and closes lanes."""
+    if state.worktree and state.worktree.get("assigned"):
+        raise ToolError("You work in a worktree made for you: the manager commits and closes it "
+                        "when you finish. Just do the task.")
+    if state.worktree and state.worktree.get("inherited"):
+        raise ToolError(f"Your parent works in worktree {state.worktree['name']}; it opens and "
+                        f"closes worktrees, you work where it does.")
+
+
+def worktree_create(name, base=None):
+    """Make (or reuse) a lane and enter it: the calling agent now works there."""
+    state = agent_state()
+    check_free(state)
+    name = check_lane_name(name)
+    if state.worktree:
+        raise ToolError(f"You are in worktree {state.worktree['name']}: close it first "
+                        f"(worktree_closeout {{name: {state.worktree['name']!r}, action: \"keep\"}}).")
+    lane, made = make_lane(project_dir(state), name, base)
+    enter_lane(state, lane)
+    did = f"Created worktree {name} from {lane['base'][:12]}" if made else \
+        f"Reused worktree {name} (HEAD {lane['head'][:12]}{'; base ignored' if base else ''})"
+    setup = f"; setup: {'; '.join(lane['setup'])}" if made and lane.get("setup") else ""
+    return (f"{did} on branch {lane['branch']}{setup}. You now work in {lane['path']}: every path "
+            f"and command is relative to it, and files read before must be read again. Your bash "
+            f"cannot commit there; worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
+            f"back and keeps it for review (remove deletes it).")
+
+
+def lane_line(origin, path, here):
+    """worktree_list's line for one folder of .agent/worktrees."""
+    try:
+        lane = find_lane(origin, path.name)
+    except ToolError:
+        return f"{path.name}  [not a worktree of this repository: left alone]"
+    fd = lock_lane(lane, touch=False) if lane["name"] != here else None
+    use = "you are here" if lane["name"] == here else "free" if fd is not None else "in use"
+    if fd is not None:
+        os.close(fd)
+    tasks = bound_tasks(origin, lane["name"])
+    return (f"{lane['name']}  [{use}] branch {lane['branch'] or '(detached)'} at {lane['head'][:12]}; "
+            f"{lane_status(lane)}" + (f"; tasks {', '.join('#' + t for t in tasks)}" if tasks else ""))
+
+
+def worktree_list():
+    state = agent_state()
+    origin = project_dir(state)
+    repository(origin)
+    folder = lanes_dir(origin)
+    here = state.worktree["name"] if state.worktree else None
+    paths = [p for p in sorted(folder.iterdir()) if p.is_dir() or p.is_symlink()]
+    if not paths:
+        return "No worktrees. worktree_create {name} makes one."
+    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(
+        lane_line(origin, p, here) for p in paths)
+
+
+def confirm_loss(lane, changes, extra):
+    """Removing would lose work: the human says yes or it stays (any agent asks:
+    a teammate's question goes to the lead's terminal; a background agent cannot ask)."""
+    loss = ", ".join(filter(None, [f"{len(changes)} uncommitted change(s)" if changes else "",
+                                   f"{extra} commit(s) no other branch has" if extra else ""]))
+    answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {lane['branch']}? It has "
+                                 f"{loss}, which would be lost. [y/N] "))
+    if answer.strip().lower() not in ("y", "yes"):
+        log_event(Path(lane["origin"]), "remove_refused", lane["name"], loss=loss)
+        raise ToolError(f"Not removed: worktree {lane['name']} has {loss}, and the user did not "
+                        f"confirm. Keep it (action keep), or merge its branch first.")
+
+
+def worktree_closeout(name, action):
+    """Leave a lane (when in it) and keep it, or remove it with its branch."""
+    state = agent_state()
+    check_free(state)
+    name = check_lane_name(name)
+    if action not in WORKTREE_ACTIONS:
+        raise ToolError(f"action must be keep or remove, not {action!r}.")
+    origin = project_dir(state)
+    if not (lane := find_lane(origin, name)):
+        raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
+    inside_it = bool(state.worktree) and state.worktree["name"] == name
+    if action == "keep":
+        status = lane_status(lane)
+        if inside_it:
+            leave_lane(state)
+        log_event(origin, "keep", name, status=status)
+        return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {lane['branch']}): {status}."
+                + (f" You are back in {state.workdir}; read files again before editing." if inside_it else ""))
+    fd = None if inside_it else lock_lane(lane, touch=False)
+    if not inside_it and fd is None:
+        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
+    try:
+        changes, extra = lane_changes(lane), unmerged(lane)
+        if changes or extra:
+            confirm_loss(lane, changes, extra)
+        if inside_it:
+            leave_lane(state)
+        remove_lane(lane, "worktree_closeout")
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return f"Removed worktree {name} and branch {lane['branch']}." + (
+        f" You are back in {state.workdir}; read files again before editing." if inside_it else "")
+
+
+def bind_task(task, worktree):
+    """task_update's worktree: the lane a task is worked in (seed: TaskRecord); "" unbinds."""
+    if worktree is None:
+        return
+    if worktree:
+        task["worktree"] = check_lane_name(worktree)
+    else:
+        task.pop("worktree", None)
+
+
+def lane_binding(task):
+    """A teammate that claims a task while working in a lane binds the task to it."""
+    lane = agent_state().worktree
+    if lane:
+        task["worktree"] = lane["name"]
+
+
+def bound_tasks(origin, name):
+    folder = origin / TASKS_DIR
+    tasks = [read_task(folder / f"{i}.json") for i in task_ids(folder)] if folder.is_dir() else []
+    return sorted((t["id"] for t in tasks if t and t.get("worktree") == name), key=int)
+
+
+def unbind_tasks(origin, name):
+    """A removed lane's open tasks are bound to nothing again."""
+    if not bound_tasks(origin, name):
+        return
+    with task_board() as tasks:
+        for task in tasks.values():
+            if task.get("worktree") == name and task["status"] in OPEN_STATUSES:
+                task.pop("worktree")
+
+
+def clean_stale_worktrees():
+    """At start-up (seed: 过期 Worktree 的后台清理): agent-made lanes (AGENT_LANE names),
+    not in use, unused for STALE_WORKTREE_AGE, with nothing uncommitted and nothing
+    unmerged, are removed. A lane with work in it stays for the human. Never raises."""
+    origin = agent_state().workdir
+    folder = origin / WORKTREES_DIR
+    if not folder.is_dir() or folder.is_symlink():
+        return []  # no lanes: not even one git command at start-up
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if AGENT_LANE.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(ToolError, OSError):
+                removed += [path.name] if remove_if_stale(origin, path.name) else []
+    if removed:
+        say(f"[removed {len(removed)} stale worktree(s) with nothing in them: {', '.join(removed)}]")
+    return removed
+
+
+def remove_if_stale(origin, name):
+    """Remove one agent-made lane if it is stale; True when it was."""
+    if not (lane := find_lane(origin, name)):
+        return False
+    stamp = lock_path(lane) if lock_path(lane).exists() else lane["path"]
+    if time.time() - stamp.stat().st_mtime < STALE_WORKTREE_AGE:
+        return False
+    if (fd := lock_lane(lane, touch=False)) is None:
+        return False  # in use
+    try:
+        if lane_changes(lane) or unmerged(lane):
+            return False
+        remove_lane(lane, f"stale: unused for {STALE_WORKTREE_AGE // 3600} h, nothing in it")
+        return True
+    finally:
+        os.close(fd)
+
+
+WORKTREE_HELP = (" Worktrees are separate checkouts of this repository in .agent/worktrees/<name>, "
+                 "each on its own branch agent/<name>: work there never touches the main workspace "
+                 "until someone merges the branch.")
+register("worktree_create", (
+    "Create a git worktree and move into it: from then on your paths, bash and edits are in "
+    "the worktree, the main workspace stays as it is, and files must be read again."
+    + WORKTREE_HELP + " An existing worktree of that name is reused. It starts from base (default: "
+    "the current commit; uncommitted changes are not in it). For work a subagent or teammate "
+    "should do apart, pass isolation \"worktree\" to agent or spawn_teammate instead."),
+    params(["name"], name=("string", "A short slug: letters, digits, '.', '_', '-'; e.g. 'fix-parser'."),
+           base=("string", "Branch, tag or commit to start from (default HEAD).")),
+    worktree_create)
+register("worktree_list", (
+    "List the worktrees of this project: branch, whether an agent works in one, uncommitted "
+    "changes, commits no other branch has, and the tasks bound to each." + WORKTREE_HELP),
+    params([]), worktree_list, read_only=True, concurrency_safe=True)
+register("worktree_closeout", (
+    "Finish with a worktree: keep leaves it (and its branch) for review, remove deletes the "
+    "worktree and its branch. If you are in it, you go back to the main workspace; read files "
+    "again there. remove asks the user first when uncommitted changes or commits no other branch "
+    "has would be lost." + WORKTREE_HELP),
+    params(["name", "action"], name=("string", "The worktree's name (worktree_list shows them)."),
+           action=("string", "keep or remove.")),
+    worktree_closeout)
+
+
+# --- s12.3: isolation for subagents and teammates ---
+# isolation "worktree" (the agent tool's or spawn_teammate's input, or a
+# definition's `isolation: worktree`) gives a child a lane of its own, named
+# agent-<8 hex> (seed: 与 Subagents 的配合): made from the parent's commit, the
+# child's workdir set there, and its task prefixed with where it is and that the
+# paths it was given point to the parent's checkout. When it ends, the manager
+# commits what it changed on its branch (its sandboxed bash cannot write the
+# repository) and the parent gets the branch and a diffstat; a lane with no
+# change and no commit is removed. A teammate is a process of its own: the lead
+# makes its lane and starts it with --worktree NAME (which a human may pass too);
+# it commits after each of its turns and tells the lead.
+WORKTREE_NOTICE = """<worktree>
+You work in an isolated git worktree, {path}, on branch {branch}: a separate checkout of \
+this repository at its last commit. {inherited}Paths you were given that point into \
+{parent} mean the same files here: use paths relative to your working directory, and read \
+each file again before you edit it. Do not commit: when you finish, your changes are \
+committed on {branch} for review.
+</worktree>
+
+"""
+INHERITED = "The conversation above is the other agent's, in its own checkout. "
+
+
+def lane_for(state, isolation, made_for):
+    """A new agent-made lane from `state`'s commit, for a child or teammate; None
+    when isolation is not asked for."""
+    if not isolation:
+        return None
+    if isolation != "worktree":
+        raise ToolError(f"isolation must be \"worktree\" (or left out), not {isolation!r}.")
+    origin = project_dir(state)
+    base = refresh(state.worktree)["head"] if state.worktree else None  # a parent in a lane: its commit
+    lane, _ = make_lane(origin, f"agent-{os.urandom(4).hex()}", base)
+    log_event(origin, "made_for", lane["name"], agent=made_for)
+    return lane
+
+
+def isolate(child, isolation, settings, prompt, fork=False):
+    """Put a subagent in a lane of its own (isolation "worktree"); the prompt it gets."""
+    lane = lane_for(agent_state(), isolation, child.label)
+    if lane is None:
+        return prompt
+    parent = agent_state().workdir
+    enter_lane(child, lane, assigned=True)
+    if settings.get("system"):  # child_settings named the parent's directory
+        settings["system"] = settings["system"].replace(f"Working directory: {parent}",
+                                                        f"Working directory: {lane['path']}")
+    return WORKTREE_NOTICE.format(path=lane["path"], branch=lane["branch"], parent=parent,
+                                  inherited=INHERITED if fork else "") + prompt
+
+
+def close_agent_lane(state, message):
+    """An agent-made lane at its agent's end: its changes committed, then removed when
+    nothing is in it (no change, no commit no other branch has). Returns the words
+    for whoever started the agent: the branch and a diffstat, or that it is gone."""
+    lane = state.worktree
+    try:
+        lane, commit = commit_lane(lane, message)
+        left = unmerged(lane)
+        summary = diffstat(lane, lane.get("base") or fork_point(lane)) if left else ""
+    except (ToolError, OSError) as e:
+        leave_lane(state)
+        return f"\n[worktree {lane['name']}: could not be closed ({e}); it stays at {lane['path']}]"
+    leave_lane(state)
+    if not left:
+        with contextlib.suppress(ToolError, OSError):
+            remove_lane(lane, "its agent changed nothing")
+        return f"\n[worktree {lane['name']}: no changes; removed]"
+    did = f"committed {commit[:12]}" if commit else "nothing new to commit"
+    return (f"\n[worktree {lane['name']}: {did}; branch {lane['branch']} has {left} commit(s) no "
+            f"other branch has, kept at {WORKTREES_DIR / lane['name']} for review. Merge it with "
+            f"`git merge {lane['branch']}`, then worktree_closeout {{name: {lane['name']!r}, "
+            f"action: \"remove\"}}.]\n{summary}")
+
+
+def close_child_lane(child):
+    """run_subagent's (and a background agent's) end: the child's lane closed; ""
+    for a child without one."""
+    if not (child.worktree and child.worktree.get("assigned")):
+        return ""
+    return close_agent_lane(child, f"{' '.join(child.label.split()) or 'subagent'}: "
+                                   f"changes from an isolated subagent")
+
+
+def lane_argv(state, isolation, spec, name):
+    """spawn_teammate: the lane made for the teammate, passed as --worktree NAME."""
+    lane = lane_for(state, isolation or spec.get("isolation"), f"teammate {name}")
+    return ["--worktree", lane["name"]] if lane else []
+
+
+def refuse_in_lane(state):
+    if state.worktree:
+        raise ToolError(f"You work in worktree {state.worktree['name']}: teammates start in the "
+                        f"main workspace. Close it out first (worktree_closeout, action keep).")
+
+
+def worktree_flag(argv):
+    """--worktree NAME taken out of argv (None without it)."""
+    if argv and argv[-1] == "--worktree":
+        raise ValueError("--worktree needs a name, e.g. --worktree fix-parser")
+    return pop_flag(argv, "--worktree", True)
+
+
+def start_worktree(name):
+    """--worktree NAME at start-up: the lane made or reused, and the session's agent
+    in it (never a chdir: the process stays where it started)."""
+    if name is None:
+        return
+    state = agent_state()
+    lane, made = make_lane(state.workdir, check_lane_name(name))
+    enter_lane(state, lane, assigned=is_teammate() and bool(AGENT_LANE.fullmatch(name)))  # the lead made it
+    say(f"[worktree {name}: {'created' if made else 'reused'}, on branch {lane['branch']}; "
+        f"the agent works in {lane['path']}]")
+
+
+def lane_notice(state):
+    """A teammate's intro, when it works in a lane."""
+    lane = state.worktree
+    if not lane:
+        return ""
+    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=lane["branch"],
+                                            parent=lane["origin"], inherited="").strip())
+
+
+def checkpoint_lane():
+    """After each of a teammate's turns in an agent-made lane: its changes committed,
+    and the lead told which branch has them, with the diffstat."""
+    state = agent_state()
+    lane = state.worktree
+    if not lane or not lane.get("assigned") or not state.team:
+        return
+    with contextlib.suppress(ToolError, OSError):
+        lane, commit = commit_lane(lane, f"{state.team['member']}: work from a teammate's turn")
+        state.worktree = lane
+        if commit:
+            post(LEAD, "message", f"[worktree {lane['name']}] committed {commit[:12]} on branch "
+                                  f"{lane['branch']}:\n{diffstat(lane, fork_point(lane))}")
+
+
+@contextlib.contextmanager
+def worktree_session():
+    """The end of a session in a lane: an agent-made one (a teammate's) is committed,
+    the lead told, and removed when nothing is in it; one the human or the model
+    named stays as it is. Either way the lock is let go."""
+    try:
+        yield
+    finally:
+        state = agent_state()
+        if state.worktree and state.worktree.get("assigned"):
+            text = close_agent_lane(state, f"{state.team['member']}: work left at the end of its session")
+            with contextlib.suppress(ToolError, OSError):
+                post(LEAD, "message", text.strip())
+        elif state.worktree:
+            leave_lane(state)
 
 
 # --- agent loop ---
@@ -9122,12 +10011,15 @@ def main(argv=None):
     CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     try:
         argv = start_permissions(argv)  # s07: flags, config files, workspace trust, sandbox
+        lane = worktree_flag(argv)  # s12: --worktree NAME, entered once the session is set up
         argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
         argv, history = start_session(argv, client)  # s09: --continue, --resume ID, or a new session
+        clean_stale_worktrees()  # s12: agent-made lanes long unused, with nothing in them
+        start_worktree(lane)  # s12: the lane made or reused, the agent's workdir set (no chdir)
     except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
         print(e, file=sys.stderr)  # s07
         return 2  # s07
-    with hook_session(), memory_session(), background_session(), team_session():  # s08, s09; s10; s11: teammates stop first
+    with hook_session(), memory_session(), worktree_session(), background_session(), team_session():  # s08-s11; s12: a lane closed after its commands
         if agent_state().team:  # s11: only a teammate has joined a team at start-up
             return teammate_loop(client, history)  # s11
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
