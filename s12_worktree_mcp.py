@@ -9136,23 +9136,24 @@ def set_up_lane(lane):
     return [n for n in notes if n]
 
 
-def plain_dir_in(path, root):
-    """Is `path` a folder reached without any link from `root` (the lane)? A tracked
-    symbolic link in the checkout must not carry a copy outside."""
-    try:
-        return path.is_dir() and path.resolve() == root / path.relative_to(root)
-    except (OSError, RuntimeError, ValueError):
-        return False
+def dirs_in(folder, root):
+    """Make `folder` under `root` (the lane) one level at a time, never through a
+    link: a tracked symbolic link in the checkout must not carry a copy outside.
+    True when it is a plain folder now."""
+    here = root
+    for part in folder.relative_to(root).parts:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            return False
+        with contextlib.suppress(FileExistsError):
+            here.mkdir()
+    return True
 
 
 def copy_plain(src, dst, root):
     """Copy one plain file to dst inside root, never over or through a link; its size, or None."""
-    data, parent = read_plain(src, INCLUDE_MAX_BYTES), dst.parent
-    if data is None:
-        return None
-    with contextlib.suppress(OSError):
-        parent.mkdir(parents=True, exist_ok=True)
-    if not plain_dir_in(parent, root):
+    data = read_plain(src, INCLUDE_MAX_BYTES)
+    if data is None or not dirs_in(dst.parent, root):
         return None
     try:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -9213,7 +9214,7 @@ def link_shared_dirs(origin, path):
     for name in names:
         src, dst = origin / name, path / name
         if src.is_symlink() or not src.is_dir() or not leads_inside(src, origin) \
-                or os.path.lexists(dst) or not plain_dir_in(dst.parent, path):
+                or os.path.lexists(dst) or not dirs_in(dst.parent, path):
             continue
         with contextlib.suppress(OSError):
             os.symlink(src.resolve(), dst, target_is_directory=True)
@@ -9239,7 +9240,7 @@ def included(origin):
     spec = read_plain(origin / ".worktreeinclude", INCLUDE_FILE_BYTES)
     if not spec:
         return []
-    ignored = ls_files(origin, "--exclude-standard", "--directory")  # folders end in /
+    ignored = set(ls_files(origin, "--exclude-standard", "--directory"))  # folders end in /
     with tempfile.NamedTemporaryFile(suffix=".worktreeinclude") as patterns:
         patterns.write(spec)
         patterns.flush()
@@ -9251,19 +9252,19 @@ def included(origin):
 
 def copy_included(origin, path):
     """Copy what included() names, each a plain file inside the project, up to
-    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes."""
-    copied, size, left = 0, 0, 0
-    for name in included(origin):
+    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes (the rest is counted)."""
+    names, copied, size, left = included(origin), 0, 0, 0
+    for i, name in enumerate(names):
         src = origin / name
         try:
             if src.is_symlink() or src.parent.resolve() != src.parent:
                 continue  # a link, or reached through one
-            bytes_ = src.stat().st_size
+            more = src.stat().st_size
         except (OSError, RuntimeError):
             continue
-        if copied >= INCLUDE_MAX_FILES or size + bytes_ > INCLUDE_MAX_BYTES:
-            left += 1
-            continue
+        if copied >= INCLUDE_MAX_FILES or size + more > INCLUDE_MAX_BYTES:
+            left = len(names) - i
+            break
         if (n := copy_plain(src, path / name, path)) is not None:
             copied, size = copied + 1, size + n
     note = f"copied {copied} ignored file(s) .worktreeinclude selects" if copied else ""
@@ -9279,15 +9280,16 @@ def copy_included(origin, path):
 # leaves the lane as it is; remove deletes the lane and its branch, and asks the
 # human first when that would lose work: changes not committed, or commits no
 # other branch has. Every step is one line in .agent/worktrees/events.jsonl.
-def who():
-    state = agent_state()
+def who(state=None):
+    """An agent as the event log names it: a subagent's label, a teammate's name, or main."""
+    state = state or agent_state()
     return state.label or (state.team or {}).get("member") or "main"
 
 
-def log_event(origin, event, name, **detail):
+def log_event(origin, event, name, by=None, **detail):
     """One life-cycle step (seed: EventRecord) appended to events.jsonl, under its
     own lock, never through a planted link; bounded by EVENTS_BYTES."""
-    record = {"time": now_stamp(), "event": event, "name": name, "by": who(), "pid": os.getpid()}
+    record = {"time": now_stamp(), "event": event, "name": name, "by": by or who(), "pid": os.getpid()}
     line = (json.dumps(record | detail, ensure_ascii=False, default=str) + "\n").encode("utf-8")
     log = origin / WORKTREES_DIR / "events.jsonl"
     try:
@@ -9334,7 +9336,7 @@ def enter_lane(state, lane, assigned=False):
         raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
     state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
     state.workdir, state.files = Path(lane["path"]), {}
-    log_event(Path(lane["origin"]), "enter", lane["name"], workdir=str(lane["path"]))
+    log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))
 
 
 def leave_lane(state):
@@ -9345,7 +9347,7 @@ def leave_lane(state):
         with contextlib.suppress(OSError):
             os.utime(lane["lock"])
             os.close(lane["lock"])
-    log_event(Path(lane["origin"]), "leave", lane["name"])
+    log_event(Path(lane["origin"]), "leave", lane["name"], by=who(state))
 
 
 def excluded(lane):
@@ -9724,8 +9726,9 @@ def close_child_lane(child):
     for a child without one."""
     if not (child.worktree and child.worktree.get("assigned")):
         return ""
-    return close_agent_lane(child, f"{' '.join(child.label.split()) or 'subagent'}: "
-                                   f"changes from an isolated subagent")
+    with acting_as(child):  # its steps, logged and shown as its own
+        return close_agent_lane(child, f"{' '.join(child.label.split()) or 'subagent'}: "
+                                       f"changes from an isolated subagent")
 
 
 def lane_argv(state, isolation, spec, name):

@@ -417,8 +417,9 @@ def test_an_isolated_subagent_edits_its_lane_and_the_parent_gets_the_branch_and_
     assert "2 files changed, 2 insertions(+), 1 deletion(-)" in report
     assert f"git merge agent/{name}" in report
     assert mod.agent_state().workdir == repo and mod.agent_state().worktree is None
-    steps = [e["event"] for e in events(repo)]
-    assert steps == ["create", "made_for", "enter", "commit", "leave"]
+    steps = [(e["event"], e["by"]) for e in events(repo)]
+    assert steps == [("create", "main"), ("made_for", "main"), ("enter", "strip spaces"),
+                     ("commit", "strip spaces"), ("leave", "strip spaces")]
 
 
 def test_a_child_that_changes_nothing_leaves_no_lane(mod, api, client, repo):
@@ -458,6 +459,24 @@ def test_the_manager_commits_without_hooks_and_leaves_out_agent_and_links(mod, a
     files = git(repo, "show", "--name-only", "--format=", f"agent/{name}").splitlines()
     assert sorted(files) == [".husky/pre-commit", "notes.md"]             # not .agent/, not node_modules
     assert not marker.exists()                                           # no hook ran, planted or not
+
+
+def test_a_sandboxed_child_cannot_commit_or_touch_the_main_checkout_the_manager_commits(mod, api, client, repo):
+    ok, why = mod.sandbox_available()
+    if not ok:
+        pytest.skip(f"the OS sandbox does not work here: {why}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True   # the test default turns it off
+    command = (f"echo notes > notes.md; git add -A && git commit -qm mine 2>&1 | tail -1; "
+               f"echo planted >> {repo}/app.py 2>&1; printf 'gitdir: /tmp\\n' > .git 2>&1; true")
+    steps = [reply(tool("agent", {"prompt": "Write notes.", "isolation": "worktree"})),
+             reply(tool("bash", {"command": command})), reply("Done.")]
+    run_turn(mod, api, client, steps)
+    out = results(message_bodies(api)[2])[0]["content"]
+    assert ".git: Read-only file system" in out                          # the lane's pointer is bound read-only
+    (name,) = lanes(repo)
+    assert (repo / "app.py").read_text() == APP and git(repo, "status", "--porcelain") == ""
+    assert git(repo, "log", "--format=%s", f"main..agent/{name}") == "Write notes.: changes from an isolated subagent"
+    assert git(repo, "show", "--name-only", "--format=", f"agent/{name}") == "notes.md"
 
 
 def test_a_redirected_git_pointer_is_put_back_and_never_obeyed(mod, api, client, repo, tmp_path):

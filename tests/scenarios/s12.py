@@ -1,0 +1,149 @@
+"""s12 demo: a subagent in a git worktree of its own edits code while the main workspace stays untouched.
+
+The workspace is a git repository with one commit: csv_tools.py, whose split_row
+keeps the spaces around each field. Watch stderr, and .agent/worktrees/ with --keep:
+  1. The model hands the fix to a subagent with isolation "worktree". The
+     manager runs `git worktree add -b agent/agent-<8 hex>` into
+     .agent/worktrees/agent-<8 hex>, from the last commit, and sets it up
+     (here: the git-ignored .env, which .worktreeinclude selects, is copied).
+  2. The child's workdir is that folder; the process never changes directory.
+     Its task begins with a <worktree> block: where it is, and that the paths it
+     was given point into the main checkout and must be read again there.
+  3. The child reads csv_tools.py in its lane, fixes it and adds a test. Its
+     edits land in the lane only: the main workspace's file is unchanged.
+  4. When it ends, the manager (not the child) commits its work on its branch,
+     with no git hooks and without .agent/, and the parent's tool result gets
+     the branch name and a diffstat. The lane stays for review, because its
+     branch has a commit no other branch has.
+  5. The parent answers with the branch to review and merge; every step is in
+     .agent/worktrees/events.jsonl.
+"""
+import json
+import subprocess
+
+from fake_api import reply, text, tool
+
+PROMPT = ("split_row in csv_tools.py keeps the spaces around fields. Have a subagent fix it in "
+          "a worktree of its own, with a test, so this checkout stays as it is until I review.")
+ENV = {"AGENT_PERMISSION_MODE": "acceptEdits",   # the child's edits need no question
+       "AGENT_AUTO_MEMORY": "0"}                 # no memory side calls (s09 shows those)
+FAKED = ("The git identity: the scratch HOME has no ~/.gitconfig, so the workspace's first "
+         "commit is made with a fixed test name, and the manager's commit uses its own "
+         "(agent worktree manager).")
+
+CODE = 'def split_row(line):\n    """The fields of one CSV line."""\n    return line.split(",")\n'
+FIXED = 'return [field.strip() for field in line.split(",")]'
+TEST = ('from csv_tools import split_row\n\n'
+        'assert split_row("a, b ,c") == ["a", "b", "c"]\nprint("ok")\n')
+IDENTITY = ["-c", "user.name=demo", "-c", "user.email=demo@example.com"]
+
+
+def git(workspace, *args):
+    return subprocess.run(["git", *IDENTITY, *args], cwd=workspace, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def SETUP(workspace):
+    """a git repository on main with one commit (csv_tools.py, a .gitignore of .agent/
+    and .env, and a .worktreeinclude naming .env), plus the git-ignored .env."""
+    (workspace / "csv_tools.py").write_text(CODE)
+    (workspace / ".gitignore").write_text(".agent/\n.env\n")
+    (workspace / ".worktreeinclude").write_text(".env\n")
+    (workspace / ".env").write_text("CSV_DIALECT=excel\n")
+    git(workspace, "init", "-q", "-b", "main")
+    git(workspace, "add", "-A")
+    git(workspace, "commit", "-q", "-m", "csv_tools: split_row")
+
+
+def first_text(body):
+    content = body["messages"][0]["content"]
+    return content if isinstance(content, str) else " ".join(b.get("text", "") for b in content)
+
+
+def results(body):
+    return [b["content"] for b in body["messages"][-1]["content"]
+            if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+def child_starts(body):
+    """The child's first request: its task opens with the <worktree> block."""
+    task = first_text(body)
+    if "<worktree>" not in task or "on branch agent/agent-" not in task:
+        return reply(f"(demo: expected the task to say which worktree, got {task[:200]!r})")
+    return reply(text("I work in my own checkout; reading the file there."),
+                 tool("read_file", {"path": "csv_tools.py"}))
+
+
+def child_fixes(body):
+    return reply(tool("edit_file", {"path": "csv_tools.py", "old_string": 'return line.split(",")',
+                                    "new_string": FIXED}),
+                 tool("write_file", {"path": "test_csv_tools.py", "content": TEST}))
+
+
+def parent_reviews(body):
+    """The parent's tool result: the child's report, its branch and the diffstat."""
+    report = results(body)[0] if results(body) else ""
+    if "[worktree agent-" not in report or "2 files changed" not in report:
+        return reply(f"(demo: expected the branch and a diffstat, got {report[-400:]!r})")
+    branch = report.split("branch ", 1)[1].split()[0]
+    return reply(f"The fix is on branch {branch} (csv_tools.py and a new test_csv_tools.py); this "
+                 f"checkout is unchanged. Review it with `git diff main {branch}` and merge with "
+                 f"`git merge {branch}`; then the worktree can be removed.")
+
+
+STEPS = [
+    reply(text("A subagent in its own worktree will fix it."),
+          tool("agent", {"description": "strip CSV fields", "isolation": "worktree",
+                         "prompt": "In csv_tools.py, make split_row strip the spaces around each "
+                                   "field, and add test_csv_tools.py checking it. Report what you "
+                                   "changed."})),
+    child_starts,
+    child_fixes,
+    reply("Scope: split_row now strips each field; test_csv_tools.py checks it."),
+    parent_reviews,
+]
+
+
+def lane_names(workspace):
+    folder = workspace / ".agent" / "worktrees"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
+
+
+def CHECK(workspace, stdout):
+    """the main checkout unchanged (csv_tools.py as committed, no test file, git status
+    clean); one lane, .agent/worktrees/agent-<hex>, whose branch has one commit holding
+    exactly csv_tools.py (fixed) and test_csv_tools.py, and nothing left uncommitted
+    in it; the lane got the ignored .env; the event log has create, made_for, enter,
+    commit and leave; the answer names the branch."""
+    assert (workspace / "csv_tools.py").read_text() == CODE, "the main checkout's file changed"
+    assert not (workspace / "test_csv_tools.py").exists(), "the test landed in the main checkout"
+    assert git(workspace, "status", "--porcelain") == "", "the main checkout is not clean"
+    names = lane_names(workspace)
+    assert len(names) == 1 and names[0].startswith("agent-"), f"expected one agent lane, got {names}"
+    branch, lane = f"agent/{names[0]}", workspace / ".agent" / "worktrees" / names[0]
+    files = git(workspace, "show", "--name-only", "--format=", branch).splitlines()
+    assert sorted(files) == ["csv_tools.py", "test_csv_tools.py"], f"the commit holds {files}"
+    assert FIXED in git(workspace, "show", f"{branch}:csv_tools.py"), "the fix is not on the branch"
+    assert git(lane, "status", "--porcelain") == "", "work left uncommitted in the lane"
+    assert (lane / ".env").read_text() == "CSV_DIALECT=excel\n", ".worktreeinclude's .env not copied"
+    log = [json.loads(line)["event"] for line in
+           (workspace / ".agent" / "worktrees" / "events.jsonl").read_text().splitlines()]
+    assert log == ["create", "made_for", "enter", "commit", "leave"], f"events: {log}"
+    assert f"branch {branch}" in stdout, "the answer does not name the branch"
+
+
+def SHOW(workspace):
+    """the lane's branch as git shows it (git log --stat), and the event log
+    .agent/worktrees/events.jsonl, one line per life-cycle step."""
+    names = lane_names(workspace)
+    if not names:
+        return "(no worktree was made)"
+    lines = [f"git log --stat main..agent/{names[0]}:"]
+    lines += ["  " + line for line in git(workspace, "log", "--stat", "--format=%h %an: %s",
+                                          f"main..agent/{names[0]}").splitlines()]
+    lines += ["", "The event log (.agent/worktrees/events.jsonl):"]
+    for line in (workspace / ".agent" / "worktrees" / "events.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        extra = {k: v for k, v in e.items() if k not in ("time", "event", "name", "by", "pid")}
+        lines.append(f"  {e['event']:<8} {e['name']}  by {e['by']}  " + json.dumps(extra)[:110])
+    return "\n".join(lines)
