@@ -3441,7 +3441,8 @@ MAX_DENIALS = 3             # denials in a row before the model is told to stop 
 # what git runs later, and no task needs a file tool inside .git.
 PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
                   ".claude/skills", ".claude/agents",
-                  ".agent/team")  # s11: messages, requests and the roster: only the program writes them
+                  ".agent/team",  # s11: messages, requests and the roster: only the program writes them
+                  ".agent/worktrees")  # s12: lanes, their locks and log: work in a lane by entering it
 PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
 HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
 
@@ -9232,7 +9233,7 @@ def ls_files(origin, *options):
     return [p for p in out.split("\0") if p]
 
 
-def included(origin):
+def include_matches(origin):
     """Ignored files .worktreeinclude selects (seed: git ls-files --others --ignored
     --exclude-standard, filtered by its patterns): git matches them, with its own
     rules, against a copy of the file read here (never through a link). Files under
@@ -9251,9 +9252,9 @@ def included(origin):
 
 
 def copy_included(origin, path):
-    """Copy what included() names, each a plain file inside the project, up to
+    """Copy what include_matches() names, each a plain file inside the project, up to
     INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes (the rest is counted)."""
-    names, copied, size, left = included(origin), 0, 0, 0
+    names, copied, size, left = include_matches(origin), 0, 0, 0
     for i, name in enumerate(names):
         src = origin / name
         try:
@@ -9305,7 +9306,7 @@ def log_event(origin, event, name, by=None, **detail):
         warn_once(f"[the worktree event log is not written: {e}]")
 
 
-def lock_path(lane):
+def lane_lock_file(lane):
     return Path(lane["path"]).parent / f"{lane['name']}.lock"
 
 
@@ -9313,7 +9314,7 @@ def lock_lane(lane, touch=True):
     """The lane's in-use lock, taken (a descriptor) or None when an agent holds it.
     Its file's time says when the lane was last used (touch: now; stale cleanup reads it)."""
     try:
-        fd = os.open(lock_path(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         raise ToolError(f"{WORKTREES_DIR / lane['name']}.lock cannot be opened ({e.strerror}; a "
                         f"planted link?). Ask the user to remove it.")
@@ -9432,9 +9433,13 @@ def remove_lane(lane, why):
         if lane.get("branch") == WORKTREE_BRANCH + lane["name"]:
             git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
         with contextlib.suppress(OSError):
-            lock_path(lane).unlink()
+            lane_lock_file(lane).unlink()
     unbind_tasks(origin, lane["name"])
     log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
+
+
+def branch_name(lane):
+    return lane["branch"] or "(none: a detached HEAD)"
 
 
 def lane_status(lane):
@@ -9469,7 +9474,7 @@ def worktree_create(name, base=None):
     did = f"Created worktree {name} from {lane['base'][:12]}" if made else \
         f"Reused worktree {name} (HEAD {lane['head'][:12]}{'; base ignored' if base else ''})"
     setup = f"; setup: {'; '.join(lane['setup'])}" if made and lane.get("setup") else ""
-    return (f"{did} on branch {lane['branch']}{setup}. You now work in {lane['path']}: every path "
+    return (f"{did} on branch {branch_name(lane)}{setup}. You now work in {lane['path']}: every path "
             f"and command is relative to it, and files read before must be read again. Your bash "
             f"cannot commit there; worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
             f"back and keeps it for review (remove deletes it).")
@@ -9480,13 +9485,13 @@ def lane_line(origin, path, here):
     try:
         lane = find_lane(origin, path.name)
     except ToolError:
-        return f"{path.name}  [not a worktree of this repository: left alone]"
+        return f"{printable(path.name)}  [not a worktree of this repository: left alone]"
     fd = lock_lane(lane, touch=False) if lane["name"] != here else None
     use = "you are here" if lane["name"] == here else "free" if fd is not None else "in use"
     if fd is not None:
         os.close(fd)
     tasks = bound_tasks(origin, lane["name"])
-    return (f"{lane['name']}  [{use}] branch {lane['branch'] or '(detached)'} at {lane['head'][:12]}; "
+    return (f"{lane['name']}  [{use}] branch {branch_name(lane)} at {lane['head'][:12]}; "
             f"{lane_status(lane)}" + (f"; tasks {', '.join('#' + t for t in tasks)}" if tasks else ""))
 
 
@@ -9508,7 +9513,7 @@ def confirm_loss(lane, changes, extra):
     a teammate's question goes to the lead's terminal; a background agent cannot ask)."""
     loss = ", ".join(filter(None, [f"{len(changes)} uncommitted change(s)" if changes else "",
                                    f"{extra} commit(s) no other branch has" if extra else ""]))
-    answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {lane['branch']}? It has "
+    answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {branch_name(lane)}? It has "
                                  f"{loss}, which would be lost. [y/N] "))
     if answer.strip().lower() not in ("y", "yes"):
         log_event(Path(lane["origin"]), "remove_refused", lane["name"], loss=loss)
@@ -9532,7 +9537,7 @@ def worktree_closeout(name, action):
         if inside_it:
             leave_lane(state)
         log_event(origin, "keep", name, status=status)
-        return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {lane['branch']}): {status}."
+        return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {branch_name(lane)}): {status}."
                 + (f" You are back in {state.workdir}; read files again before editing." if inside_it else ""))
     fd = None if inside_it else lock_lane(lane, touch=False)
     if not inside_it and fd is None:
@@ -9547,7 +9552,7 @@ def worktree_closeout(name, action):
     finally:
         if fd is not None:
             os.close(fd)
-    return f"Removed worktree {name} and branch {lane['branch']}." + (
+    return f"Removed worktree {name} and branch {branch_name(lane)}." + (
         f" You are back in {state.workdir}; read files again before editing." if inside_it else "")
 
 
@@ -9606,7 +9611,7 @@ def remove_if_stale(origin, name):
     """Remove one agent-made lane if it is stale; True when it was."""
     if not (lane := find_lane(origin, name)):
         return False
-    stamp = lock_path(lane) if lock_path(lane).exists() else lane["path"]
+    stamp = lane_lock_file(lane) if lane_lock_file(lane).exists() else lane["path"]
     if time.time() - stamp.stat().st_mtime < STALE_WORKTREE_AGE:
         return False
     if (fd := lock_lane(lane, touch=False)) is None:
@@ -9634,7 +9639,8 @@ register("worktree_create", (
     worktree_create)
 register("worktree_list", (
     "List the worktrees of this project: branch, whether an agent works in one, uncommitted "
-    "changes, commits no other branch has, and the tasks bound to each." + WORKTREE_HELP),
+    "changes, commits no other branch has, and the tasks bound to each. Check it before you "
+    "remove one, or to find the branch a subagent or teammate left for review." + WORKTREE_HELP),
     params([]), worktree_list, read_only=True, concurrency_safe=True)
 register("worktree_closeout", (
     "Finish with a worktree: keep leaves it (and its branch) for review, remove deletes the "
@@ -9758,7 +9764,7 @@ def start_worktree(name):
     state = agent_state()
     lane, made = make_lane(state.workdir, check_lane_name(name))
     enter_lane(state, lane, assigned=is_teammate() and bool(AGENT_LANE.fullmatch(name)))  # the lead made it
-    say(f"[worktree {name}: {'created' if made else 'reused'}, on branch {lane['branch']}; "
+    say(f"[worktree {name}: {'created' if made else 'reused'}, on branch {branch_name(lane)}; "
         f"the agent works in {lane['path']}]")
 
 
@@ -9767,7 +9773,7 @@ def lane_notice(state):
     lane = state.worktree
     if not lane:
         return ""
-    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=lane["branch"],
+    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=branch_name(lane),
                                             parent=lane["origin"], inherited="").strip())
 
 

@@ -74,6 +74,16 @@ def results(body):
     return [b for b in body["messages"][-1]["content"] if b.get("type") == "tool_result"]
 
 
+def test_no_top_level_name_is_defined_twice(mod):
+    """A chapter adds names to one module: a second def of a name an earlier chapter
+    uses (s09's included(), lock_path()) would silently replace it."""
+    import ast
+    tree = ast.parse(Path(mod.__file__).read_text(encoding="utf-8"))
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    names += [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+    assert not {n for n in names if names.count(n) > 1}
+
+
 # --- s12.1: the manager -------------------------------------------------------------------
 
 def test_a_lane_is_made_on_its_branch_and_entered_without_a_chdir(mod, repo):
@@ -103,6 +113,9 @@ def test_an_existing_lane_is_reused_when_its_pointer_leads_to_a_valid_head(mod, 
     assert out.startswith("Reused worktree fix") and "base ignored" in out
     assert (repo / ".agent" / "worktrees" / "fix" / "wip.py").exists()       # the same checkout
     assert [e["event"] for e in events(repo)] == ["create", "enter", "leave", "keep", "reuse", "enter"]
+    mod.worktree_closeout("fix", "keep")
+    (repo / ".git" / "worktrees" / "fix" / "HEAD").write_text("ref: refs/heads/nowhere\n")
+    assert "not a worktree of this repository" in refused(mod, mod.worktree_create, "fix")   # no valid HEAD
 
 
 def test_a_lane_removed_by_hand_is_made_again_on_its_kept_branch(mod, repo):
@@ -223,6 +236,23 @@ def test_setup_copies_local_config_carries_hooks_links_folders_and_copies_includ
     assert git(repo, "config", "core.hooksPath") == ".husky"             # the main checkout's unchanged
     setup = [e for e in events(repo) if e["event"] == "create"][0]["setup"]
     assert "linked node_modules" in setup
+    mod.worktree_closeout("fix", "remove")                               # the link goes, not its target
+    assert (repo / "node_modules" / "pkg" / "index.js").exists() and lanes(repo) == []
+
+
+def test_a_copy_never_goes_through_a_link_in_the_lane(mod, repo, tmp_path):
+    """A checkout may hold a tracked link (conf -> somewhere outside): a copy into
+    conf/ would land outside the lane."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    lane = tmp_path / "lane"
+    lane.mkdir()
+    (lane / "conf").symlink_to(outside)
+    (repo / "x.env").write_text("secret\n")
+    assert mod.copy_plain(repo / "x.env", lane / "conf" / "deep" / "x.env", lane) is None
+    assert list(outside.iterdir()) == []
+    assert mod.copy_plain(repo / "x.env", lane / "ok" / "x.env", lane) == 7
+    assert (lane / "ok" / "x.env").read_text() == "secret\n"
 
 
 def test_include_copies_are_bounded(mod, repo, monkeypatch):
@@ -282,6 +312,17 @@ def test_a_lane_in_use_by_another_agent_cannot_be_removed_or_entered(mod, repo):
         assert "You are in worktree busy" in refused(mod, mod.worktree_create, "second")
         mod.worktree_closeout("busy", "keep")
     assert mod.worktree_closeout("busy", "remove").startswith("Removed")
+
+
+def test_file_tools_never_write_the_lanes_folder_but_read_it(mod, repo):
+    """The lanes' .git pointers, locks and log are the program's; work in a lane by entering it."""
+    mod.worktree_create("fix")
+    mod.worktree_closeout("fix", "keep")
+    for path in (".agent/worktrees/fix/.git", ".agent/worktrees/events.jsonl", ".agent/worktrees/fix/app.py"):
+        out = call(mod, "write_file", {"path": path, "content": "gitdir: /tmp/evil\n"})
+        assert out["is_error"] and "is protected" in out["content"], path
+    assert "def parse" in call(mod, "read_file", {"path": ".agent/worktrees/fix/app.py"})["content"]
+    assert (repo / ".agent" / "worktrees" / "fix" / ".git").read_text().startswith(f"gitdir: {repo}/.git/")
 
 
 def test_a_bad_action_or_an_unknown_lane_is_refused(mod, repo):
