@@ -3,29 +3,24 @@
 agent, a subagent or a teammate a checkout of its own; and tools from other programs
 over MCP.
 
-New since s11: worktree_create, worktree_list, worktree_closeout, make_lane,
-find_lane, set_up_lane, enter_lane, leave_lane, commit_lane, remove_lane,
-clean_stale_worktrees (worktrees); agent and spawn_teammate isolation, an agent
-definition's isolation: worktree, isolate, close_agent_lane, --worktree NAME; the
-task field worktree.
-[MCP: the MCP client's and deferred tools' names go here]
+New since s11: worktree_create, worktree_list, worktree_closeout, make_lane, find_lane,
+set_up_lane, enter_lane, leave_lane, commit_lane, remove_lane, clean_stale_worktrees;
+isolation (agent, spawn_teammate, an agent definition's isolation: worktree), isolate,
+close_agent_lane, --worktree NAME; a task's worktree field. [MCP: its names here]
 
     agent {prompt, isolation: "worktree"}
-      -> git worktree add -b agent/agent-1a2b3c4d -- .agent/worktrees/agent-1a2b3c4d <HEAD>
+      -> git worktree add -b agent/agent-1a2b3c4d -- .agent/worktrees/agent-1a2b3c4d HEAD
          + .agent/config.local.yaml, core.hooksPath, symlink_directories, .worktreeinclude
-      -> the child's workdir = the lane (no chdir), file-read records fresh,
-         its task begins with <worktree>: where it is, re-read the paths it was given
-      ... it edits; the main workspace is untouched ...
-      -> the manager: git add -A (not .agent/, not links) + commit, no hooks
-      -> parent: "[worktree ...: committed 3f2a1bc; branch agent/agent-1a2b3c4d ...]" + diffstat
-         (no change and no commit: the lane is removed)
+      -> the child's workdir is the lane (no chdir), its file-read records fresh, and its
+         task starts with <worktree>: where it is; paths it was given must be re-read here
+      -> it edits; the main checkout is untouched -> the manager commits (not .agent/,
+         not links, no hooks) -> parent: branch agent/agent-1a2b3c4d + diffstat
+         (nothing changed: the lane is removed)
     worktree_closeout {name, action: remove}: uncommitted or unmerged work -> the human says yes
     start-up: agent-made lanes unused for 24 h with nothing in them are removed
-[MCP: the MCP flow goes here]
+[MCP: its flow here]
 
-A lane is the project's, not the process's: the task board, the lanes and their
-event log (.agent/worktrees/events.jsonl) stay in the workspace the agent came
-from. A clone may plant anything there, so a lane is used only when its .git
+A clone may plant anything in .agent/worktrees: a lane is used only when its .git
 pointer and this repository's record name each other, and the manager's git runs
 pinned to that record, with no hooks.
 
@@ -34,15 +29,13 @@ Run:
     python s12_worktree_mcp.py --worktree fix-parser # the session works in that lane
     python tests/demo.py s12                         # offline, no key: an isolated subagent
 Try:
-    python -m pytest tests/test_s12_worktrees.py -v
     (real model, in a git repository) have a subagent in a worktree rename a function
       everywhere; review its branch, merge it, remove the worktree
-[MCP: a Try line for MCP goes here]
+[MCP: its Try line here]
 
 Key insight: isolation is a directory, not a process: point the agent's working
-directory at another checkout and every tool follows, while the one thing it
-cannot do there, commit, is done by the program that made the lane.
-[MCP: its key insight goes here]
+directory at another checkout and every tool follows; the one thing it cannot do
+there, commit, the program that made the lane does. [MCP: its insight here]
 """
 
 # --- imports ---
@@ -8970,6 +8963,8 @@ AGENT_LANE = re.compile(r"agent-[0-9a-f]{8}")  # a lane the program made for a c
 STALE_WORKTREE_AGE = 24 * 3600  # seconds an agent-made lane lies unused before start-up removes it
                             # (only when nothing in it is uncommitted or unmerged)
 WORKTREE_ACTIONS = ("keep", "remove")  # worktree_closeout's actions
+MAX_WORKTREES = 20          # lanes one project holds at once (each is a full checkout on disk)
+WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
 GIT_TIMEOUT = 120           # seconds for one git command of the manager (a big checkout takes a while)
 GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
              "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
@@ -9116,6 +9111,9 @@ def make_lane(origin, name, base=None):
         if lane := find_lane(origin, name):
             log_event(origin, "reuse", name, head=lane["head"])
             return lane, False
+        if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
+            raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "
+                            f"one first (worktree_list, then worktree_closeout remove).")
         git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
         start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
         kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
@@ -9504,8 +9502,9 @@ def worktree_list():
     paths = [p for p in sorted(folder.iterdir()) if p.is_dir() or p.is_symlink()]
     if not paths:
         return "No worktrees. worktree_create {name} makes one."
-    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(
-        lane_line(origin, p, here) for p in paths)
+    lines = [lane_line(origin, p, here) for p in paths[:WORKTREE_LIST_LIMIT]]
+    more = [f"... and {len(paths) - WORKTREE_LIST_LIMIT} more folders"] if len(paths) > WORKTREE_LIST_LIMIT else []
+    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more)
 
 
 def confirm_loss(lane, changes, extra):
@@ -9597,9 +9596,13 @@ def clean_stale_worktrees():
     folder = origin / WORKTREES_DIR
     if not folder.is_dir() or folder.is_symlink():
         return []  # no lanes: not even one git command at start-up
+    listed = ""  # the worktrees git knows: a planted folder costs nothing
+    with contextlib.suppress(ToolError):
+        listed = git(origin, "worktree", "list", "--porcelain", check=False) or ""
+    known = {Path(line[9:]).resolve() for line in listed.splitlines() if line.startswith("worktree ")}
     removed = []
-    for path in sorted(folder.iterdir()):
-        if AGENT_LANE.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+    for path in sorted(folder.resolve() / p.name for p in folder.iterdir()):
+        if AGENT_LANE.fullmatch(path.name) and path in known:
             with contextlib.suppress(ToolError, OSError):
                 removed += [path.name] if remove_if_stale(origin, path.name) else []
     if removed:
@@ -9733,7 +9736,7 @@ def close_child_lane(child):
     if not (child.worktree and child.worktree.get("assigned")):
         return ""
     with acting_as(child):  # its steps, logged and shown as its own
-        return close_agent_lane(child, f"{' '.join(child.label.split()) or 'subagent'}: "
+        return close_agent_lane(child, f"{printable(' '.join(child.label.split())) or 'subagent'}: "
                                        f"changes from an isolated subagent")
 
 

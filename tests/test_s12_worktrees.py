@@ -421,6 +421,43 @@ def test_start_up_removes_stale_agent_lanes_with_nothing_in_them(mod, repo):
     assert [e["name"] for e in gone] == [stale["name"]] and "stale: unused for 24 h" in gone[0]["why"]
 
 
+def test_start_up_looks_only_at_lanes_git_knows(mod, repo, monkeypatch):
+    """A clone that plants a thousand agent-<hex> folders costs one git command, not 3000."""
+    for n in range(1000):
+        (repo / ".agent" / "worktrees" / f"agent-{n:08x}").mkdir(parents=True)
+    monkeypatch.setattr(mod, "find_lane", lambda *a: pytest.fail("a planted folder was looked at"))
+    assert mod.clean_stale_worktrees() == []
+
+
+def test_lanes_are_capped_and_worktree_list_is_bounded(mod, repo, monkeypatch):
+    monkeypatch.setattr(mod, "MAX_WORKTREES", 2)
+    monkeypatch.setattr(mod, "WORKTREE_LIST_LIMIT", 1)
+    mod.make_lane(repo, "one")
+    mod.make_lane(repo, "two")
+    assert "holds 2 worktrees, the most it may" in refused(mod, mod.worktree_create, "three")
+    assert mod.worktree_create("two").startswith("Reused")          # an existing one still opens
+    listing = mod.worktree_list().splitlines()
+    assert listing[0] == "2 worktree(s) in .agent/worktrees:" and listing[-1] == "... and 1 more folders"
+    assert len(listing) == 3
+
+
+def test_a_teammate_in_a_lane_binds_the_task_it_claims(mod, repo):
+    mod.create_team("crew")
+    mod.add_member("alice", "writes the code")
+    mod.task_create("the parser")
+    key = mod.agent_state().team["key"]
+    alice = mod.AgentState(repo)
+    with mod.acting_as(alice):
+        mod.join_team("crew", "alice", key)
+        lane, _ = mod.make_lane(repo, "agent-0000beef")
+        mod.enter_lane(alice, lane, assigned=True)
+        assert mod.claim_next("alice")["id"] == "1"
+        assert "You work in a worktree made for you" in refused(mod, mod.worktree_closeout, lane["name"], "keep")
+        mod.checkpoint_lane()                                    # nothing changed: nothing committed
+    assert "#1 [in_progress, worktree: agent-0000beef, owner: alice] the parser" in mod.task_list()
+    assert git(repo, "rev-parse", "agent/agent-0000beef") == git(repo, "rev-parse", "main")
+
+
 def test_start_up_without_lanes_runs_no_git(mod, workspace, monkeypatch):
     monkeypatch.setattr(mod.subprocess, "run", lambda *a, **k: pytest.fail("git ran"))
     assert mod.clean_stale_worktrees() == []
@@ -628,25 +665,28 @@ def test_a_session_started_with_worktree_works_in_the_lane(mod, api, repo):
 
 @pytest.mark.e2e("s12")
 def test_a_teammate_in_a_lane_commits_each_turn_and_the_lead_gets_the_branch(mod, api, repo):
+    """alice writes a file in her lane: committed after her turn, the lead told the
+    branch and diffstat. bob changes nothing: his lane is gone when he stops."""
     from test_s11_teams import routed, start_lead, statuses, teammate_pids, wait_for
     told = {}
 
     def lead_reads(body):
-        news = json.dumps(body["messages"])
-        told["news"] = news
+        told["news"] = json.dumps(body["messages"])
         return reply("Alice's work is on her branch.")
-    scripts = {"lead": [reply(tool("spawn_teammate", {"name": "alice", "role": "writes notes",
-                                                      "prompt": "alice: write notes.txt.",
-                                                      "isolation": "worktree"})),
-                        reply("Alice is on it."), lead_reads],
+    spawn = [tool("spawn_teammate", {"name": n, "role": f"{n}'s part", "prompt": f"{n}: do your part.",
+                                     "isolation": "worktree"}) for n in ("alice", "bob")]
+    scripts = {"lead": [reply(*spawn), reply("Both are on it."), lead_reads],
                "alice": [reply(tool("write_file", {"path": "notes.txt", "content": "from alice\n"})),
-                         reply("Wrote notes.txt.")]}
+                         reply("Wrote notes.txt.")],
+               "bob": [reply("Nothing for me to change.")]}
     api.script(routed(scripts))
     lead = start_lead(mod, api, repo)
     try:
-        lead.stdin.write("start alice\n")
+        lead.stdin.write("start alice and bob\n")
         lead.stdin.flush()
-        wait_for(lambda: statuses(repo).get("alice") == "idle", lead, "alice's first turn")
+        wait_for(lambda: statuses(repo).get("alice") == statuses(repo).get("bob") == "idle", lead,
+                 "both teammates' first turn")
+        assert len(lanes(repo)) == 2
         wait_for(lambda: any("committed" in r.get("content", "") for r in lead_inbox(repo)), lead,
                  "alice's commit news")
         lead.stdin.write("what did alice do?\n")
@@ -656,12 +696,18 @@ def test_a_teammate_in_a_lane_commits_each_turn_and_the_lead_gets_the_branch(mod
     finally:
         lead.kill()
     assert lead.returncode == 0, err
-    (name,) = lanes(repo)
-    assert not (repo / "notes.txt").exists()
+    (name,) = lanes(repo)                                               # bob's: removed when he stopped
+    assert not (repo / "notes.txt").exists() and git(repo, "status", "--porcelain") == ""
     assert git(repo, "show", "--name-only", "--format=", f"agent/{name}") == "notes.txt"
-    assert f"committed " in told["news"] and f"on branch agent/{name}" in told["news"]
+    assert git(repo, "log", "-1", "--format=%s", f"agent/{name}") == "alice: work from a teammate's turn"
+    assert "committed " in told["news"] and f"on branch agent/{name}" in told["news"]
     assert "1 file changed" in told["news"]
-    assert teammate_pids(json.loads(next((repo / ".agent" / "team").glob("*/config.json")).read_text())["team"]) == []
+    made = {e["agent"]: e["name"] for e in events(repo) if e["event"] == "made_for"}
+    assert made["teammate alice"] == name and [e["why"] for e in events(repo) if e["event"] == "remove"] == [
+        "its agent changed nothing"]
+    assert ("enter", "bob") in [(e["event"], e["by"]) for e in events(repo)]
+    team = json.loads(next((repo / ".agent" / "team").glob("*/config.json")).read_text())["team"]
+    assert teammate_pids(team) == []
 
 
 def lead_inbox(workspace):
