@@ -9527,10 +9527,19 @@ def worktree_closeout(name, action):
     name = check_lane_name(name)
     if action not in WORKTREE_ACTIONS:
         raise ToolError(f"action must be keep or remove, not {action!r}.")
-    origin = project_dir(state)
-    if not (lane := find_lane(origin, name)):
+    origin, inside_it = project_dir(state), bool(state.worktree) and state.worktree["name"] == name
+    try:
+        lane = find_lane(origin, name)
+    except ToolError:
+        if not inside_it:
+            raise
+        lane = None  # deleted or broken under the agent: it still leaves
+    if lane is None and inside_it:
+        leave_lane(state)
+        return (f"Worktree {name} is gone or no longer a worktree (changed outside the agent); you "
+                f"are back in {state.workdir}. Read files again before editing.")
+    if lane is None:
         raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
-    inside_it = bool(state.worktree) and state.worktree["name"] == name
     if action == "keep":
         status = lane_status(lane)
         if inside_it:

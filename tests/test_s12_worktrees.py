@@ -325,6 +325,14 @@ def test_file_tools_never_write_the_lanes_folder_but_read_it(mod, repo):
     assert (repo / ".agent" / "worktrees" / "fix" / ".git").read_text().startswith(f"gitdir: {repo}/.git/")
 
 
+def test_an_agent_whose_lane_was_deleted_under_it_can_still_leave(mod, repo):
+    mod.worktree_create("fix")
+    shutil.rmtree(repo / ".agent" / "worktrees" / "fix")
+    out = mod.worktree_closeout("fix", "keep")
+    assert out.startswith("Worktree fix is gone") and mod.agent_state().workdir == repo
+    assert mod.agent_state().worktree is None and mod.worktree_create("fix").startswith("Created")
+
+
 def test_a_bad_action_or_an_unknown_lane_is_refused(mod, repo):
     assert "keep or remove" in refused(mod, mod.worktree_closeout, "fix", "merge")
     assert "No worktree fix" in refused(mod, mod.worktree_closeout, "fix", "keep")
