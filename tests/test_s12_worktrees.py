@@ -319,7 +319,7 @@ def test_file_tools_never_write_the_lanes_folder_but_read_it(mod, repo):
     mod.worktree_create("fix")
     mod.worktree_closeout("fix", "keep")
     for path in (".agent/worktrees/fix/.git", ".agent/worktrees/events.jsonl", ".agent/worktrees/fix/app.py"):
-        out = call(mod, "write_file", {"path": path, "content": "gitdir: /tmp/evil\n"})
+        out = call(mod, "write_file", {"path": path, "content": "gitdir: ../../evil/.git\n"})
         assert out["is_error"] and "is protected" in out["content"], path
     assert "def parse" in call(mod, "read_file", {"path": ".agent/worktrees/fix/app.py"})["content"]
     assert (repo / ".agent" / "worktrees" / "fix" / ".git").read_text().startswith(f"gitdir: {repo}/.git/")
@@ -553,7 +553,7 @@ def test_a_sandboxed_child_cannot_commit_or_touch_the_main_checkout_the_manager_
         pytest.skip(f"the OS sandbox does not work here: {why}")
     mod.agent_state().permissions["sandbox"]["enabled"] = True   # the test default turns it off
     command = (f"echo notes > notes.md; git add -A && git commit -qm mine 2>&1 | tail -1; "
-               f"echo planted >> {repo}/app.py 2>&1; printf 'gitdir: /tmp\\n' > .git 2>&1; true")
+               f"echo planted >> {repo}/app.py 2>&1; printf 'gitdir: ../evil\\n' > .git 2>&1; true")
     steps = [reply(tool("agent", {"prompt": "Write notes.", "isolation": "worktree"})),
              reply(tool("bash", {"command": command})), reply("Done.")]
     run_turn(mod, api, client, steps)
