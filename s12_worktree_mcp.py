@@ -9715,15 +9715,10 @@ def call_mcp_tool(server_name, tool, **args):
     return call_result(result)
 
 
-def same_json(text, value):
-    with contextlib.suppress(ValueError):
-        return json.loads(text) == value
-    return False
-
-
 def call_result(result):
     """A tools/call result as a tool_result's content: the text blocks joined (images as
-    image blocks after them), structuredContent as JSON text, isError as a ToolError."""
+    image blocks after them), structuredContent as JSON text when no text says it already
+    (servers should send both), isError as a ToolError."""
     texts, images = [], []
     for block in result.get("content") or []:
         kind = block.get("type") if isinstance(block, dict) else None
@@ -9739,12 +9734,12 @@ def call_result(result):
             texts.append(f"[resource link: {block.get('name', '')} {block.get('uri', '')}]")
         else:
             texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
-    if (data := result.get("structuredContent")) is not None and not any(same_json(t, data) for t in texts):
-        texts.append(json.dumps(data, ensure_ascii=False))  # servers should send it as text too
-    text = "\n".join(texts).strip()
+    if (data := result.get("structuredContent")) is not None and not texts:
+        texts.append(json.dumps(data, ensure_ascii=False))
+    text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
-        raise ToolError(text or "the tool reported an error without a message")
-    return [{"type": "text", "text": text or "(image)"}] + images if images else text
+        raise ToolError(text if text.strip() else "the tool reported an error without a message")
+    return [{"type": "text", "text": text if text.strip() else "(image)"}] + images if images else text
 
 
 def result_content(content):

@@ -10,7 +10,7 @@ once it accepts connections (over stdio, stdout is the protocol's own).
 With --token T every HTTP request must carry "Authorization: Bearer T"; with
 --json it answers application/json instead of an event stream.
 
-Tools: echo, add, slow (0.5 s) and image are annotated readOnlyHint; fail
+Tools: echo, add, slow (0.5 s; it answers with its start and end) and image are annotated readOnlyHint; fail
 returns isError; boom raises (a JSON-RPC error); structured returns
 structuredContent; crash ends the process mid-call; hang never answers; grow
 adds a tool and sends notifications/tools/list_changed. --tools N adds gen_0 ..
@@ -22,6 +22,7 @@ import base64
 import os
 import socket
 import sys
+import time
 
 import anyio
 import mcp_types as types
@@ -81,9 +82,10 @@ def build(args):
             return text(f"echo: {a.get('text')}")
         if name == "add":
             return text(str(a["a"] + a["b"]))
-        if name == "slow":
+        if name == "slow":  # its start and end, so a test can see calls overlap
+            start = time.time()
             await anyio.sleep(0.5)
-            return text(f"done {a.get('tag', '')}")
+            return text(f"done {a.get('tag', '')} {start:.6f} {time.time():.6f}")
         if name == "image":
             return types.CallToolResult(content=[types.TextContent(type="text", text="a red pixel"),
                                                  types.ImageContent(type="image", data=PNG, mime_type="image/png")])
