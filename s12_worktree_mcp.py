@@ -3295,7 +3295,9 @@ def load_permissions(workdir, trust_all=False):
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and mode "
-                f"settings, hooks and MCP servers are ignored; its deny and ask rules apply]")  # s08; s12
+                f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
+            if data.get("mcp_servers"):  # s12
+                say(f"[{rel(path)} is not trusted: its MCP servers are not started]")  # s12
         settings["hooks"] += read_hooks(path, data, scope, trusted=full)  # s08
         if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.7)
             settings["mcp_servers"].append((scope, rel(path), data["mcp_servers"]))  # s12
@@ -9135,6 +9137,10 @@ class ServerFailed(McpError):
     """The connection is gone (the process ended, garbage, a refused session): nothing on it can work."""
 
 
+class NoAnswer(McpError):
+    """No answer within the request's timeout; the server was told to cancel it."""
+
+
 def incoming(server, message):
     """A message the server started: the reply to send back, or None (a notification)."""
     method, rid = message.get("method"), message.get("id")
@@ -9231,7 +9237,7 @@ class StdioTransport:
             message = answer.get(timeout=timeout)
         except queue.Empty:
             self.cancel(rid, f"no answer in {timeout:g} s")
-            raise McpError(f"no answer in {timeout:g} s (the server's timeout; set timeout: in its config)")
+            raise NoAnswer(f"no answer in {timeout:g} s")
         except KeyboardInterrupt:
             self.cancel(rid, "the user cancelled")
             raise
@@ -9341,7 +9347,7 @@ class HttpTransport:
             return self.post({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, timeout)
         except httpx.TimeoutException:
             self.cancel(rid, f"no answer in {timeout:g} s")
-            raise McpError(f"no answer in {timeout:g} s (the server's timeout; set timeout: in its config)")
+            raise NoAnswer(f"no answer in {timeout:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise ServerFailed(f"{type(e).__name__}: {e}")
 
@@ -9473,7 +9479,7 @@ def hello(transport, server):
         raise ServerFailed(f"it speaks MCP {version!r}; this client speaks {', '.join(MCP_VERSIONS)}")
     transport.version, server["info"] = version, result.get("serverInfo") or {}
     transport.notify("notifications/initialized")
-    return result.get("capabilities") or {}
+    return result.get("capabilities") if isinstance(result.get("capabilities"), dict) else {}
 
 
 def list_tools(transport, timeout=MCP_CONNECT_TIMEOUT):
@@ -9513,8 +9519,7 @@ def connect(server):
             transport.close()
             return False
         server.update(state="connected", error=None, transport=transport, stale=False,
-                      changed=tools != server["tools"] or not mcp_names(server["name"]),
-                      tools=tools, took=time.monotonic() - started)
+                      changed=tools != server["tools"], tools=tools, took=time.monotonic() - started)
     return True
 
 
@@ -9634,8 +9639,7 @@ def register_tools(server):
                                 f"{why if name not in TOOL_HANDLERS else 'a second tool of that name'}]"))
             continue
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
-        register(name, tool_description(tool), tool["inputSchema"],
-                 functools.partial(call_mcp_tool, server["name"], tool["name"]),
+        register(name, tool_description(tool), tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
         first = tool_description(tool).splitlines()[0]
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
@@ -9704,8 +9708,14 @@ def server_up(server):
         return server["transport"]
 
 
-def call_mcp_tool(server_name, tool, **args):
-    """An MCP tool's handler: tools/call on its server, the answer as a tool result."""
+def mcp_handler(server_name, tool):
+    """What run_tool calls with the model's input as keywords, whatever their names
+    (an input field may well be called tool)."""
+    return lambda **args: call_mcp_tool(server_name, tool, args)
+
+
+def call_mcp_tool(server_name, tool, args):
+    """tools/call on the tool's server; the answer as a tool result, or a ToolError."""
     server = MCP_SERVERS.get(server_name)
     if server is None:
         raise ToolError(f"MCP server {server_name} is not connected in this session.")
@@ -9718,6 +9728,9 @@ def call_mcp_tool(server_name, tool, **args):
             f"MCP server {server_name} failed during this call: {e}{log_note(server)}. "
             + (f"The next call of one of its tools restarts it ({more} restart(s) left)."
                if more > 0 else "It will not be restarted again: carry on without its tools.")))
+    except NoAnswer as e:
+        raise ToolError(f"{server_name}/{tool}: {e}, so the call was cancelled. Do without it, or ask "
+                        f"the user to raise the server's timeout: ({server['spec']['timeout']:g} s now).")
     except McpError as e:
         raise ToolError(printable(f"{server_name}/{tool} failed: {e}. Check the input against "
                                   f"its schema, or do without it."))

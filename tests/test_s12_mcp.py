@@ -314,6 +314,8 @@ def test_a_server_never_gets_the_agents_key(mod, api, client, servers, monkeypat
                                                 tool("mcp__tiny__env", {"name": "WHERE"}))])
     key, home = results(history)
     assert key["content"] == "(not set)" and home["content"] == os.environ["HOME"]
+    handler = mod.TOOL_HANDLERS["mcp__tiny__word_count"]     # input fields may have any name
+    assert handler(text="a b c", tool="x", server_name="y", args="z") == "3 words"
 
 
 @each
@@ -357,7 +359,7 @@ def test_project_servers_start_only_in_a_trusted_workspace(mod, workspace, monke
 
 
 @each
-def test_a_project_configs_servers_go_through_s07s_question(mod, workspace, monkeypatch):
+def test_a_project_configs_servers_go_through_s07s_question(mod, workspace, monkeypatch, capsys):
     (workspace / ".agent").mkdir()
     (workspace / ".agent" / "config.yaml").write_text(
         "mcp_servers:\n  gh:\n    command: npx\n    args: [-y, server-github]\n"
@@ -367,6 +369,7 @@ def test_a_project_configs_servers_go_through_s07s_question(mod, workspace, monk
     settings = mod.load_permissions(workspace)
     assert settings["mcp_servers"] == [] and "gh: npx -y server-github GITHUB_TOKEN=" in asked[0]
     assert "reads $GITHUB_TOKEN" in asked[0]
+    assert "[.agent/config.yaml is not trusted: its MCP servers are not started]" in capsys.readouterr().err
     monkeypatch.setattr(mod, "ask_human", lambda q: "y")
     assert mod.load_permissions(workspace)["mcp_servers"][0][:2] == ("project", ".agent/config.yaml")
 
