@@ -23,9 +23,9 @@ says what a server offers, and state across calls is a handle the server mints.
 Deployed servers speak 2025-11-25, so this client shakes hands; tools/list,
 tools/call, ids and both transports stay as they are.
 
-Deferred tools and the cache (tests/bench_s12_mcp.py: 12 requests, 70 tools of
+Deferred tools and the cache (tests/bench_s12_mcp.py: 12 requests, 71 tools of
 ~25K tokens, one found at request 2): 8-9K tokens a request instead of 33K; the
-tools block changed once, so the cache broke once: reads 90K vs 367K tokens,
+tools block changed once, so the cache broke once: reads 90K vs 368K tokens,
 writes 17K vs 34K, 0.39x the input cost.
 
 Run:
@@ -8968,6 +8968,7 @@ MCP_CALL_TIMEOUT = 120       # seconds for one request (a server's own timeout: 
 MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
 MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
 MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
+MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
 MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
 MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
 MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
@@ -9226,6 +9227,9 @@ class StdioTransport:
     def notify(self, method, params=None):
         self.send({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}))
 
+    def ready(self):
+        """After the handshake: nothing to do, the reader thread has been listening since the start."""
+
     def request(self, method, params, timeout):
         """Send, then wait for the answer with this id: a result, McpError, or ServerFailed."""
         rid, answer = next(self.ids), queue.Queue(1)
@@ -9330,9 +9334,11 @@ class StdioTransport:
 # gives with its initialize answer (Mcp-Session-Id) and the version agreed go
 # with every later request; a 404 on that id means the server dropped the
 # session, so the connection counts as failed and the next call starts a new
-# one. Authentication is the configured headers. The server's own GET stream
-# is not opened: its news arrives with our requests' replies, or not at all.
-# The HTTP client is the one the SDK brings (httpx, named httpx2 from SDK 2.x).
+# one. Authentication is the configured headers. Between our requests the
+# server talks on a stream of its own, a GET we keep open (a server without
+# one answers 405): its requests are answered with a POST each, its
+# notifications handled as on stdio. The HTTP client is the one the SDK
+# brings (httpx; named httpx2 from SDK 2.x).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
@@ -9361,6 +9367,25 @@ class HttpTransport:
     def cancel(self, rid, reason):
         with contextlib.suppress(McpError):
             self.notify("notifications/cancelled", {"requestId": rid, "reason": reason})
+
+    def ready(self):
+        """After the handshake: listen on the server's own stream, in a thread of its own."""
+        threading.Thread(target=self.listen, daemon=True).start()
+
+    def listen(self):
+        """The GET stream, opened again whenever it ends, while the connection lasts."""
+        headers = self.request_headers() | {"Accept": "text/event-stream"}
+        while not self.error:
+            try:
+                with self.http.stream("GET", self.url, headers=headers,
+                                      timeout=httpx.Timeout(MCP_CONNECT_TIMEOUT, read=None)) as reply:
+                    if reply.status_code != 200 or "event-stream" not in reply.headers.get("content-type", ""):
+                        return  # 405: this server has no stream of its own
+                    for message in sse_messages(reply, float("inf")):
+                        self.answer(message)
+            except (httpx.HTTPError, McpError, RuntimeError):  # closed under it, or cut off
+                pass
+            time.sleep(MCP_LISTEN_PAUSE)
 
     def request_headers(self):
         ours = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -9404,9 +9429,9 @@ class HttpTransport:
         raise ServerFailed(self.error)
 
     def answer(self, message):
-        """A message the server sent inside a reply's stream: a request it made gets its
-        answer as a POST of its own."""
-        if isinstance(message, dict) and "method" in message and (reply := incoming(self.server, message)):
+        """A message the server sent on a stream: a notification is handled, a request it
+        made gets its answer as a POST of its own."""
+        if "method" in message and (reply := incoming(self.server, message)):
             with contextlib.suppress(McpError, httpx.HTTPError):
                 self.post(reply, MCP_CONNECT_TIMEOUT)
 
@@ -9479,6 +9504,7 @@ def hello(transport, server):
         raise ServerFailed(f"it speaks MCP {version!r}; this client speaks {', '.join(MCP_VERSIONS)}")
     transport.version, server["info"] = version, result.get("serverInfo") or {}
     transport.notify("notifications/initialized")
+    transport.ready()
     return result.get("capabilities") if isinstance(result.get("capabilities"), dict) else {}
 
 

@@ -10,13 +10,13 @@
    (the 4 calls run at once) and once with the tool marked not concurrency-safe
    (one after the other). The median wall time of --runs runs each is printed
    side by side, with the ratio.
-2. Deferred tools and the prompt cache. The same server with 70 tools (60 of
+2. Deferred tools and the prompt cache. The same server with 71 tools (60 of
    them with ~1,500-character descriptions, ~25K tokens of definitions) plays a
    session of --turns requests against the scripted model (tests/fake_api.py,
    which simulates the prompt cache by prefix). In both runs the model calls
-   one of the 70 tools at request 3 and bash otherwise; with deferral it finds
+   one of the 71 tools at request 3 and bash otherwise; with deferral it finds
    the tool with tool_search at request 2, without (defer: false) it is sent
-   the 70 definitions every time. Printed: requests whose tools block changed,
+   the 71 definitions every time. Printed: requests whose tools block changed,
    and the input, cache-read and cache-write tokens the API reported, summed.
 
 Figures only; nothing here can fail on time.
@@ -120,10 +120,10 @@ def main():
     api = ScriptedAPI().start()
     try:
         rows = [("deferred, found at request 2", session(mod, api, True, args.turns)),
-                ("all 70 sent (defer: false)", session(mod, api, False, args.turns))]
+                ("all 71 sent (defer: false)", session(mod, api, False, args.turns))]
     finally:
         api.close()
-    print(f"\nA session of {args.turns} requests with 70 MCP tools (~25K tokens of definitions):")
+    print(f"\nA session of {args.turns} requests with 71 MCP tools (~25K tokens of definitions):")
     print(f"  {'':<30}{'requests':>9}{'tools changed':>15}{'input':>9}{'cache read':>12}{'cache write':>13}")
     for label, (n, changed, inp, read, write) in rows:
         print(f"  {label:<30}{n:>9}{changed:>15}{inp:>9,}{read:>12,}{write:>13,}")

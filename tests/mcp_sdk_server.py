@@ -13,7 +13,8 @@ With --token T every HTTP request must carry "Authorization: Bearer T"; with
 Tools: echo, add, slow (0.5 s; it answers with its start and end) and image are annotated readOnlyHint; fail
 returns isError; boom raises (a JSON-RPC error); structured returns
 structuredContent; crash ends the process mid-call; hang never answers; grow
-adds a tool and sends notifications/tools/list_changed. --tools N adds gen_0 ..
+adds a tool and sends notifications/tools/list_changed; roots pings the client,
+asks it for roots/list and answers with the URIs. --tools N adds gen_0 ..
 gen_{N-1} (--long: each with a ~1,500-character description, for deferral).
 """
 import argparse
@@ -56,6 +57,8 @@ def make_tools(args):
         types.Tool(name="crash", description="Ends the server process mid-call.", input_schema=obj()),
         types.Tool(name="hang", description="Never answers.", input_schema=obj()),
         types.Tool(name="grow", description="Adds the tool 'grown' and says so.", input_schema=obj()),
+        types.Tool(name="roots", description="Asks the client for its roots (a request of the server's).",
+                   input_schema=obj()),
     ]
     for i in range(args.tools):
         desc = f"Look up record {i} of the generated catalogue (keyword kw{i})." + (f" {LONG}" if args.long else "")
@@ -105,6 +108,10 @@ def build(args):
                 tools.append(types.Tool(name="grown", description="Appeared later.", input_schema=obj()))
             await ctx.session.send_tool_list_changed()
             return text("grown")
+        if name == "roots":
+            await ctx.session.send_ping()
+            found = await ctx.session.list_roots()
+            return text(" ".join(str(r.uri) for r in found.roots))
         if name == "grown" or name.startswith("gen_"):
             return text(f"{name}: {a.get('key', '')}")
         raise ValueError(f"unknown tool {name}")

@@ -91,10 +91,12 @@ def test_stdio_server_pages_its_tools_and_a_call_reaches_the_model(mod, api, cli
     up = servers({"sdk": {"command": PY, "args": [SDK, "--tools", "6", "--page", "4"]}})
     assert up["sdk"]["state"] == "connected" and up["sdk"]["transport"].version == "2025-11-25"
     names = [n for n in mod.TOOL_HANDLERS if n.startswith("mcp__sdk__")]
-    assert len(names) == 16, names                      # 4 pages of 4: every page was followed
+    assert len(names) == 17, names                      # 5 pages of 4: every page was followed
     assert names[:3] == ["mcp__sdk__echo", "mcp__sdk__add", "mcp__sdk__slow"] and names[-1] == "mcp__sdk__gen_5"
     history = run_turn(mod, api, client, [reply(tool("mcp__sdk__echo", {"text": "hello"}))])
     assert results(history)[0]["content"] == "echo: hello" and "is_error" not in results(history)[0]
+    roots = mod.run_tool(SimpleNamespace(id="toolu_r", name="mcp__sdk__roots", input={}))
+    assert roots["content"] == mod.agent_state().workdir.as_uri()   # ping and roots/list answered
     first, second = message_bodies(api)
     echo = next(t for t in first["tools"] if t["name"] == "mcp__sdk__echo")
     assert echo["input_schema"] == {"type": "object", "properties": {"text": {"type": "string"}},
@@ -154,10 +156,19 @@ def test_streamable_http_with_a_token_from_the_environment(mod, api, client, ser
     transport = up["web"]["transport"]
     assert up["web"]["state"] == "connected", up["web"]["error"]
     assert transport.session and transport.version == "2025-11-25"   # Mcp-Session-Id kept, version sent
-    assert len([n for n in mod.TOOL_HANDLERS if n.startswith("mcp__web__")]) == 16   # paged over HTTP too
+    assert len([n for n in mod.TOOL_HANDLERS if n.startswith("mcp__web__")]) == 17   # paged over HTTP too
     history = run_turn(mod, api, client, [reply(tool("mcp__web__add", {"a": 2, "b": 3}), tool("mcp__web__fail", {}))])
     add, fail = results(history)
     assert add["content"] == "5" and fail["is_error"]
+    roots = mod.run_tool(SimpleNamespace(id="toolu_r", name="mcp__web__roots", input={}))
+    assert roots["content"] == mod.agent_state().workdir.as_uri()   # its requests, on its GET stream
+    mod.run_tool(SimpleNamespace(id="toolu_g", name="mcp__web__grow", input={}))
+    for _ in range(100):                        # tools/list_changed arrives on that stream too
+        if up["web"]["stale"]:
+            break
+        time.sleep(0.05)
+    mod.mcp_news([])
+    assert "mcp__web__grown" in mod.TOOL_HANDLERS
 
 
 @needs_mcp
@@ -442,7 +453,7 @@ def test_call_result_shapes(mod):
 @each
 def test_sixty_tools_are_deferred_found_with_tool_search_and_called(mod, api, client, servers, capsys):
     servers({"sdk": {"command": PY, "args": [SDK, "--tools", "60", "--long", "--page", "25"]}})
-    assert len(mod.mcp_names("sdk")) == 70 and all(t["deferred"] for t in mod.MCP_TOOLS.values())
+    assert len(mod.mcp_names("sdk")) == 71 and all(t["deferred"] for t in mod.MCP_TOOLS.values())
     history = run_turn(mod, api, client, [
         reply(tool("mcp__sdk__gen_7", {"key": "early"})),      # before it is loaded: refused, with the way
         reply(tool("tool_search", {"query": "kw7"})),
@@ -455,12 +466,12 @@ def test_sixty_tools_are_deferred_found_with_tool_search_and_called(mod, api, cl
     first = bodies[0]
     assert not [n for n in tool_names(first) if n.startswith("mcp__")] and "tool_search" in tool_names(first)
     reminder = first["messages"][0]["content"][-1]["text"]
-    assert reminder.startswith("<system-reminder>\n# Deferred tools") and reminder.count("\n- mcp__sdk__") == 70
+    assert reminder.startswith("<system-reminder>\n# Deferred tools") and reminder.count("\n- mcp__sdk__") == 71
     assert tool_names(bodies[2])[-1] == "mcp__sdk__gen_7" and tool_names(bodies[3])[-1] == "mcp__sdk__gen_7"
     assert json.dumps(bodies[-1]["messages"]).count("# Deferred tools") == 1   # told once
     changed = sum(tool_names(a) != tool_names(b) for a, b in zip(bodies, bodies[1:]))
     with capsys.disabled():
-        print(f"\n[{mod.__name__}: 70 MCP tools deferred; {len(bodies)} requests; the tools block changed "
+        print(f"\n[{mod.__name__}: 71 MCP tools deferred; {len(bodies)} requests; the tools block changed "
               f"in {changed} of them (the request after tool_search)]")
     assert changed == 1
 
