@@ -140,7 +140,8 @@ def test_read_only_hint_makes_calls_run_together_but_still_asks(mod, api, client
     history = run_turn(mod, api, client, [reply(*[tool("mcp__sdk__slow", {"tag": str(i)}) for i in range(4)])])
     spans = [tuple(map(float, r["content"].split()[2:])) for r in results(history)]
     assert [r["content"].split()[1] for r in results(history)] == ["0", "1", "2", "3"]   # call order kept
-    assert max(start for start, _ in spans) < min(end for _, end in spans)   # all four were running at once
+    spans.sort()                                # run one by one, each would start after the last ended
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))   # they overlapped
 
 
 # --- Streamable HTTP ------------------------------------------------------------------
