@@ -1,41 +1,45 @@
 #!/usr/bin/env python3
-"""s12_worktree_mcp.py - separate lanes for parallel work: git worktrees that give an
-agent, a subagent or a teammate a checkout of its own; and tools from other programs
-over MCP.
+"""s12_worktree_mcp.py - separate lanes and outside tools: git worktrees that give an
+agent, a subagent or a teammate a checkout of its own; and tools that live in other
+programs, reached over MCP, their definitions sent once the model asks for them.
 
 New since s11: worktree_create, worktree_list, worktree_closeout, make_lane, find_lane,
 set_up_lane, enter_lane, leave_lane, commit_lane, remove_lane, clean_stale_worktrees;
-isolation (agent, spawn_teammate, an agent definition's isolation: worktree), isolate,
-close_agent_lane, --worktree NAME; a task's worktree field. [MCP: its names here]
+isolation (agent, spawn_teammate, an agent definition's isolation: worktree), --worktree
+NAME (worktrees); parse_server, server_specs, StdioTransport, HttpTransport, connect,
+list_tools, call_mcp_tool, mcp_session, /mcp; plan_deferral, tool_search (MCP).
 
     agent {prompt, isolation: "worktree"}
       -> git worktree add -b agent/agent-1a2b3c4d -- .agent/worktrees/agent-1a2b3c4d HEAD
-         + .agent/config.local.yaml, core.hooksPath, symlink_directories, .worktreeinclude
-      -> the child's workdir is the lane (no chdir), its file-read records fresh, and its
-         task starts with <worktree>: where it is; paths it was given must be re-read here
+      -> the child's workdir is the lane (no chdir), its file-read records fresh
       -> it edits; the main checkout is untouched -> the manager commits (not .agent/,
-         not links, no hooks) -> parent: branch agent/agent-1a2b3c4d + diffstat
-         (nothing changed: the lane is removed)
-    worktree_closeout {name, action: remove}: uncommitted or unmerged work -> the human says yes
-    start-up: agent-made lanes unused for 24 h with nothing in them are removed
-[MCP: its flow here]
+         no hooks) -> parent: branch agent/agent-1a2b3c4d + diffstat (no change: removed)
+    start: .mcp.json, mcp_servers: (trusted) -> a thread per server: initialize
+        2025-11-25 -> initialized -> tools/list (nextCursor...) -> mcp__tiny__shout
+    model: mcp__tiny__shout {text} -> permit (rules, hooks, ask) -> tools/call id 7
+        -> the reader thread -> pending[7] -> text, images, or is_error
+    60 tools > 10% of the window -> names in a <system-reminder>; tool_search
+        "kw7" -> mcp__sdk__gen_7 at the end of the next request's tools
 
-A clone may plant anything in .agent/worktrees: a lane is used only when its .git
-pointer and this repository's record name each other, and the manager's git runs
-pinned to that record, with no hooks.
+MCP 2026-07-28 is stateless: no initialize and no Mcp-Session-Id; each request
+carries its version, client info and capabilities in _meta, server/discover says
+what a server offers, and state across calls is a handle the server mints.
+Deployed servers speak 2025-11-25, so this client shakes hands.
+Deferred tools and the cache (tests/bench_s12_mcp.py, 12 requests, 71 tools of
+~25K tokens, one found at request 2): the tools block changed once, so the cache
+broke once: reads 90K vs 368K tokens, writes 17K vs 34K, 0.39x the input cost.
 
 Run:
     python s12_worktree_mcp.py                       # REPL, prompt "s12 >> "
     python s12_worktree_mcp.py --worktree fix-parser # the session works in that lane
-    python tests/demo.py s12                         # offline, no key: an isolated subagent
+    python tests/demo.py s12                         # offline, no key
 Try:
+    python -m pytest tests/test_s12_mcp.py -v        # real servers over stdio and HTTP
     (real model, in a git repository) have a subagent in a worktree rename a function
       everywhere; review its branch, merge it, remove the worktree
-[MCP: its Try line here]
 
-Key insight: isolation is a directory, not a process: point the agent's working
-directory at another checkout and every tool follows; the one thing it cannot do
-there, commit, the program that made the lane does. [MCP: its insight here]
+Key insight: isolation is a directory, not a process, and an MCP tool is one more
+entry in the registry: every tool, rule, hook and limit follows unchanged.
 """
 
 # --- imports ---
@@ -48,6 +52,7 @@ import datetime
 import functools
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import queue
@@ -69,6 +74,10 @@ from pathlib import Path
 
 import anthropic
 import yaml
+try:  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
+    import httpx2 as httpx  # s12: SDK 2.x
+except ImportError:  # s12
+    import httpx  # s12: the SDK before 2.x
 from dotenv import load_dotenv
 from dotenv import find_dotenv
 from rich.console import Console
@@ -123,6 +132,7 @@ class AgentState:
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
         self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
+        self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.8)
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -345,7 +355,7 @@ def run_tool(block):
         content, is_error = str(e), True
     except Exception as e:  # a handler bug must not kill the loop
         content, is_error = f"{block.name} failed: {type(e).__name__}: {e}", True
-    content = str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")  # no lone surrogates
+    content = result_content(content)  # no lone surrogates; s12: an MCP result with images stays blocks
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
     persist_large(block, result)  # s06: a huge result goes to disk before it is shown
     result |= {"is_error": True} if is_error else {}  # s08
@@ -356,6 +366,7 @@ def run_tool(block):
 
 def preview(content, is_error=False):
     """One line of what the tool returned, for the human watching."""
+    content = blocks_text(content)  # s12: an MCP result's text, its images as [image]
     lines = str(content).strip().removeprefix("<persisted-output>\n").splitlines() or [""]  # s06: its note
     more = f"  (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
     return f"  {'error: ' if is_error else ''}{lines[0][:120]}{more}"
@@ -397,6 +408,8 @@ JSON_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list,
 def check_input(name, args):
     """Required keys present, no unknown keys, simple types right; else say which."""
     schema = next(t["input_schema"] for t in TOOLS if t["name"] == name)
+    if name in MCP_TOOLS:  # s12: its server checks its own schema
+        return mcp_input_problem(name, schema, args)  # s12
     props = schema.get("properties", {})
     if not isinstance(args, dict):
         return "input must be a JSON object"
@@ -1366,6 +1379,7 @@ def child_state(fork, label):
     child.label = label
     if fork:
         child.files = dict(parent.files)
+        child.discovered = list(parent.discovered)  # s12: it has the parent's tool_search results
     child.session = parent.session  # s06: one bill for the whole session
     child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
@@ -2013,6 +2027,8 @@ def persist_output(block):
 def persist_large(block, result):
     """A result above PERSIST_CHARS goes to disk as it is made (run_tool calls
     this before the human's preview line, so that line shows what the model gets)."""
+    if isinstance(result["content"], list):  # s12: an MCP result with images: its text part
+        return persist_blocks(block, result)  # s12
     if block.name not in PERSIST_EXEMPT and len(result["content"]) > PERSIST_CHARS:
         persist_output(result)
     return result
@@ -2153,7 +2169,7 @@ def loop_prefix(options=None):
     """(model, system, tools) of the loop being managed: a child's own, else the
     main agent's (call_model's defaults), so its summary reuses its cached prefix."""
     options = options or {}
-    tools = TOOLS if options.get("tools") is None else options["tools"]
+    tools = request_tools(TOOLS if options.get("tools") is None else options["tools"])  # s12: as sent
     return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
 
 
@@ -3236,6 +3252,8 @@ def loosens(data):
     perms = data.get("permissions") or {}
     if data.get("hooks"):  # s08: hooks run code
         return True  # s08
+    if data.get("mcp_servers"):  # s12: so do MCP servers
+        return True  # s12
     return bool(perms.get("allow") or perms.get("additional_directories")
                 or perms.get("default_mode") or data.get("sandbox"))
 
@@ -3262,6 +3280,8 @@ def loosening(data):
         parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
     if data.get("hooks"):  # s08: the trust question shows what would run
         parts.append(hooks_question(data))  # s08
+    if data.get("mcp_servers"):  # s12: and each server's command line or URL
+        parts.append(mcp_question(data["mcp_servers"]))  # s12
     return printable("; ".join(parts))
 
 
@@ -3286,13 +3306,18 @@ def load_permissions(workdir, trust_all=False):
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
     settings["auto_memory"] = True  # s09: any file may turn it off
     settings["trust_all"] = trust_all  # s10: --trust-workspace answers for schedules.json too
+    settings["mcp_servers"] = []  # s12: (scope, file, servers) of the files that may start servers
     for scope, path in config_files(workdir).items():
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and mode "
                 f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
+            if data.get("mcp_servers"):  # s12
+                say(f"[{rel(path)} is not trusted: its MCP servers are not started]")  # s12
         settings["hooks"] += read_hooks(path, data, scope, trusted=full)  # s08
+        if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.7)
+            settings["mcp_servers"].append((scope, rel(path), data["mcp_servers"]))  # s12
         settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
         perms = data.get("permissions") or {}
         for effect in RULE_EFFECTS if full else ("deny", "ask"):
@@ -3363,6 +3388,7 @@ def rule_matches(rule, name, args, paths, workdir):
 
 def fnmatch_tool(pattern, name):
     """'mcp__github__*' names a group of tools; other names are exact."""
+    pattern += "__*" if re.fullmatch(r"mcp__[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*", pattern) else ""  # s12: a server
     return bool(re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), name))
 
 
@@ -8945,6 +8971,7 @@ def team_session():
 # (s12.1: made or reused, then set up), are entered, listed and closed with
 # three tools and logged in .agent/worktrees/events.jsonl (s12.2), and give a
 # subagent or a teammate a checkout of its own (s12.3).
+# Tools from other programs, over MCP, follow (s12.4-s12.8).
 # Entering a lane never chdirs the process: the agent's workdir (AgentState)
 # points into it, so every tool, bash's cwd and the sandbox's writable root
 # follow, while other agents of the process stay where they are. The task
@@ -9820,6 +9847,1043 @@ def worktree_session():
         elif state.worktree:
             leave_lane(state)
 
+# --- s12.4: MCP config and trust ---
+# The agent is an MCP host (seed: MCP 与开放工具生态; 4.5): one client connection
+# per configured server, a child process (stdio) or a URL (Streamable HTTP). The
+# servers come from mcp_servers: in ~/.agent/config.yaml, .agent/config.yaml and
+# .agent/config.local.yaml (the seed's form) and from .mcp.json (Claude Code's
+# mcpServers); a later definition of a name replaces an earlier one:
+#     mcp_servers:
+#       github: {command: npx, args: [-y, "@modelcontextprotocol/server-github"],
+#                env: {GITHUB_TOKEN: "${GITHUB_TOKEN}"}}
+#       docs: {type: http, url: "https://docs.example.com/mcp", defer: true,
+#              headers: {Authorization: "Bearer ${DOCS_TOKEN:-none}"}, timeout: 30}
+# A server is the human's program, not the model's: it runs outside the sandbox,
+# with the environment bash gets (never the agent's own key). A cloned repository
+# ships .mcp.json, so a project's servers start only once the human trusts the
+# file (s07's gate), after a question that shows each command line and the
+# variables it reads: ${GITHUB_TOKEN} in a header sends that secret to the URL.
+MCP_PROTOCOL = "2025-11-25"  # the revision deployed servers speak (the docstring: 2026-07-28)
+MCP_VERSIONS = (MCP_PROTOCOL, "2025-06-18", "2025-03-26")  # what a server may answer that we speak
+MCP_FILE = ".mcp.json"       # in the workspace: Claude Code's {"mcpServers": {name: {...}}}
+MCP_FILE_BYTES = 1_000_000   # a bigger .mcp.json is not read (a clone may ship any file)
+MCP_LOG_DIR = Path(AGENT_DIR) / "mcp"  # in the workspace: <server>.log, each server's stderr
+MCP_KEYS = {"type", "command", "args", "env", "url", "headers", "defer", "timeout"}
+MCP_TYPES = ("stdio", "http")  # Claude Code's names; "http" is Streamable HTTP
+MCP_NAME = re.compile(r"(?=.{1,32}$)[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")  # no "__": tools are
+                             # mcp__<server>__<tool>; a file name too (its log)
+MCP_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # ${VAR}, ${VAR:-default}
+MCP_STARTUP_WAIT = 5         # seconds the first prompt waits for servers; a slower one joins later
+MCP_CONNECT_TIMEOUT = 30     # seconds for one server's handshake and tool list
+MCP_CALL_TIMEOUT = 120       # seconds for one request (a server's own timeout: replaces it)
+MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
+MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
+MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
+MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
+MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
+MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
+MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
+MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
+MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
+MCP_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # what the API shows
+MCP_IMAGE_CHARS = 7_000_000  # base64 characters of one image (~5 MB, the API's limit)
+PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
+MCP_SERVERS = {}             # name -> server record (new_server): the session's connections
+MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
+MCP_LOCK = threading.Lock()  # connect threads and the loop share the records
+
+
+def expand_vars(text):
+    """${VAR} and ${VAR:-default} from the environment (the default also for an empty
+    value, as in the shell). ValueError: a variable unset with no default, or the
+    agent's own credential, which no server is ever given."""
+    def one(m):
+        name, default = m[1], m[2]
+        if name in AGENT_CREDENTIALS:
+            raise ValueError(f"${{{name}}} is the agent's own credential: it is never passed on")
+        value = os.environ.get(name)
+        if value is None and default is None:
+            raise ValueError(f"${{{name}}} is not set (write ${{{name}:-default}} for a fallback)")
+        return value if value or default is None else default
+    return MCP_VAR.sub(one, text)
+
+
+def str_list(value, what):
+    """A config list of strings (YAML's numbers taken as text); ValueError otherwise."""
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                              for v in value):
+        raise ValueError(f"{what} must be a list of strings")
+    return [str(v) for v in value]
+
+
+def str_map(value, what):
+    """A config mapping of names to strings; ValueError otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a mapping of names to strings")
+    return dict(zip(map(str, value), str_list(list(value.values()), what)))
+
+
+def parse_server(name, raw):
+    """One server's settings -> a spec with every ${VAR} expanded; ValueError says what is wrong."""
+    if not MCP_NAME.fullmatch(name):
+        raise ValueError("the name must be 1-32 letters, digits, '-' or single '_' (it names tools and a log)")
+    if not isinstance(raw, dict):
+        raise ValueError("its settings must be a mapping (command and args, or type: http and url)")
+    if unknown := sorted(set(map(str, raw)) - MCP_KEYS):
+        raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(MCP_KEYS))})")
+    kind = raw.get("type", "http" if "url" in raw else "stdio")
+    if kind not in MCP_TYPES:
+        raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
+                         f"the old HTTP+SSE transport is gone)")
+    timeout, defer = raw.get("timeout", MCP_CALL_TIMEOUT), raw.get("defer")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MCP_MAX_TIMEOUT:
+        raise ValueError(f"timeout must be a number of seconds, above 0 and at most {MCP_MAX_TIMEOUT}")
+    if defer is not None and not isinstance(defer, bool):
+        raise ValueError("defer must be true or false")
+    spec = {"type": kind, "timeout": timeout, "defer": defer}
+    if kind == "stdio":
+        if not isinstance(raw.get("command"), str) or not raw["command"].strip():
+            raise ValueError("a stdio server needs a command")
+        return spec | {"command": expand_vars(raw["command"]),
+                       "args": [expand_vars(a) for a in str_list(raw.get("args") or [], "args")],
+                       "env": {k: expand_vars(v) for k, v in str_map(raw.get("env") or {}, "env").items()}}
+    if not isinstance(raw.get("url"), str) or not re.match(r"https?://", raw["url"]):
+        raise ValueError("an http server needs a url starting with http:// or https://")
+    return spec | {"url": expand_vars(raw["url"]),
+                   "headers": {k: expand_vars(v) for k, v in str_map(raw.get("headers") or {}, "headers").items()}}
+
+
+def server_line(raw, env=True):
+    """What one server would run or reach, for the trust question: the command line in
+    full as written (${VAR} unexpanded) and its env, or the URL and the header names."""
+    raw = raw if isinstance(raw, dict) else {}
+    if "url" in raw:
+        headers = raw.get("headers") if isinstance(raw.get("headers"), dict) else {}
+        return f"http {raw['url']}" + (f" (headers: {', '.join(map(str, headers))})" if headers else "")
+    args = raw.get("args") if isinstance(raw.get("args"), list) else []
+    line = " ".join(shlex.quote(str(w)) for w in [raw.get("command", "(no command)"), *args])
+    env = raw.get("env") if isinstance(raw.get("env"), dict) and env else {}
+    return line + "".join(f" {k}={shlex.quote(str(v))}" for k, v in env.items())
+
+
+def mcp_question(servers):
+    """A file's servers for s07's trust question: each command line or URL, and the
+    environment variables it would read (their values would go to the server)."""
+    if not isinstance(servers, dict):
+        return "has an mcp_servers entry that is not a mapping (it starts nothing)"
+    lines = []
+    for name, raw in servers.items():
+        used = sorted({m[0] for m in MCP_VAR.findall(json.dumps(raw, default=str))})
+        reads = f"\n        reads {', '.join('$' + u for u in used)} from your environment" if used else ""
+        lines.append(f"\n    {name}: {server_line(raw)}{reads}")
+    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the "
+                     f"sandbox:{''.join(lines)}\n")
+
+
+def mcp_trusted(path, servers, state):
+    """.mcp.json counts once the human said yes to this exact content (s07's trust file)."""
+    if config_trusted(path):
+        return True
+    yes = state.permissions.get("trust_all", False)  # s10: --trust-workspace
+    if not yes:
+        answer = ask_human(f"{rel(path)} (from this workspace) {mcp_question(servers)}"
+                           f"Trust this file? [y/N] ")
+        yes = answer.strip().lower() in ("y", "yes")
+    if yes:
+        trust_config(path)
+    return yes
+
+
+def mcp_json(state):
+    """[(source, servers)] from .mcp.json once it is trusted; [] with one line when not."""
+    path = state.workdir / MCP_FILE
+    if not path.is_file():
+        return []
+    try:
+        if path.stat().st_size > MCP_FILE_BYTES:
+            raise ValueError(f"it is over {MCP_FILE_BYTES:,} bytes")
+        servers = json.loads(path.read_text(encoding="utf-8")).get("mcpServers") or {}
+    except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
+        say(printable(f"[{MCP_FILE} cannot be used ({' '.join(str(e).split())[:200]}): its servers "
+                      f"are not started]"))
+        return []
+    if servers and not mcp_trusted(path, servers, state):
+        say(f"[{MCP_FILE} is not trusted: its MCP servers are not started]")
+        return []
+    return [(MCP_FILE, servers)] if servers else []
+
+
+def server_specs(state):
+    """name -> (spec, source, raw settings): the user config, then .mcp.json, the project config, the
+    local one, a later one winning. Config files only count here when s07 let them
+    (trusted, or the user's own: load_permissions). A bad entry is one line."""
+    files = state.permissions.get("mcp_servers", [])
+    sources = [(f, s) for scope, f, s in files if scope == "user"] + mcp_json(state)
+    found = {}
+    for source, servers in sources + [(f, s) for scope, f, s in files if scope != "user"]:
+        if not isinstance(servers, dict):
+            say(f"[{source}: the MCP servers must be a mapping of name: settings; none started]")
+            continue
+        for name, raw in servers.items():
+            try:
+                found[str(name)] = (parse_server(str(name), raw), source, raw)
+            except ValueError as e:
+                say(printable(f"[mcp {name} ({source}): {e}; not started]"))
+    return found
+
+# --- s12.5: the stdio transport ---
+# JSON-RPC 2.0, one message per line on the child's stdin and stdout (seed: the
+# host starts the server as a child process; its stderr is its log). Any thread
+# may send a request; one reader thread owns stdout and hands each response to
+# the request waiting on its id (a table of pending requests, a queue of one
+# each). A request from the server (ping, roots/list) is answered at once, a
+# notification handled (tools/list_changed) or skipped, and a line that is not
+# JSON-RPC is logged and skipped: a stray print must not end a session, unless
+# there are many. When stdout ends the server is gone, and every pending
+# request fails at once, not at its timeout.
+class McpError(Exception):
+    """A request that got no result: an error answer, or no answer in time."""
+
+
+class ServerFailed(McpError):
+    """The connection is gone (the process ended, garbage, a refused session): nothing on it can work."""
+
+
+class NoAnswer(McpError):
+    """No answer within the request's timeout; the server was told to cancel it."""
+
+
+def incoming(server, message):
+    """A message the server started: the reply to send back, or None (a notification)."""
+    method, rid = message.get("method"), message.get("id")
+    if method == "notifications/tools/list_changed":
+        server["stale"] = True  # the loop asks for the new list before its next request (mcp_news)
+    if rid is None:
+        return None
+    if method == "ping":
+        return {"jsonrpc": "2.0", "id": rid, "result": {}}
+    if method == "roots/list":  # the workspace is the one root we declare
+        root = {"uri": server["workdir"].as_uri(), "name": server["workdir"].name}
+        return {"jsonrpc": "2.0", "id": rid, "result": {"roots": [root]}}
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"{method} is not supported"}}
+
+
+def rpc_result(message):
+    """A response's result; McpError carries an error answer's code and message."""
+    if "error" in message:
+        error = message["error"] if isinstance(message["error"], dict) else {}
+        raise McpError(f"the server answered error {error.get('code')}: {str(error.get('message'))[:1000]}")
+    return message.get("result") if isinstance(message.get("result"), dict) else {}
+
+
+def open_log(server):
+    """The server's log, .agent/mcp/<name>.log (the one before is kept as .log.1); None
+    when the workspace cannot be written, which costs the log and nothing else."""
+    path = server["workdir"] / MCP_LOG_DIR / f"{server['name']}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file() and path.stat().st_size > MCP_LOG_BYTES:
+            os.replace(path, path.with_name(path.name + ".1"))
+        log = {"file": open(path, "ab"), "left": MCP_LOG_BYTES, "lock": threading.Lock()}
+    except OSError:
+        return None
+    write_log(log, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {server_line(server['raw'], env=False)}\n".encode())
+    return log
+
+
+def write_log(log, data):
+    """Append while the connection's share lasts (MCP_LOG_BYTES), then one note and no more."""
+    if log is None or log["left"] <= 0:
+        return
+    with log["lock"], contextlib.suppress(OSError, ValueError):
+        cut = data[:log["left"]]
+        log["left"] -= len(data)
+        log["file"].write(cut + (b"\n[log cut: this connection passed the size limit]\n" if log["left"] <= 0 else b""))
+        log["file"].flush()
+
+
+def drain_stderr(stream, log):
+    """The server's stderr into its log; read to the end even past the cap, or the server
+    would block on a full pipe."""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := stream.read1(65_536):
+            write_log(log, chunk)
+
+
+class StdioTransport:
+    """One server process. request() from any thread; read_loop() owns stdout."""
+
+    def __init__(self, server):
+        spec, self.server = server["spec"], server
+        self.error, self.version, self.pending, self.garbage = None, None, {}, 0
+        self.ids, self.lock, self.log = itertools.count(1), threading.Lock(), open_log(server)
+        try:  # its own session: closing it stops what it started too (npx starts node)
+            self.proc = subprocess.Popen([spec["command"], *spec["args"]], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=server["workdir"],
+                                         env=child_env() | spec["env"], start_new_session=True)
+        except (OSError, ValueError) as e:  # not found, not executable, a NUL in an argument
+            raise ServerFailed(f"cannot start {spec['command']}: {getattr(e, 'strerror', None) or e}")
+        threading.Thread(target=self.read_loop, daemon=True).start()
+        threading.Thread(target=drain_stderr, args=(self.proc.stderr, self.log), daemon=True).start()
+
+    def send(self, message):
+        data = (json.dumps(message, ensure_ascii=False) + "\n").encode()  # json escapes newlines: one line
+        try:
+            with self.lock:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+        except (OSError, ValueError) as e:  # a broken pipe: it has ended
+            raise ServerFailed(self.error or f"writing to it failed: {e}")
+
+    def notify(self, method, params=None):
+        self.send({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}))
+
+    def ready(self):
+        """After the handshake: nothing to do, the reader thread has been listening since the start."""
+
+    def request(self, method, params, timeout):
+        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed."""
+        rid, answer = next(self.ids), queue.Queue(1)
+        self.pending[rid] = answer  # registered before the error check: fail() empties the table after
+        try:
+            if self.error:
+                raise ServerFailed(self.error)
+            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            message = answer.get(timeout=timeout)
+        except queue.Empty:
+            self.cancel(rid, f"no answer in {timeout:g} s")
+            raise NoAnswer(f"no answer in {timeout:g} s")
+        except KeyboardInterrupt:
+            self.cancel(rid, "the user cancelled")
+            raise
+        finally:
+            self.pending.pop(rid, None)
+        if message is None:
+            raise ServerFailed(self.error)
+        return rpc_result(message)
+
+    def cancel(self, rid, reason):
+        with contextlib.suppress(McpError):
+            self.notify("notifications/cancelled", {"requestId": rid, "reason": reason})
+
+    def read_loop(self):
+        why = "it closed its output"
+        try:
+            while line := self.proc.stdout.readline(MCP_MESSAGE_BYTES + 1):
+                if len(line) > MCP_MESSAGE_BYTES:
+                    why = f"it sent a message over {MCP_MESSAGE_BYTES:,} bytes"
+                    break
+                if why_stop := self.take(line):
+                    why = why_stop
+                    break
+        except (OSError, ValueError) as e:
+            why = f"reading its output failed: {e}"
+        self.fail(why)
+
+    def take(self, line):
+        """One stdout line to where it belongs. Returns why the connection must end, or None."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            if line.strip():
+                self.garbage += 1
+                write_log(self.log, b"[stdout, not JSON-RPC, skipped] " + line[:500].rstrip() + b"\n")
+            return (f"it printed {self.garbage} lines that are not JSON-RPC on stdout"
+                    if self.garbage >= MCP_GARBAGE_LINES else None)
+        if "method" in message:
+            if reply := incoming(self.server, message):
+                with contextlib.suppress(McpError):
+                    self.send(reply)
+        elif isinstance(rid := message.get("id"), (int, str)) and (waiter := self.pending.get(rid)):
+            with contextlib.suppress(queue.Full):
+                waiter.put_nowait(message)
+        return None
+
+    def fail(self, why):
+        """The connection is over: keep the first reason, and fail every pending request now."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(0.5)
+        if self.proc.returncode is None:  # still running, but unusable (garbage, a huge line)
+            self.kill()
+        else:
+            why = f"the server process ended (exit status {self.proc.returncode})"
+        self.error = self.error or why
+        for waiter in list(self.pending.values()):
+            with contextlib.suppress(queue.Full):
+                waiter.put_nowait(None)
+
+    def kill(self):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(1)
+                break
+
+    def close(self):
+        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL."""
+        self.error = self.error or "closed"
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(MCP_CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what it left running in its session
+        if self.log:
+            with contextlib.suppress(OSError):
+                self.log["file"].close()
+
+# --- s12.6: Streamable HTTP ---
+# The server is a URL. Every message is one POST with Accept: application/json,
+# text/event-stream; a notification gets 202 and no body, a request either one
+# JSON response or an event stream (SSE) that may carry the server's own
+# requests and notifications before the response. The session id the server
+# gives with its initialize answer (Mcp-Session-Id) and the version agreed go
+# with every later request; a 404 on that id means the server dropped the
+# session, so the connection counts as failed and the next call starts a new
+# one. Authentication is the configured headers. Between our requests the
+# server talks on a stream of its own, a GET we keep open (a server without
+# one answers 405): its requests are answered with a POST each, its
+# notifications handled as on stdio. The HTTP client is the one the SDK
+# brings (httpx; named httpx2 from SDK 2.x).
+class HttpTransport:
+    """One server URL. request() from any thread: each is its own POST."""
+
+    def __init__(self, server):
+        self.server, self.url, self.headers = server, server["spec"]["url"], server["spec"]["headers"]
+        self.error, self.version, self.session, self.ids = None, None, None, itertools.count(1)
+        self.http = httpx.Client(follow_redirects=False, timeout=MCP_CONNECT_TIMEOUT)
+
+    def request(self, method, params, timeout):
+        rid = next(self.ids)
+        try:
+            return self.post({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, timeout)
+        except httpx.TimeoutException:
+            self.cancel(rid, f"no answer in {timeout:g} s")
+            raise NoAnswer(f"no answer in {timeout:g} s")
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            raise ServerFailed(f"{type(e).__name__}: {e}")
+
+    def notify(self, method, params=None):
+        try:
+            self.post({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}),
+                      MCP_CONNECT_TIMEOUT)
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            raise ServerFailed(f"{type(e).__name__}: {e}")
+
+    def cancel(self, rid, reason):
+        with contextlib.suppress(McpError):
+            self.notify("notifications/cancelled", {"requestId": rid, "reason": reason})
+
+    def ready(self):
+        """After the handshake: listen on the server's own stream, in a thread of its own."""
+        threading.Thread(target=self.listen, daemon=True).start()
+
+    def listen(self):
+        """The GET stream, opened again whenever it ends, while the connection lasts."""
+        headers = self.request_headers() | {"Accept": "text/event-stream"}
+        while not self.error:
+            try:
+                with self.http.stream("GET", self.url, headers=headers,
+                                      timeout=httpx.Timeout(MCP_CONNECT_TIMEOUT, read=None)) as reply:
+                    if reply.status_code != 200 or "event-stream" not in reply.headers.get("content-type", ""):
+                        return  # 405: this server has no stream of its own
+                    for message in sse_messages(reply, float("inf")):
+                        self.answer(message)
+            except (httpx.HTTPError, McpError, RuntimeError):  # closed under it, or cut off
+                pass
+            time.sleep(MCP_LISTEN_PAUSE)
+
+    def request_headers(self):
+        ours = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        ours |= {"MCP-Protocol-Version": self.version} if self.version else {}
+        return self.headers | ours | ({"Mcp-Session-Id": self.session} if self.session else {})
+
+    def post(self, message, timeout):
+        """One message; for a request, its result (the answer may come in an event stream)."""
+        if self.error:
+            raise ServerFailed(self.error)
+        deadline = time.monotonic() + timeout
+        with self.http.stream("POST", self.url, json=message, headers=self.request_headers(),
+                              timeout=timeout) as reply:
+            if message.get("method") == "initialize":
+                self.session = reply.headers.get("mcp-session-id")
+            self.check_status(reply)
+            if "id" not in message or "method" not in message:  # a notification, or our answer
+                return None
+            kind = reply.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind == "text/event-stream":
+                for event in sse_messages(reply, deadline):
+                    if "method" not in event and event.get("id") == message["id"]:
+                        return rpc_result(event)
+                    self.answer(event)
+                raise McpError("its event stream ended without the answer")
+            try:
+                return rpc_result(json.loads(b"".join(capped(reply))))
+            except (ValueError, AttributeError):  # not JSON, or JSON but no object
+                raise McpError(f"its reply ({kind or 'no content type'}) is not a JSON-RPC message")
+
+    def check_status(self, reply):
+        if reply.status_code < 400:
+            return
+        body = next(reply.iter_bytes(), b"")[:2_000].decode("utf-8", "replace")  # enough to say why
+        if reply.status_code == 404 and self.session:
+            self.error = "the server ended the session (HTTP 404); the next call starts a new one"
+        elif reply.status_code in (401, 403):
+            self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
+        else:
+            raise McpError(f"HTTP {reply.status_code}: {' '.join(body.split())[:300]}")
+        raise ServerFailed(self.error)
+
+    def answer(self, message):
+        """A message the server sent on a stream: a notification is handled, a request it
+        made gets its answer as a POST of its own."""
+        if "method" in message and (reply := incoming(self.server, message)):
+            with contextlib.suppress(McpError, httpx.HTTPError):
+                self.post(reply, MCP_CONNECT_TIMEOUT)
+
+    def close(self):
+        """End the session (DELETE with its id), then the connection pool."""
+        if self.session and not self.error:
+            with contextlib.suppress(httpx.HTTPError):
+                self.http.delete(self.url, headers=self.request_headers(), timeout=MCP_CLOSE_WAIT)
+        self.error = self.error or "closed"
+        self.http.close()
+
+
+def capped(reply, limit=MCP_MESSAGE_BYTES):
+    """The body's chunks, at most `limit` bytes in all: ServerFailed past it."""
+    seen = 0
+    for chunk in reply.iter_bytes():
+        seen += len(chunk)
+        if seen > limit:
+            raise ServerFailed(f"it sent a reply over {limit:,} bytes")
+        yield chunk
+
+
+def sse_messages(reply, deadline):
+    """The JSON-RPC messages of an event stream: each event's data lines, joined. The
+    buffer holds at most one event (MCP_MESSAGE_BYTES); the deadline is the request's."""
+    buffer, data = bytearray(), []
+    for chunk in reply.iter_bytes():
+        buffer += chunk
+        if len(buffer) > MCP_MESSAGE_BYTES:
+            raise ServerFailed(f"it sent an event over {MCP_MESSAGE_BYTES:,} bytes")
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end]).rstrip(b"\r").decode("utf-8", "replace")
+            del buffer[:end + 1]
+            if line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+            elif not line and data:  # a blank line ends the event
+                with contextlib.suppress(ValueError):
+                    if isinstance(message := json.loads("\n".join(data)), dict):
+                        yield message
+                data = []
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("no answer before the deadline")
+
+# --- s12.7: MCP tools ---
+# Start-up connects every server at once, each in a thread of its own (seed:
+# 启动时就异步连接所有配置好的 Server): the handshake (initialize at 2025-11-25,
+# then notifications/initialized), then tools/list page by page (nextCursor).
+# The first prompt waits MCP_STARTUP_WAIT at most. A server's tools are
+# registered like any other (s02's register) as mcp__<server>__<tool>, always on
+# the loop's thread between two requests, so the tools block never changes
+# under a request: a late server, or one whose list changed, joins at the next
+# model call. A tool call goes to its server as tools/call; the result comes
+# back as s02's tools give theirs, so s06's layer 1, s07's rules (mcp__github__*,
+# or mcp__github for a whole server), s08's hooks and s02's parallel batches all
+# apply unchanged. readOnlyHint makes a tool concurrency-safe and nothing more:
+# it is the server's word, so it never loosens a permission (MCP tools ask, as
+# every tool that is not the agent's own read does).
+def new_server(name, spec, source, raw, workdir):
+    return {"name": name, "spec": spec, "source": source, "raw": raw, "workdir": workdir,
+            "state": "connecting", "error": None, "transport": None, "opening": None, "tools": [], "info": {},
+            "stale": False, "changed": False, "restarts": 0, "closed": False, "lock": threading.Lock()}
+
+
+def hello(transport, server):
+    """The handshake: our version and capabilities, the server's answer, then initialized."""
+    result = transport.request("initialize", {
+        "protocolVersion": MCP_PROTOCOL, "capabilities": {"roots": {}},
+        "clientInfo": {"name": Path(__file__).stem, "version": "1.0"}}, MCP_CONNECT_TIMEOUT)
+    if (version := result.get("protocolVersion")) not in MCP_VERSIONS:
+        raise ServerFailed(f"it speaks MCP {version!r}; this client speaks {', '.join(MCP_VERSIONS)}")
+    transport.version, server["info"] = version, result.get("serverInfo") or {}
+    transport.notify("notifications/initialized")
+    transport.ready()
+    return result.get("capabilities") if isinstance(result.get("capabilities"), dict) else {}
+
+
+def list_tools(transport, timeout=MCP_CONNECT_TIMEOUT):
+    """Every page of tools/list, following nextCursor; a cursor seen before ends it (a
+    server that loops), and so does MCP_MAX_TOOLS."""
+    tools, cursor, seen = [], None, set()
+    while len(tools) < MCP_MAX_TOOLS:
+        page = transport.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
+        tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+        cursor = page.get("nextCursor")
+        if not isinstance(cursor, str) or not cursor or cursor in seen:
+            break
+        seen.add(cursor)
+    return tools[:MCP_MAX_TOOLS]
+
+
+def connect(server):
+    """Open, handshake, list; the record says how it went. Never raises: a server that
+    cannot start is one failed row in /mcp, not a failed session."""
+    started = time.monotonic()
+    transport = None
+    try:
+        transport = (StdioTransport if server["spec"]["type"] == "stdio" else HttpTransport)(server)
+        with MCP_LOCK:
+            server["opening"] = transport  # close_mcp stops a handshake that is still going on
+        if server["closed"]:
+            raise ServerFailed("closed")
+        tools = list_tools(transport) if "tools" in hello(transport, server) else []
+    except McpError as e:  # transports turn their own failures (OSError, httpx's) into these
+        if transport:
+            transport.close()
+        with MCP_LOCK:
+            server.update(state="failed", error=str(e), transport=None)
+        return False
+    with MCP_LOCK:
+        if server["closed"]:  # the session ended while it connected
+            transport.close()
+            return False
+        server.update(state="connected", error=None, transport=transport, stale=False,
+                      changed=tools != server["tools"], tools=tools, took=time.monotonic() - started)
+    return True
+
+
+def connect_and_say(server, late_after):
+    """A start-up thread: connect, then the server's one result line."""
+    ok = connect(server)
+    took = server.get("took", 0)
+    when = f" after {took:.1f} s: its tools join at the next model call" if took > late_after else ""
+    say(printable(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
+                  f"{len(server['tools'])} tool(s){when}]" if ok else
+                  f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]"))
+
+
+def log_note(server):
+    return f" (log: {rel(server['workdir'] / MCP_LOG_DIR / (server['name'] + '.log'))})" \
+        if server["spec"]["type"] == "stdio" else ""
+
+
+def start_mcp(wait=None):
+    """Connect every configured server at once; wait for them at most MCP_STARTUP_WAIT.
+    Servers that connected in time are registered before the first prompt."""
+    state, wait = agent_state(), MCP_STARTUP_WAIT if wait is None else wait
+    specs = server_specs(state)
+    if not specs:
+        return
+    say(f"[mcp: connecting to {len(specs)} server(s): {', '.join(specs)}]")
+    threads = []
+    for name, (spec, source, raw) in specs.items():
+        MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
+        threads.append(threading.Thread(target=contextvars.copy_context().run,
+                                        args=(connect_and_say, server, wait), daemon=True))
+        threads[-1].start()
+    deadline = time.monotonic() + wait
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if late := [n for n, s in MCP_SERVERS.items() if s["state"] == "connecting"]:
+        say(f"[mcp: {', '.join(late)} still connecting after {wait:g} s; the first prompt goes "
+            f"ahead without {'its' if len(late) == 1 else 'their'} tools]")
+    register_servers()
+
+
+def close_mcp():
+    """The session's end: every server closed at once (each may take MCP_CLOSE_WAIT)."""
+    with MCP_LOCK:
+        servers = list(MCP_SERVERS.values())
+        for s in servers:
+            s["closed"] = True
+    transports = [t for s in servers for t in {s["transport"], s.get("opening")} if t]
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(transports)))) as pool:
+        list(pool.map(lambda t: t.close(), transports))
+    for s in servers:
+        drop_tools(s["name"])
+    MCP_SERVERS.clear()
+
+
+@contextlib.contextmanager
+def mcp_session():
+    """main()'s: the servers connect at the start and stop at the end, whatever happens."""
+    start_mcp()
+    try:
+        yield
+    finally:
+        close_mcp()
+
+
+def tool_name(server, tool, taken):
+    """mcp__<server>__<tool> in the characters the API allows; a name over 64 characters,
+    or one that two tools would share, ends in a hash of the original, so it stays unique
+    and the same in every session."""
+    name = f"mcp__{server}__{re.sub(r'[^A-Za-z0-9_-]', '_', tool)}"
+    if len(name) > 64 or name in taken:
+        name = f"{name[:55]}_{hashlib.sha1(tool.encode()).hexdigest()[:8]}"
+    return name
+
+
+def schema_problem(schema):
+    """Why an inputSchema cannot go to the API as it is, or None (the request would be refused)."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return "its inputSchema is not an object schema"
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(p, (dict, bool)) for p in props.values()):
+        return "its inputSchema properties are not a mapping of schemas"
+    if bad := [k for k in props if not PROPERTY_KEY.fullmatch(k)]:
+        return f"its input field name {bad[0]!r} is not one the API accepts"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return "its inputSchema required is not a list of names"
+    return None
+
+
+def tool_description(tool):
+    text = str(tool.get("description") or tool.get("title") or "").strip() or f"The MCP tool {tool['name']}."
+    return text if len(text) <= MCP_DESCRIPTION_CHARS else text[:MCP_DESCRIPTION_CHARS] + " [...]"
+
+
+def mcp_names(server_name):
+    return [n for n, t in MCP_TOOLS.items() if t["server"] == server_name]
+
+
+def drop_tools(server_name):
+    """Take a server's tools out of s02's three tables (and ours)."""
+    gone = set(mcp_names(server_name))
+    TOOLS[:] = [t for t in TOOLS if t["name"] not in gone]
+    for name in gone:
+        TOOL_HANDLERS.pop(name, None)
+        TOOL_FLAGS.pop(name, None)
+        MCP_TOOLS.pop(name, None)
+
+
+def register_tools(server):
+    """A server's tools into the registry, in its order, replacing what it had before."""
+    drop_tools(server["name"])
+    for tool in server["tools"]:
+        name = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS))
+        if name in TOOL_HANDLERS or (why := schema_problem(tool.get("inputSchema"))):
+            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: "
+                                f"{why if name not in TOOL_HANDLERS else 'a second tool of that name'}]"))
+            continue
+        hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
+        register(name, tool_description(tool), tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
+                 read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
+        first = tool_description(tool).splitlines()[0]
+        MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
+                           "line": first if len(first) <= 120 else first[:117] + "..."}
+
+
+def register_servers():
+    """On the loop's thread: the tools of servers connected (or changed) since the last look."""
+    with MCP_LOCK:
+        ready = [s for s in MCP_SERVERS.values() if s["state"] == "connected" and s["changed"]]
+        for s in ready:
+            s["changed"] = False
+    for server in ready:
+        register_tools(server)
+    if ready:
+        plan_deferral()
+    return ready
+
+
+def refresh_stale():
+    """Servers that sent tools/list_changed: the list again, and the registry if it differs."""
+    for server in [s for s in MCP_SERVERS.values() if s["stale"] and s["state"] == "connected"]:
+        server["stale"] = False
+        try:
+            tools = list_tools(server["transport"])
+        except McpError as e:
+            say(printable(f"[mcp {server['name']}: its changed tool list could not be read: {e}]"))
+            continue
+        if tools != server["tools"]:
+            server.update(tools=tools, changed=True)
+            say(f"[mcp {server['name']}: its tool list changed: {len(tools)} tool(s) now]")
+
+
+def mcp_news(messages):
+    """Before each model call: late servers and changed lists join the registry (the main
+    agent only, so one thread changes TOOLS); then the deferred tools are named (s12.8)."""
+    state = agent_state()
+    if not state.label and state.cancel is None:
+        refresh_stale()
+        register_servers()
+    announce_deferred(messages)
+
+
+def server_up(server):
+    """The server's live connection; a failed one is restarted, at most MCP_MAX_RESTARTS
+    times in a session. ToolError when it cannot be used."""
+    with server["lock"]:
+        transport = server["transport"]
+        if server["state"] == "connected" and transport.error is None:
+            return transport
+        if server["state"] == "connecting":
+            raise ToolError(f"MCP server {server['name']} is still connecting: try again in a moment.")
+        if transport:  # it failed during a call: its reason is the transport's
+            server.update(state="failed", error=transport.error, transport=None)
+            transport.close()
+        if server["restarts"] >= MCP_MAX_RESTARTS:
+            raise ToolError(printable(
+                f"MCP server {server['name']} is down ({server['error']}); it was restarted "
+                f"{MCP_MAX_RESTARTS} times already. Carry on without its tools, or ask the user "
+                f"to look at it (/mcp shows it{log_note(server)})."))
+        server["restarts"] += 1
+        say(f"[mcp {server['name']}: restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]")
+        if not connect(server):
+            raise ToolError(printable(f"MCP server {server['name']} could not be restarted: "
+                                      f"{server['error']}{log_note(server)}."))
+        return server["transport"]
+
+
+def mcp_handler(server_name, tool):
+    """What run_tool calls with the model's input as keywords, whatever their names
+    (an input field may well be called tool)."""
+    return lambda **args: call_mcp_tool(server_name, tool, args)
+
+
+def call_mcp_tool(server_name, tool, args):
+    """tools/call on the tool's server; the answer as a tool result, or a ToolError."""
+    server = MCP_SERVERS.get(server_name)
+    if server is None:
+        raise ToolError(f"MCP server {server_name} is not connected in this session.")
+    transport = server_up(server)
+    try:
+        result = transport.request("tools/call", {"name": tool, "arguments": args}, server["spec"]["timeout"])
+    except ServerFailed as e:
+        more = MCP_MAX_RESTARTS - server["restarts"]
+        raise ToolError(printable(
+            f"MCP server {server_name} failed during this call: {e}{log_note(server)}. "
+            + (f"The next call of one of its tools restarts it ({more} restart(s) left)."
+               if more > 0 else "It will not be restarted again: carry on without its tools.")))
+    except NoAnswer as e:
+        raise ToolError(f"{server_name}/{tool}: {e}, so the call was cancelled. Do without it, or ask "
+                        f"the user to raise the server's timeout: ({server['spec']['timeout']:g} s now).")
+    except McpError as e:
+        raise ToolError(printable(f"{server_name}/{tool} failed: {e}. Check the input against "
+                                  f"its schema, or do without it."))
+    return call_result(result)
+
+
+def call_result(result):
+    """A tools/call result as a tool_result's content: the text blocks joined (images as
+    image blocks after them), structuredContent as JSON text when no text says it already
+    (servers should send both), isError as a ToolError."""
+    texts, images = [], []
+    for block in result.get("content") or []:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "image" and block.get("mimeType") in MCP_IMAGE_TYPES \
+                and isinstance(block.get("data"), str) and 0 < len(block["data"]) <= MCP_IMAGE_CHARS:
+            images.append({"type": "image", "source": {"type": "base64", "media_type": block["mimeType"],
+                                                        "data": block["data"]}})
+        elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
+            texts.append(str(res["text"]))
+        elif kind == "resource_link":
+            texts.append(f"[resource link: {block.get('name', '')} {block.get('uri', '')}]")
+        else:
+            texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
+    if (data := result.get("structuredContent")) is not None and not texts:
+        texts.append(json.dumps(data, ensure_ascii=False))
+    text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
+    if result.get("isError"):
+        raise ToolError(text if text.strip() else "the tool reported an error without a message")
+    return [{"type": "text", "text": text if text.strip() else "(image)"}] + images if images else text
+
+
+def result_content(content):
+    """run_tool's content: text without lone surrogates, or an MCP tool's block list."""
+    if isinstance(content, list):
+        return content
+    return str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")
+
+
+def blocks_text(content):
+    """A block list's text (images as [image]), for the one-line preview."""
+    if not isinstance(content, list):
+        return content
+    return "\n".join(b.get("text", "") if b.get("type") == "text" else f"[{b.get('type')}]" for b in content)
+
+
+def persist_blocks(block, result):
+    """s06's layer 1 for a result with images: its text part goes to disk past PERSIST_CHARS."""
+    text, rest = result["content"][0], result["content"][1:]
+    if len(text["text"]) > PERSIST_CHARS:
+        part = {"tool_use_id": result["tool_use_id"], "content": text["text"]}
+        persist_output(part)
+        result["content"] = [{"type": "text", "text": part["content"]}] + rest
+    return result
+
+
+def mcp_input_problem(name, schema, args):
+    """check_input for an MCP tool: an object with its required keys. The server checks the
+    rest against its own schema, which can say far more than s02's check reads."""
+    if not isinstance(args, dict):
+        return "input must be a JSON object"
+    if name in hidden_tools():
+        return (f"its definition is not loaded (a deferred tool): call tool_search with query "
+                f"\"select:{name}\" first, then call it with the input its schema asks for")
+    missing = [k for k in schema.get("required") or [] if k not in args]
+    return f"missing required field '{missing[0]}'" if missing else None
+
+
+def server_state(server):
+    transport = server["transport"]
+    return "failed" if server["state"] == "connected" and transport and transport.error else server["state"]
+
+
+def show_mcp(args, ctx):
+    """/mcp: each server with its transport, state, tools (deferred ones) and where it is from."""
+    if not MCP_SERVERS:
+        print("No MCP servers. Add them as mcp_servers: in .agent/config.yaml (or ~/.agent/config.yaml), "
+              "or as mcpServers in .mcp.json.")
+        return
+    rows = [("server", "transport", "state", "tools", "deferred", "restarts", "from")]
+    for s in MCP_SERVERS.values():
+        names = mcp_names(s["name"])
+        rows.append((s["name"], s["spec"]["type"], server_state(s), str(len(names)),
+                     str(sum(MCP_TOOLS[n]["deferred"] for n in names)), str(s["restarts"]), s["source"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
+    for s in MCP_SERVERS.values():
+        if server_state(s) == "failed":
+            print(printable(f"  {s['name']}: {s['error'] or s['transport'].error}{log_note(s)}"))
+
+
+command("mcp", "List the MCP servers: transport, state, tool count and where each is configured", show_mcp)
+
+# --- s12.8: deferred tools ---
+# Sixty tool definitions cost tens of thousands of tokens in every request, and
+# a long menu makes the model choose worse (seed: 工具延迟加载). Past a budget, or
+# for a server set to defer: true, MCP tools stay out of the request: their
+# names and one line each go into a <system-reminder>, and tool_search returns
+# full definitions and marks them discovered for this agent. From the next
+# request on a discovered tool is sent like any other, appended at the end of
+# the tools list. The tools block heads the cache prefix, so appending breaks
+# the cache once per discovery (from that tool on, the rest is written again)
+# and never per turn; a tool that dropped out again would break it each time,
+# so nothing is ever taken back. The mechanism is the agent's, not the API's:
+# the request simply lists fewer tools.
+MCP_DEFER_BUDGET = CONTEXT_WINDOW // 10  # tokens: MCP definitions past this (together) are deferred
+TOOL_SEARCH_LIMIT = 5       # definitions one tool_search returns
+DEFERRED_MARK = "<system-reminder>\n# Deferred tools"
+DEFERRED_REMINDER = """{mark}
+These tools exist, but their definitions are not loaded (to save context). To use one, call \
+tool_search with words from its name or description, or with "select:<name>"; its definition \
+comes back and you can call it from your next reply on.
+{lines}
+</system-reminder>"""
+
+
+def plan_deferral():
+    """Mark which MCP tools stay out of requests: defer: true servers' always, and all
+    the others' (bar defer: false) once their definitions together pass the budget."""
+    defs = {t["name"]: t for t in TOOLS if t["name"] in MCP_TOOLS}
+    setting = {n: MCP_SERVERS[t["server"]]["spec"]["defer"] for n, t in MCP_TOOLS.items()}
+    size = estimate_tokens([defs[n] for n in defs if setting[n] is not False])
+    for name, tool in MCP_TOOLS.items():
+        tool["deferred"] = setting[name] is True or (setting[name] is None and size > MCP_DEFER_BUDGET)
+    if deferred := [n for n in MCP_TOOLS if MCP_TOOLS[n]["deferred"]]:
+        say(f"[mcp: {len(deferred)} of {len(MCP_TOOLS)} tool definition(s) deferred (~{size:,} tokens "
+            f"together, budget {MCP_DEFER_BUDGET:,}): the model finds them with tool_search]")
+
+
+def agent_tools():
+    state = agent_state()
+    return TOOLS if state.tools is None else state.tools
+
+
+def hidden_tools(tools=None):
+    """This agent's deferred tools that it has not discovered; none without tool_search,
+    which is the only way to find them (a subagent may be given no tool_search)."""
+    names = [t["name"] for t in (agent_tools() if tools is None else tools)]
+    if "tool_search" not in names:
+        return []
+    found = set(agent_state().discovered)
+    return [n for n in names if n in MCP_TOOLS and MCP_TOOLS[n]["deferred"] and n not in found]
+
+
+def request_tools(tools):
+    """The tools a request carries: all but the hidden ones, and the discovered deferred
+    ones appended in the order they were found; tool_search only while something is deferred."""
+    if not any(t["name"] in MCP_TOOLS and MCP_TOOLS[t["name"]]["deferred"] for t in tools):
+        return [t for t in tools if t["name"] != "tool_search"]
+    hidden, by_name = set(hidden_tools(tools)), {t["name"]: t for t in tools}
+    found = [n for n in dict.fromkeys(agent_state().discovered) if n in by_name and n in MCP_TOOLS
+             and MCP_TOOLS[n]["deferred"]]
+    return [t for t in tools if t["name"] not in hidden and t["name"] not in found] + [by_name[n] for n in found]
+
+
+def announce_deferred(messages):
+    """Name the hidden tools this history has not been told of, after the newest user
+    message's results: once each, so the prefix stays as it was (a compaction forgets
+    them, and they are named again)."""
+    if not messages or messages[-1]["role"] != "user" or not (hidden := hidden_tools()):
+        return
+    told = set()
+    for m in messages:
+        for b in as_blocks(m["content"]) if m["role"] == "user" else []:
+            if b.get("type") == "text" and b.get("text", "").startswith(DEFERRED_MARK):
+                told |= set(re.findall(r"^- (\S+?):", b["text"], re.M))
+    if not (new := [n for n in hidden if n not in told]):
+        return
+    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)
+    content = as_blocks(messages[-1]["content"])
+    messages[-1]["content"] = content + [{"type": "text", "text": DEFERRED_REMINDER.format(
+        mark=DEFERRED_MARK, lines=lines)}]
+
+
+def search_tools(query, pool):
+    """Names for a query, best first: select:a,b by exact (or the server's own) name;
+    otherwise each word scores in the whole name, in the name, in the description."""
+    descriptions = {t["name"]: t["description"].lower() for t in TOOLS if t["name"] in pool}
+    if query.strip().lower().startswith("select:"):
+        wanted = [w.strip() for w in query.strip()[7:].split(",") if w.strip()]
+        return [n for w in wanted for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
+    words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
+    def score(n):
+        own = MCP_TOOLS[n]["tool"].lower()
+        return sum(10 if w in (n.lower(), own) else 3 if w in n.lower() else 1 if w in descriptions[n]
+                   else 0 for w in words)
+    return sorted((n for n in pool if score(n)), key=score, reverse=True)
+
+
+def tool_search(query):
+    """Full definitions of deferred tools; the ones returned become callable next request."""
+    state = agent_state()
+    pool = [n for n in MCP_TOOLS if MCP_TOOLS[n]["deferred"] and n in {t["name"] for t in agent_tools()}]
+    if not pool:
+        raise ToolError("No tool is deferred for you: every tool you can use is already in your tool list.")
+    if not (hits := list(dict.fromkeys(search_tools(query, pool)))[:TOOL_SEARCH_LIMIT]):
+        raise ToolError(f"No deferred tool matches {query!r}. Use a word from a name or description "
+                        f"in the deferred-tools reminder, or select:<exact name>.")
+    state.discovered += [n for n in hits if n not in state.discovered]
+    defs = [next(t for t in TOOLS if t["name"] == n) for n in hits]
+    return (f"Loaded {len(hits)} tool definition(s); call them from your next reply on:\n<functions>\n"
+            + "\n".join(f"<function>{json.dumps(d, ensure_ascii=False)}</function>" for d in defs)
+            + "\n</functions>")
+
+
+register("tool_search", (
+    "Load the full definitions of deferred tools (MCP tools whose schemas are left out of "
+    "your tool list to save context; a <system-reminder> names them). Search with words from "
+    "a tool's name or description, or select exact names with 'select:name1,name2'. The "
+    "tools found are added to your tool list, so you can call them from your next reply on; "
+    "do not call a deferred tool before loading it."),
+    params(["query"], query=("string", "Words to search for, or select:<name>[,<name>...].")),
+    tool_search, read_only=True)
+
 
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
@@ -9866,7 +10930,7 @@ def run_tools(calls, results):
 def call_model(client, messages, tools=None, system=None, model=None, out=None, usage=None,  # s04
                max_tokens=MAX_TOKENS):  # s06: lowered when the window has less room left
     """One streamed model call; text is printed the moment it arrives."""
-    tools = TOOLS if tools is None else tools  # s04: None = the main agent's
+    tools = request_tools(TOOLS if tools is None else tools)  # s04: None = the main agent's; s12: deferred out
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
     with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
@@ -9927,6 +10991,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
             if cancelled():  # s10: background_stop, checked before each model call
                 return "cancelled"  # s10
             deliver_notifications(messages)  # s10: finished background commands, after the results
+            mcp_news(messages)  # s12: late servers and changed lists join; deferred tools are named
             drain_inbox(messages)  # s11: teammates' messages, after the results too
             sync_session(messages)  # s09: the prompt and the results on disk before the call
             message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
@@ -10040,7 +11105,7 @@ def main(argv=None):
     except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
         print(e, file=sys.stderr)  # s07
         return 2  # s07
-    with hook_session(), memory_session(), worktree_session(), background_session(), team_session():  # s08-s11; s12: a lane closed after its commands
+    with hook_session(), memory_session(), worktree_session(), background_session(), mcp_session(), team_session():  # s08-s11; s12: a lane closed after its commands, MCP servers
         if agent_state().team:  # s11: only a teammate has joined a team at start-up
             return teammate_loop(client, history)  # s11
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
