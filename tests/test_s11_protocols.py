@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, chapters_from, message_bodies, run_turn
-from fake_api import reply, text, tool
+from conftest import chapters_from, message_bodies, run_turn
+from fake_api import reply, tool
 from test_s11_teams import board, call, crew, inbox, member, refused, routed, start_lead  # noqa: F401
 
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
