@@ -1659,6 +1659,8 @@ def ask_human(question):
         raise ToolError(f"{BACKGROUND_ASK}.")  # s10: a background agent never asks
     if is_teammate():  # s11: its user is at the lead's terminal
         return ask_lead(question)  # s11
+    if os.getenv(TEAMMATE_ENV):  # s11: not joined yet (start-up); the lead's answers are in trusted.yaml
+        return ""  # s11: no
     print(question, end="", file=sys.stderr, flush=True)
     try:
         answer = input()
@@ -3693,7 +3695,8 @@ def sandbox_paths(workdir):
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))
-    return protected, [p for p in [find_dotenv()] if p]
+    hidden = [str(Path(workdir) / p) for p in TEAM_HIDDEN]  # s11: flock works on a read-only mount
+    return protected, [p for p in [find_dotenv()] if p] + hidden  # s11
 
 
 @functools.cache  # a fact about the machine, not per-agent state: decided once per process
@@ -5306,7 +5309,8 @@ def write_records(records):
     path = state.record["path"]
     if not path.exists():  # a new file opens with the mode, so a resume knows it
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
-        register_session(state, path)
+        if not os.getenv(TEAMMATE_ENV):  # s11: a teammate's session is not the user's to --continue
+            register_session(state, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         keep_out_of_git(path.parent)  # conversations stay out of git
@@ -6365,6 +6369,7 @@ def task_create(subject, description="", blocked_by=None, role=None):  # s11: ro
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
         set_task_role(tasks[new], role)  # s11
+        agent_state().session.setdefault("tasks_made", set()).add(new)  # s11: made in this run
         for other in blocked_by or []:
             link(tasks, other, new)
         return f"Created task #{new}: {subject}" + waits_note(tasks, tasks[new])
@@ -7772,6 +7777,11 @@ IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its in
 IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
 SHUTDOWN_GRACE = 10         # seconds teammates get to stop after the lead's shutdown request
 KILL_WAIT = 3               # seconds a straggler gets after SIGTERM, before SIGKILL
+TEAM_HIDDEN = (".agent/team", ".agent/tasks/.lock")  # masked in the OS sandbox: a command that
+                            # held their flock (a read-only mount allows one) would stall the team
+LOCK_WAIT = 10              # seconds a member waits for an inbox's lock before it says "busy"
+NEWS_KEPT = 200_000         # characters of news kept for the next model call; older ones are dropped
+FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no task
 
 # --- s11.1: the roster ---
 # config.json is the team's one shared record of who is in it: rewritten whole
@@ -7876,10 +7886,30 @@ def create_team(name):
                         f"the repository); it is not read. Pick another team name.")
     (folder / "inbox").mkdir()
     key = os.urandom(16).hex()
-    save_roster(folder, {"team": name, "lead": LEAD, "key": key, "created": now_stamp(), "members": [
+    save_roster(folder, {"team": name, "lead": LEAD, "key": key, "created": now_stamp(),
+                         "foreign_tasks": foreign_tasks(), "members": [
         member_record(LEAD, "team lead", "lead", model_id(), "terminal", os.getpid())]})
     state.team = {"name": name, "member": LEAD, "dir": folder, "key": key}
     return folder
+
+
+def foreign_tasks():
+    """Open tasks on the board this run did not make (a clone can ship .agent/tasks):
+    a teammate claims one only if the user says yes, since its description becomes the
+    teammate's instructions. The ids teammates must skip."""
+    made = agent_state().session.get("tasks_made", set())
+    with task_board() as tasks:
+        foreign = [t for t in sorted(tasks.values(), key=lambda t: int(t["id"]))
+                   if t["status"] in OPEN_STATUSES and t["id"] not in made]
+    if not foreign or agent_state().permissions.get("trust_all"):  # --trust-workspace: yes
+        return []
+    listed = "".join(f"\n    #{t['id']} {t['subject'][:100]}" for t in foreign[:10])
+    more = f"\n    ... and {len(foreign) - 10} more" if len(foreign) > 10 else ""
+    answer = ask_human(printable(
+        f"{len(foreign)} open task(s) on the board were not made in this session (a cloned "
+        f"repository can ship .agent/tasks, and a teammate takes a task as its instructions):"
+        f"{listed}{more}\nMay teammates claim them? [y/N] "))
+    return [] if answer.strip().lower() in ("y", "yes") else [t["id"] for t in foreign]
 
 
 def join_team(team, member, key):
@@ -7914,9 +7944,10 @@ def add_member(name, role, agent_type="general-purpose", model=None, backend="de
         raise ToolError(f"Unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}.")
     role = check_text(role, "role", MAX_SUBJECT, one_line=True)
     with team_roster() as roster:
-        if find_member(roster, name):
+        if (old := find_member(roster, name)) and old["status"] != "stopped":
             raise ToolError(f"The team already has a member named {name!r}; pick another name.")
-        if len(roster["members"]) > MAX_TEAMMATES:
+        roster["members"] = [m for m in roster["members"] if m is not old]  # a stopped one: respawned
+        if sum(m["status"] != "stopped" for m in roster["members"]) > MAX_TEAMMATES:
             raise ToolError(f"The team has {MAX_TEAMMATES} teammates, the most it may. Give "
                             f"work to one of them (send_message) instead.")
         record = member_record(name, role, str(agent_type), model or model_id(), backend, pid,
@@ -7962,7 +7993,16 @@ def inbox_lock(inbox):
     (each call opens its own descriptor, as task_lock does)."""
     fd = os.open(inbox.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_WAIT  # a holder that never lets go costs a line, not the lead
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ToolError(f"{inbox.stem}'s inbox is busy (its lock was held for "
+                                    f"{LOCK_WAIT} s); try again later.")
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)  # closing releases the flock
@@ -8307,6 +8347,9 @@ def ask_lead(question):
     id, deadline = sent[0]["request_id"], time.monotonic() + PERMISSION_WAIT
     say(f"[asked the user at the lead's terminal (request {id}); waiting up to {PERMISSION_WAIT} s]")
     while (answer := take_answer(id)) is None:
+        if lead_gone():
+            expire_request(id)
+            return "no: the lead's process has ended, so nobody will answer this question"
         if time.monotonic() >= deadline and expire_request(id):
             say(f"[no answer to request {id} in {PERMISSION_WAIT} s: that is a no]")
             return f"no answer came from the lead's terminal within {PERMISSION_WAIT} s"
@@ -8328,8 +8371,21 @@ def take_answer(id):
         if answer is None and r["type"] == "shutdown_request" and r["from"] == LEAD:
             answer = "no: the lead asked you to stop, so nobody will answer this question"
             expire_request(id)
-        team.setdefault("held", []).append(r)
+        keep_bounded(team.setdefault("held", []), [r])
     return answer
+
+
+def keep_bounded(kept, items):
+    """Add news for a later model call, dropping the oldest past NEWS_KEPT characters (a
+    chatty teammate and a lead idle for an hour must not fill memory or the window)."""
+    kept.extend(items)
+    size = lambda x: len(x) if isinstance(x, str) else len(x["content"])  # noqa: E731
+    total, dropped = sum(map(size, kept)), 0
+    while total > NEWS_KEPT and len(kept) > 1:
+        total -= size(kept.pop(0))
+        dropped += 1
+    if dropped:
+        say(f"[{dropped} older message(s) dropped: more than {NEWS_KEPT} characters were waiting]")
 
 
 def lead_detail(name, args, reason):
@@ -8489,14 +8545,15 @@ def claim_task(id, owner):
         return True
 
 
-def claim_next(owner, role=None):
+def claim_next(owner, role=None, skip=()):
     """The first ready task (lowest id) that fits `role`, or that the lead assigned to
     `owner` (whatever its role), claimed in the same locked step that found it; None
     when there is none."""
     owner = check_name(owner, "owner")
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
-            if claimable(tasks, task, owner) and (task.get("owner") == owner or fits(task, role)):
+            if task["id"] not in skip and claimable(tasks, task, owner) \
+                    and (task.get("owner") == owner or fits(task, role)):
                 take_task(task, owner)
                 return task
     return None
@@ -8636,7 +8693,8 @@ def start_in_tmux(argv, env):
     """A pane beside the lead's. The words go to `tmux source-file -` on stdin, every one
     quoted; the pane runs `exec`, so the pid tmux prints is the teammate's, not a shell's."""
     passed = {k: os.environ[k] for k in PASSED_ENV if k in os.environ} | env
-    words = ["split-window", "-d", "-P", "-F", "#{pane_pid}", "-c", str(agent_state().workdir)]
+    where = str(agent_state().workdir).replace("#", "##")  # tmux expands #{...} and #(...) in -c
+    words = ["split-window", "-d", "-P", "-F", "#{pane_pid}", "-c", where]
     words += ["-t", os.environ["TMUX_PANE"]] if os.getenv("TMUX_PANE") else []
     words += [w for k, v in passed.items() for w in ("-e", f"{k}={v}")]
     words += ["--", "exec " + shlex.join(argv)]
@@ -8692,9 +8750,17 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
-    if (ident := await_join(name, pid, proc, argv)) is None:
+    try:
+        ident = await_join(name, pid, proc, argv)
+    except BaseException:  # Ctrl+C while it joins: it was started by this call, so it is ours
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+        raise
+    if ident is None:
         set_member(name, status="stopped")
-        where = f"see {rel(log)}" if backend == "detached" else "its tmux pane closed"
+        where = f"see {rel(log)}" if backend == "detached" else "see its tmux pane, if still open"
         raise ToolError(f"{name} did not join the team within {JOIN_WAIT} s ({where}). Tell the user.")
     state.teammates[name] = {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
     set_member(name, pid=pid)
@@ -8737,14 +8803,14 @@ def start_teammate(argv):
     join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
     pid = os.environ.pop(LEAD_PID_ENV, "")
     lead = process_identity(pid) if pid.isdigit() else None  # the lead waits for this join: alive now
-    agent_state().team["lead_process"] = (int(pid), *lead) if lead else None
+    agent_state().team["lead_process"] = (int(pid), *lead) if lead else (int(pid or 0), None, [])  # gone
     return argv
 
 
 def lead_gone():
     """Has the lead's process ended (killed before it could ask its teammates to stop)?"""
     lead = agent_state().team.get("lead_process")
-    return lead is not None and not same_process(*lead)
+    return lead is not None and not same_process(*lead)  # None: joined in-process (the tests)
 
 
 def teammate_intro(record, team):
@@ -8813,10 +8879,25 @@ def next_work(me, role):
         return "shutdown"
     if news:
         return "\n\n".join(news_texts(news))
-    if task := claim_next(me, role):
+    if not team.get("plan") and time.monotonic() >= team.get("pause_until", 0) \
+            and (task := claim_next(me, role, team.get("skip", ()))):  # a plan waits (or a turn failed)
         return (f"You claimed task #{task['id']}: {task['subject']}\n{task.get('description', '')}\n"
                 f"Do it, mark it completed (task_update), and tell the lead.")
     return None
+
+
+def give_back(me, reason):
+    """A turn that failed (the API down, the turn cap): the tasks it held go back on the
+    board, the lead hears why, and this member claims nothing for FAILED_PAUSE seconds,
+    so an outage cannot make one teammate take the whole board."""
+    with task_board() as tasks:
+        held = [t for t in tasks.values() if t.get("owner") == me and t["status"] == "in_progress"]
+        for task in held:
+            task["owner"], task["status"] = "", "pending"
+    agent_state().team["pause_until"] = time.monotonic() + FAILED_PAUSE
+    back = f"; task(s) {', '.join('#' + t['id'] for t in held)} back on the board" if held else ""
+    with contextlib.suppress(ToolError):
+        post(LEAD, "message", f"My turn ended early ({reason}){back}. I claim nothing for {FAILED_PAUSE} s.")
 
 
 def idle_out(me):
@@ -8833,6 +8914,7 @@ def teammate_loop(client, history):
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
     if (settings := teammate_settings(record)) is None:
         return 1
+    team["skip"] = set(read_roster(team["dir"]).get("foreign_tasks") or [])  # the user's no at the spawn
     intro, idle_since = teammate_intro(record, team), time.monotonic()
     intro += lane_notice(agent_state())  # s12: where it works, when in a lane
     if record.get("plan_mode_required"):  # it plans first; exit_plan_mode asks the lead
@@ -8846,7 +8928,8 @@ def teammate_loop(client, history):
         set_member(me, status="working")
         add_user_text(history, f"{intro}\n\n{work}" if intro else work)
         intro = ""
-        agent_loop(client, history, **settings)
+        if (reason := agent_loop(client, history, **settings)) not in ("end_turn", "shutdown"):
+            give_back(me, reason)
         checkpoint_lane()  # s12: its turn's work committed, the lead told
         set_member(me, status="idle")
         idle_since = time.monotonic()
@@ -8902,7 +8985,7 @@ def team_turn():
         return None
     for text in news_texts(news):
         say(printable(text if len(text) <= NEWS_SHOWN else text[:NEWS_SHOWN] + " [...]"))
-    team.setdefault("shown", []).extend(news_texts(news))
+    keep_bounded(team.setdefault("shown", []), news_texts(news))
     if any(r["type"] == "plan_approval_request" for r, _ in news):
         return ("A teammate's plan waits for your verdict: answer it with send_message "
                 "plan_approval_response {to, request_id, approve, content: feedback}.")
@@ -8935,18 +9018,28 @@ def signal_teammates(state, signum):
 
 
 def stop_teammates(state):
+    """Ask, wait, then signal; Ctrl+C meanwhile is ignored (a second one is how people
+    leave, and would strand the rest). Their open tasks go back on the board."""
     if not (running := running_teammates(state)):
         return
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
-    for name in running:
-        with contextlib.suppress(ToolError):
-            post(name, "shutdown_request", "The lead's session is ending: stop now.")
-    if not wait_teammates(state, SHUTDOWN_GRACE):
-        signal_teammates(state, signal.SIGTERM)
-        if not wait_teammates(state, KILL_WAIT):
-            signal_teammates(state, signal.SIGKILL)
-            wait_teammates(state, KILL_WAIT)
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        for name in running:
+            with contextlib.suppress(ToolError):
+                post(name, "shutdown_request", "The lead's session is ending: stop now.")
+        if not wait_teammates(state, SHUTDOWN_GRACE):
+            signal_teammates(state, signal.SIGTERM)
+            if not wait_teammates(state, KILL_WAIT):
+                signal_teammates(state, signal.SIGKILL)
+                wait_teammates(state, KILL_WAIT)
+        with contextlib.suppress(ToolError, OSError):
+            release_dead({n: (t["pid"], t["start"], t["cmdline"]) for n, t in state.teammates.items()})
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
 
 
 @contextlib.contextmanager

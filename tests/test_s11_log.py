@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from test_s11_teams import make_crew, member  # noqa: F401
 from conftest import chapters_from
 
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
@@ -16,19 +17,7 @@ pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
 
 @pytest.fixture
 def crew(mod, workspace):
-    """Team "crew": the test's agent is the lead; alice and bob are in the roster."""
-    mod.create_team("crew")
-    mod.add_member("alice", "writes the code")
-    mod.add_member("bob", "writes the tests")
-    return mod
-
-
-def as_member(mod, workspace, name):
-    """A teammate's own agent state, joined to the lead's team as its process would."""
-    state, key = mod.AgentState(workspace), mod.agent_state().team["key"]
-    with mod.acting_as(state):
-        mod.join_team("crew", name, key)
-    return state
+    return make_crew(mod, bob_plans=False)
 
 
 def log_path(workspace):
@@ -43,7 +32,7 @@ def logged(workspace):
 def test_every_delivered_record_lands_in_the_log_in_order(crew, workspace):
     mod = crew
     sent = mod.post("alice", "message", "write the parser")[0]
-    with mod.acting_as(as_member(mod, workspace, "alice")):
+    with mod.acting_as(member(mod, workspace, "alice")):
         sent += mod.post("lead", "message", "parser.py is done")[0]
         sent += mod.post("bob", "message", "parse(path) is ready for your tests")[0]
     sent += mod.post("bob", "shutdown_request", "we are done")[0]
@@ -51,7 +40,7 @@ def test_every_delivered_record_lands_in_the_log_in_order(crew, workspace):
     assert [(r["from"], r["to"], r["type"]) for r in logged(workspace)] == [
         ("lead", "alice", "message"), ("alice", "lead", "message"), ("alice", "bob", "message"),
         ("lead", "bob", "shutdown_request")]
-    with mod.acting_as(as_member(mod, workspace, "bob")):
+    with mod.acting_as(member(mod, workspace, "bob")):
         taken = mod.take_inbox(mod.inbox_path("bob"))                 # reading empties the inbox ...
     assert [r["id"] for r in taken] == [r["id"] for r in sent[2:]]
     assert logged(workspace) == sent                                  # ... never the log
@@ -59,7 +48,7 @@ def test_every_delivered_record_lands_in_the_log_in_order(crew, workspace):
 
 def test_a_broadcast_logs_one_line_per_recipient_and_a_refused_send_none(crew, workspace):
     mod = crew
-    with mod.acting_as(as_member(mod, workspace, "alice")):
+    with mod.acting_as(member(mod, workspace, "alice")):
         mod.send_message("*", "interface changed: parse(path, ctx)")
         with pytest.raises(mod.ToolError):
             mod.send_message("alice", "note to self")                 # refused: nothing delivered
@@ -82,7 +71,7 @@ def test_the_log_stops_at_its_cap_and_says_so_once(crew, workspace, monkeypatch)
     records = [json.loads(line) for line in lines[:-1]]
     assert [r["content"] for r in records] == [f"message {n}" for n in range(len(records))]
     assert 5 < len(records) < 40
-    with mod.acting_as(as_member(mod, workspace, "alice")):           # every message was delivered
+    with mod.acting_as(member(mod, workspace, "alice")):           # every message was delivered
         assert len(mod.take_inbox(mod.inbox_path("alice"))) == 41
     for cap in range(1_500, 1_700, 7):                                # wherever the last record ends,
         log_path(workspace).unlink()                                  # the marker still fits
@@ -110,5 +99,5 @@ def test_a_link_planted_at_the_log_is_never_followed(crew, workspace, tmp_path, 
     lock.unlink()
     os.mkfifo(log_path(workspace))                                    # a FIFO would hang a plain open()
     assert mod.send_message("alice", "and again") == "Sent message to alice."
-    with mod.acting_as(as_member(mod, workspace, "alice")):
+    with mod.acting_as(member(mod, workspace, "alice")):
         assert [r["content"] for r in mod.take_inbox(mod.inbox_path("alice"))] == ["hello", "again", "and again"]

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, chapters_from, message_bodies, run_turn
-from fake_api import reply, text, tool
+from conftest import chapters_from, message_bodies, run_turn
+from fake_api import reply, tool
 from test_s11_teams import board, call, crew, inbox, member, refused, routed, start_lead  # noqa: F401
 
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
@@ -509,6 +509,8 @@ def test_a_teammate_killed_mid_task_is_noticed_by_the_lead_and_another_claims_it
     err = Lines(lead.stderr)
     try:
         tell(lead, "start two teammates")
+        wait_until(lambda: "May teammates claim them?" in err.text, "the question about a task from before", err)
+        tell(lead, "y")                                              # the test made it: yes, claim it
         assert working.wait(60), err.text
         roster = json.loads(next((workspace / ".agent" / "team").glob("*/config.json")).read_text())
         alice = next(m for m in roster["members"] if m["name"] == "alice")

@@ -23,13 +23,17 @@ from fake_api import reply, tool
 pytestmark = pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
 
 
-@pytest.fixture
-def crew(mod, workspace):
+def make_crew(mod, bob_plans):
     """Team "crew": the test's agent is the lead; alice and bob are in the roster."""
     mod.create_team("crew")
     mod.add_member("alice", "writes the code")
-    mod.add_member("bob", "writes the tests", plan_mode_required=True)
+    mod.add_member("bob", "writes the tests", plan_mode_required=bob_plans)
     return mod
+
+
+@pytest.fixture
+def crew(mod, workspace):
+    return make_crew(mod, bob_plans=True)
 
 
 def member(mod, workspace, name):

@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from test_s11_teams import make_crew, member  # noqa: F401
 from conftest import chapters_from, message_bodies
 from fake_api import reply, tool
 
@@ -22,19 +23,7 @@ SUMMARY = "<analysis>DRAFT</analysis>\n<summary>1. Primary request: SUMMARY-TEXT
 
 @pytest.fixture
 def crew(mod, workspace):
-    """Team "crew": the test's agent is the lead; alice and bob are in the roster."""
-    mod.create_team("crew")
-    mod.add_member("alice", "writes the code")
-    mod.add_member("bob", "writes the tests")
-    return mod
-
-
-def member(mod, workspace, name):
-    """A teammate's own agent state, joined to the lead's team as its process would."""
-    state, key = mod.AgentState(workspace), mod.agent_state().team["key"]
-    with mod.acting_as(state):
-        mod.join_team("crew", name, key)
-    return state
+    return make_crew(mod, bob_plans=False)
 
 
 def inbox(workspace, name):
