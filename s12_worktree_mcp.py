@@ -3695,8 +3695,8 @@ def sandbox_paths(workdir):
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))
-    hidden = [str(Path(workdir) / p) for p in TEAM_HIDDEN]  # s11: flock works on a read-only mount
-    return protected, [p for p in [find_dotenv()] if p] + hidden  # s11
+    hidden = [str(Path(workdir) / p) for p in TEAM_HIDDEN if os.path.lexists(Path(workdir) / p)]  # s11: flock
+    return protected, [p for p in [find_dotenv()] if p] + hidden  # s11: works on a read-only mount
 
 
 @functools.cache  # a fact about the machine, not per-agent state: decided once per process
@@ -6354,6 +6354,8 @@ def check_text(value, field, limit, one_line=False):
 
 
 def task_create(subject, description="", blocked_by=None, role=None):  # s11: role, who it is for
+    if agent_state().mode == "plan" and is_teammate():  # s11: another member would carry it out
+        raise ToolError("In plan mode a teammate makes no tasks: put them in your plan.")  # s11
     subject = check_text(subject, "subject", MAX_SUBJECT, one_line=True)
     description = check_text(description, "description", MAX_TASK_TEXT)
     with task_board() as tasks:
@@ -7803,7 +7805,10 @@ def team_root():
     if not folder.resolve().is_relative_to(ws):
         raise ToolError(f"{TEAM_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; teams work only inside.")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file, a dangling link or a FIFO where the folder goes
+        raise ToolError(f"{TEAM_DIR} cannot be made ({e.strerror}); ask the user to remove what is there.")
     return folder
 
 
@@ -8028,12 +8033,14 @@ def append_record(inbox, record):
     """Add one message to an inbox; ToolError when the unread ones would pass INBOX_BYTES."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
     with inbox_lock(inbox):
-        fd = open_inbox(inbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         with open(fd, "ab") as fh:
-            if os.fstat(fd).st_size + len(line) > INBOX_BYTES:
+            size = os.fstat(fd).st_size
+            if size + len(line) > INBOX_BYTES:
                 raise ToolError(f"{record['to']}'s inbox is full ({INBOX_BYTES // 1000} KB unread): "
                                 f"it has not read its messages yet. Wait, or send less.")
-            fh.write(line)
+            torn = size and os.pread(fd, 1, size - 1) != b"\n"  # a writer killed mid-line
+            fh.write(b"\n" + line if torn else line)
 
 
 def take_inbox(inbox):
@@ -8389,13 +8396,31 @@ def keep_bounded(kept, items):
 
 
 def lead_detail(name, args, reason):
-    """What the user at the lead's terminal needs to judge a teammate's call (s07's
-    show_request prints it to the teammate's own log, which nobody may be watching)."""
+    """What the user at the lead's terminal needs to judge a teammate's call, as s07's
+    show_request gives it (which prints to the teammate's own log, unwatched): a diff
+    for an edit, the head of a new file, any other input with its head and its end;
+    every cut says how much it left out."""
     if not is_teammate():
         return ""
-    shown = json.dumps(args, ensure_ascii=False)
-    shown = shown if len(shown) <= 3000 else f"{shown[:2000]} ... {shown[-800:]}"
-    return f"wants to run {name} {shown}\n  (permission needed: {reason})\n"
+    if name == "edit_file" and isinstance(args.get("old_string"), str):
+        lines = list(difflib.unified_diff(str(args["old_string"]).splitlines(),
+                                          str(args.get("new_string", "")).splitlines(),
+                                          f"a/{args.get('path')}", f"b/{args.get('path')}", lineterm=""))
+    elif name == "write_file" and isinstance(args.get("content"), str):
+        lines = [f"{args.get('path')}: {len(args['content'].encode())} bytes"] + args["content"].splitlines()
+    else:
+        shown = json.dumps(args, ensure_ascii=False)
+        half = ASK_SHOW_CHARS // 2
+        cut = f" ... [{len(shown) - 2 * half} characters] ... " if len(shown) > ASK_SHOW_CHARS else None
+        lines = [f"{shown[:half]}{cut}{shown[-half:]}" if cut else shown]
+    shown, budget = [], MESSAGE_CHARS - 1_000
+    for i, line in enumerate(lines):
+        if (budget := budget - len(line) - 8) < 0:
+            shown.append(f"[... {len(lines) - i} more line(s) not shown: say no unless you are sure]")
+            break
+        shown.append(line)
+    body = "\n".join("    | " + line for line in shown)
+    return f"wants to run {name} (permission needed: {reason}):\n{body}\n"
 
 
 def ask_plan_approval(plan):
@@ -8435,20 +8460,27 @@ def teammate_news(r):
 
 def lead_news(r):
     """The lead's program answers a permission_request itself, at its terminal (the
-    user is here, the teammate is not); the rest is for the lead's model."""
+    user is here, the teammate is not); the rest is for the lead's model. A request
+    that has expired meanwhile is not asked about."""
     if r["type"] != "permission_request":
         return r, None
-    say(printable(f"[{r['from']} needs the user's permission (request {r['request_id']})]"))
+    request = read_request(requests_dir(), r["request_id"])
+    if not request or request["state"] != "pending" or request["from"] != r["from"]:
+        say(f"[{r['from']}'s question {r['request_id']} is no longer waiting; not asked]")
+        return None
+    say(f"[{r['from']} needs the user's permission (request {r['request_id']})]")
+    *call, question = r["content"].rstrip("\n").split("\n") or [""]
+    show_news(r["from"], "\n".join(call)) if call else None
     try:
-        answer = ask_human(printable(f"[{r['from']}] {r['content']}"))
+        answer = ask_human(printable(f"[{r['from']}] {question}"))
     except KeyboardInterrupt:  # Ctrl+C at the question: no
         answer = ""
     word = answer.strip()
-    with contextlib.suppress(ToolError):
+    try:
         post(r["from"], "permission_response", word or "no", request_id=r["request_id"],
              approve=word.lower() in ("y", "yes", "a", "always"))
-        return None
-    say(f"[{r['from']} stopped waiting for that answer (request {r['request_id']}): it took it as no]")
+    except ToolError as e:
+        say(printable(f"[the answer did not reach {r['from']}: {e} It took the question as a no.]"))
     return None
 
 
@@ -8969,6 +9001,13 @@ def notice_dead(state):
         say(f"[{name}'s process has ended{back}]")
 
 
+def show_news(who, text):
+    """A teammate's words at the lead's terminal, every line marked with its name, so
+    none can pass for the program's own ("[... back on the board]", "Allow bash?")."""
+    text = text if len(text) <= NEWS_SHOWN else f"{text[:NEWS_SHOWN]} [... {len(text) - NEWS_SHOWN} more characters]"
+    say("\n".join(f"  {who}| {printable(line)}" for line in text.split("\n")))
+
+
 def team_turn():
     """The lead's REPL, idle: the team's news shown at once and kept for the next model
     call. The text of a turn when a plan waits for the lead's verdict, else None."""
@@ -8983,8 +9022,8 @@ def team_turn():
     except ToolError as e:
         say(f"[inbox: {e}]")
         return None
-    for text in news_texts(news):
-        say(printable(text if len(text) <= NEWS_SHOWN else text[:NEWS_SHOWN] + " [...]"))
+    for r, _ in news:
+        show_news(r["from"], teammate_block(r))
     keep_bounded(team.setdefault("shown", []), news_texts(news))
     if any(r["type"] == "plan_approval_request" for r, _ in news):
         return ("A teammate's plan waits for your verdict: answer it with send_message "

@@ -28,6 +28,11 @@ DEFAULTS = [
     ("KEEP_BASH_CHARS", 5_000_000, "s06"), ("WORKING_BUDGET", 50_000, "s06"),
     ("KEEP_RESULTS", 3, "s06"), ("CLEAR_MIN_SHARE", 0.2, "s06"), ("CACHE_TTL", 300, "s06"),
     ("MAX_CONTINUATIONS", 3, "s06"), ("MAX_RETRIES", 4, "s06"),
+    ("MAX_TEAMMATES", 10, "s11"), ("MESSAGE_CHARS", 8_000, "s11"), ("INBOX_BYTES", 100_000, "s11"),
+    ("IDLE_POLL", 1.0, "s11"), ("IDLE_TIMEOUT", 600, "s11"), ("SHUTDOWN_GRACE", 10, "s11"),
+    ("KILL_WAIT", 3, "s11"), ("PERMISSION_WAIT", 300, "s11"), ("LOG_BYTES", 1_000_000, "s11"),
+    ("LOCK_WAIT", 10, "s11"), ("NEWS_KEPT", 200_000, "s11"), ("FAILED_PAUSE", 60, "s11"),
+    ("JOIN_WAIT", 30, "s11"),
 ]
 PINS = [(name, value, chapter) for name, value, first in DEFAULTS for chapter in chapters_from(first)]
 

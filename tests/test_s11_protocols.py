@@ -287,11 +287,13 @@ def test_a_teammates_question_is_asked_at_the_leads_terminal_and_answered_back(c
     assert mod.team_news() == []                                     # answered by the program, not the model
     asking.join(10)
     assert asking.box["result"] is None                              # None: allowed
-    assert len(asked) == 1 and asked[0].startswith("[alice] wants to run write_file")
-    assert '"path": "notes.txt"' in asked[0] and "Allow write_file?" in asked[0]
+    assert len(asked) == 1 and asked[0].startswith("[alice] Allow write_file? [y]es")
     rid = next(iter(requests(workspace)))
     assert requests(workspace)[rid]["state"] == "approved"
-    assert "alice needs the user's permission" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "alice needs the user's permission" in err
+    assert "  alice| wants to run write_file" in err and "  alice|     | notes.txt: 2 bytes" in err
+    assert "  alice|     | hi" in err                                # the call, each line marked
 
 
 def test_a_no_with_advice_reaches_the_teammate_as_the_users_words(crew, workspace, monkeypatch):
@@ -315,9 +317,13 @@ def test_no_answer_in_time_is_a_no_and_a_late_answer_is_refused(crew, workspace,
     assert "no answer came from the lead's terminal within 0.3 s" in denial
     assert next(iter(requests(workspace).values()))["state"] == "expired"
     monkeypatch.setattr(mod, "ask_human", lambda q: "y")
-    mod.team_news()                                                  # the user answers, too late
-    assert "stopped waiting" in capsys.readouterr().err
+    mod.team_news()                                                  # the lead looks, too late
+    assert "is no longer waiting; not asked" in capsys.readouterr().err
     assert inbox(workspace, "alice") == []                           # no answer went out
+    with mod.acting_as(alice):                                       # an answer after all is refused
+        rid = next(iter(requests(workspace)))
+    assert "is expired already" in refused(mod, mod.post, "alice", "permission_response", "y",
+                                           request_id=rid, approve=True)
 
 
 def test_messages_that_come_while_a_teammate_waits_are_kept_for_its_next_call(crew, workspace, monkeypatch):
@@ -467,8 +473,8 @@ def test_a_plan_is_approved_and_a_permission_answered_through_the_lead(mod, api,
         tell(lead, "start alice")
         wait_until(lambda: "Allow spawn_teammate?" in err.text, "the lead's question about spawning", err)
         tell(lead, "y")
-        wait_until(lambda: "[alice] wants to run write_file" in err.text, "alice's question at the lead", err)
-        assert "Allow write_file?" in err.text.split("[alice] wants to run write_file")[1]
+        wait_until(lambda: "[alice] Allow write_file?" in err.text, "alice's question at the lead", err)
+        assert "alice|     | planned, approved, written" in err.text.split("alice| wants to run write_file")[1]
         tell(lead, "y")
         wait_until(lambda: not any(scripts.values()), "the team to finish", err)
         wait_until(lambda: "notes.txt written" in err.text, "alice's news, shown at the idle prompt", err)
