@@ -511,11 +511,13 @@ def test_a_claimer_killed_mid_task_has_its_task_released_and_claimed_by_another(
     signals = tmp_path / "signals"
     signals.mkdir()
     alice = drive(mod, workspace, signals, "work", ["alice"], wait=False)
-    wait_for((signals / "claimed-alice").exists, alice, "alice's claim")
-    assert (signals / "claimed-alice").read_text() == "1"
-    procs = {"alice": (alice.pid, *mod.process_identity(alice.pid))}  # as its starter records it
-    assert mod.release_dead(procs) == []                             # alive: its task stays its own
-    os.kill(alice.pid, signal.SIGKILL)
+    try:
+        wait_for((signals / "claimed-alice").exists, alice, "alice's claim")
+        assert (signals / "claimed-alice").read_text() == "1"
+        procs = {"alice": (alice.pid, *mod.process_identity(alice.pid))}  # as its starter records it
+        assert mod.release_dead(procs) == []                         # alive: its task stays its own
+    finally:                                                         # never left sleeping after a failure
+        os.kill(alice.pid, signal.SIGKILL)
     wait_for(lambda: mod.process_identity(alice.pid) is None, None, "alice to die")
     assert mod.release_dead(procs) == ["1"]                          # killed, not reaped yet: released
     alice.wait()
