@@ -1,41 +1,62 @@
-"""s12 demo: a subagent in a git worktree of its own edits code while the main workspace stays untouched.
+"""s12 demo: a subagent in a git worktree of its own edits code while the main workspace
+stays untouched, and a tool from an MCP server the project configures.
 
 The workspace is a git repository with one commit: csv_tools.py, whose split_row
-keeps the spaces around each field. Watch stderr, and .agent/worktrees/ with --keep:
-  1. The model hands the fix to a subagent with isolation "worktree". The
+keeps the spaces around each field, and a .mcp.json (Claude Code's format) that
+runs the bundled tiny MCP server words_server.py over stdio. Watch stderr, and
+.agent/worktrees/ and .agent/mcp/ with --keep:
+  1. At start-up .mcp.json is a project file, so it is asked about first: the
+     question shows the server's command line. The piped y trusts it; the server
+     connects (the initialize handshake, tools/list) and its three tools are
+     registered as mcp__words__<tool>. Its stderr goes to .agent/mcp/words.log.
+  2. The model hands the fix to a subagent with isolation "worktree". The
      manager runs `git worktree add -b agent/agent-<8 hex>` into
      .agent/worktrees/agent-<8 hex>, from the last commit, and sets it up
      (here: the git-ignored .env, which .worktreeinclude selects, is copied).
-  2. The child's workdir is that folder; the process never changes directory.
+  3. The child's workdir is that folder; the process never changes directory.
      Its task begins with a <worktree> block: where it is, and that the paths it
      was given point into the main checkout and must be read again there.
-  3. The child reads csv_tools.py in its lane, fixes it and adds a test. Its
+  4. The child reads csv_tools.py in its lane, fixes it and adds a test. Its
      edits land in the lane only: the main workspace's file is unchanged.
-  4. When it ends, the manager (not the child) commits its work on its branch,
+  5. When it ends, the manager (not the child) commits its work on its branch,
      with no git hooks and without .agent/, and the parent's tool result gets
      the branch name and a diffstat. The lane stays for review, because its
      branch has a commit no other branch has.
-  5. The parent answers with the branch to review and merge; every step is in
-     .agent/worktrees/events.jsonl.
+  6. The parent drafts a release note and counts its words with
+     mcp__words__word_count. An MCP tool asks by default (the server's
+     readOnlyHint only lets such calls run in parallel), so the second piped y
+     allows it; the call goes to the server as tools/call and its text comes
+     back as the tool result.
+  7. The parent answers with the branch to review and the note; every worktree
+     step is in .agent/worktrees/events.jsonl.
 """
 import json
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from fake_api import reply, text, tool
 
 PROMPT = ("split_row in csv_tools.py keeps the spaces around fields. Have a subagent fix it in "
-          "a worktree of its own, with a test, so this checkout stays as it is until I review.")
+          "a worktree of its own, with a test, so this checkout stays as it is until I review. "
+          "Then give me a release note under 20 words; count them with the words server.")
 ENV = {"AGENT_PERMISSION_MODE": "acceptEdits",   # the child's edits need no question
        "AGENT_AUTO_MEMORY": "0"}                 # no memory side calls (s09 shows those)
+INPUT = "y\ny\n"  # the human: trust .mcp.json at start-up, then allow the one MCP tool call
 FAKED = ("The git identity: the scratch HOME has no ~/.gitconfig, so the workspace's first "
          "commit is made with a fixed test name, and the manager's commit uses its own "
-         "(agent worktree manager).")
+         "(agent worktree manager). The MCP server is real but tiny: tests/mcp_tiny_server.py, "
+         "standard library only, copied into the workspace as words_server.py.")
 
 CODE = 'def split_row(line):\n    """The fields of one CSV line."""\n    return line.split(",")\n'
 FIXED = 'return [field.strip() for field in line.split(",")]'
 TEST = ('from csv_tools import split_row\n\n'
         'assert split_row("a, b ,c") == ["a", "b", "c"]\nprint("ok")\n')
 IDENTITY = ["-c", "user.name=demo", "-c", "user.email=demo@example.com"]
+NOTE = "csv_tools: split_row now strips the spaces around each field; a test checks it."
+PYTHON = "python3" if shutil.which("python3") else sys.executable  # the server needs only the stdlib
+MCP_JSON = {"mcpServers": {"words": {"type": "stdio", "command": PYTHON, "args": ["words_server.py"]}}}
 
 
 def git(workspace, *args):
@@ -45,8 +66,11 @@ def git(workspace, *args):
 
 def SETUP(workspace):
     """a git repository on main with one commit (csv_tools.py, a .gitignore of .agent/
-    and .env, and a .worktreeinclude naming .env), plus the git-ignored .env."""
+    and .env, a .worktreeinclude naming .env, and a .mcp.json that runs words_server.py,
+    the bundled tiny MCP server), plus the git-ignored .env."""
     (workspace / "csv_tools.py").write_text(CODE)
+    shutil.copy(Path(__file__).resolve().parent.parent / "mcp_tiny_server.py", workspace / "words_server.py")
+    (workspace / ".mcp.json").write_text(json.dumps(MCP_JSON, indent=2) + "\n")
     (workspace / ".gitignore").write_text(".agent/\n.env\n")
     (workspace / ".worktreeinclude").write_text(".env\n")
     (workspace / ".env").write_text("CSV_DIALECT=excel\n")
@@ -81,14 +105,37 @@ def child_fixes(body):
 
 
 def parent_reviews(body):
-    """The parent's tool result: the child's report, its branch and the diffstat."""
+    """The parent's tool result: the child's report, its branch and the diffstat. Then
+    the note's words, counted by the MCP server's tool."""
     report = results(body)[0] if results(body) else ""
     if "[worktree agent-" not in report or "2 files changed" not in report:
         return reply(f"(demo: expected the branch and a diffstat, got {report[-400:]!r})")
-    branch = report.split("branch ", 1)[1].split()[0]
+    if not any(t["name"] == "mcp__words__word_count" for t in body.get("tools", [])):
+        return reply("(demo: expected the words server's tools in the request)")
+    return reply(text("The fix is on its branch. Now the note, counted by the words server."),
+                 tool("mcp__words__word_count", {"text": NOTE}))
+
+
+def branch_of(body):
+    """The lane's branch, from the agent call's result earlier in the conversation."""
+    for message in body["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else []:
+            if block.get("type") == "tool_result" and "branch agent/" in str(block.get("content")):
+                return str(block["content"]).split("branch ", 1)[1].split()[0]
+    return "(no branch)"
+
+
+def parent_answers(body):
+    """The count from the server reaches the model as the tool result."""
+    counted = results(body)[0] if results(body) else ""
+    words = len(NOTE.split())
+    if counted != f"{words} words":
+        return reply(f"(demo: expected the server's count, '{words} words', got {counted!r})")
+    branch = branch_of(body)
     return reply(f"The fix is on branch {branch} (csv_tools.py and a new test_csv_tools.py); this "
                  f"checkout is unchanged. Review it with `git diff main {branch}` and merge with "
-                 f"`git merge {branch}`; then the worktree can be removed.")
+                 f"`git merge {branch}`; then the worktree can be removed.\n\n"
+                 f"Release note ({counted}): {NOTE}")
 
 
 STEPS = [
@@ -101,6 +148,7 @@ STEPS = [
     child_fixes,
     reply("Scope: split_row now strips each field; test_csv_tools.py checks it."),
     parent_reviews,
+    parent_answers,
 ]
 
 
@@ -114,7 +162,8 @@ def CHECK(workspace, stdout):
     clean); one lane, .agent/worktrees/agent-<hex>, whose branch has one commit holding
     exactly csv_tools.py (fixed) and test_csv_tools.py, and nothing left uncommitted
     in it; the lane got the ignored .env; the event log has create, made_for, enter,
-    commit and leave; the answer names the branch."""
+    commit and leave; the answer names the branch and the word count the MCP server gave;
+    the server's stderr is in .agent/mcp/words.log."""
     assert (workspace / "csv_tools.py").read_text() == CODE, "the main checkout's file changed"
     assert not (workspace / "test_csv_tools.py").exists(), "the test landed in the main checkout"
     assert git(workspace, "status", "--porcelain") == "", "the main checkout is not clean"
@@ -126,6 +175,9 @@ def CHECK(workspace, stdout):
     assert FIXED in git(workspace, "show", f"{branch}:csv_tools.py"), "the fix is not on the branch"
     assert git(lane, "status", "--porcelain") == "", "work left uncommitted in the lane"
     assert (lane / ".env").read_text() == "CSV_DIALECT=excel\n", ".worktreeinclude's .env not copied"
+    assert f"Release note ({len(NOTE.split())} words)" in stdout, "the server's count is not in the answer"
+    assert "tiny: started" in (workspace / ".agent" / "mcp" / "words.log").read_text(), \
+        "the server's stderr is not in .agent/mcp/words.log"
     log = [json.loads(line)["event"] for line in
            (workspace / ".agent" / "worktrees" / "events.jsonl").read_text().splitlines()]
     assert log == ["create", "made_for", "enter", "commit", "leave"], f"events: {log}"
