@@ -111,17 +111,23 @@ def test_a_failed_turn_gives_its_task_back_and_claims_nothing_for_a_while(crew, 
     for n in range(5):
         mod.task_create(f"task {n}")
     alice = member(mod, workspace, "alice")
-    turns = []
+    turns, claims, claim_next = [], [], mod.claim_next
 
     def failing(client, history, **settings):
-        turns.append(1)
+        turns.append(time.monotonic())
         if len(turns) == 2:                                          # then the lead asks it to stop
             with mod.acting_as(lead):
                 mod.post("alice", "shutdown_request", "stop")
         return "api_error"
+
+    def claiming(*args, **kwargs):
+        claims.append(time.monotonic())
+        return claim_next(*args, **kwargs)
     lead = mod.agent_state()
     monkeypatch.setattr(mod, "IDLE_POLL", 0.01)
+    monkeypatch.setattr(mod, "FAILED_PAUSE", 0.5)                    # the pause, shortened
     monkeypatch.setattr(mod, "agent_loop", failing)
+    monkeypatch.setattr(mod, "claim_next", claiming)
     with mod.acting_as(alice):
         with mod.acting_as(lead):
             mod.post("alice", "message", "look at the board")
@@ -129,6 +135,7 @@ def test_a_failed_turn_gives_its_task_back_and_claims_nothing_for_a_while(crew, 
     assert [t["owner"] for t in board(workspace).values()] == [""] * 5   # nothing hoarded
     assert any("ended early (api_error)" in r["content"] for r in inbox(workspace, "lead"))
     assert len(turns) == 2
+    assert claims and claims[0] >= turns[0] + 0.5, "a task was claimed during the pause"
 
 
 def test_news_kept_while_the_lead_idles_is_bounded(crew, workspace, monkeypatch, capsys):
