@@ -1182,6 +1182,7 @@ def split_frontmatter(text):
 def parse_agent_file(path):
     """One .agent/agents/*.md file -> an agent spec; ValueError says what is wrong."""
     meta, body = split_frontmatter(path.read_text(encoding="utf-8"))
+    meta = claude_agent_meta(path, meta)  # full: a .claude/agents file in our fields (full.3)
     meta = {FIELD_ALIASES.get(k, k): v for k, v in meta.items()}
     # Strict on purpose: a misspelt disallowed_tools would hand the agent the very
     # tools it was meant to lose, so an unknown field rejects the whole file.
@@ -1208,7 +1209,8 @@ def parse_agent_file(path):
 
 def agent_dirs():
     """User level first, project last: a later definition of the same name wins."""
-    return [Path.home() / ".agent" / "agents", agent_state().workdir / ".agent" / "agents"]
+    return [claude_dir("agents", "user"), Path.home() / ".agent" / "agents",  # full: ~/.claude/agents,
+            claude_dir("agents", "project"), agent_state().workdir / ".agent" / "agents"]  # full: .claude/agents
 
 
 def load_agents():
@@ -1458,7 +1460,9 @@ COMMANDS = {}               # name -> command dict, filled by command()
 def skill_dirs():
     """Where skills live, lowest precedence first: a later source wins a name."""
     return [("built-in", Path(__file__).parent / "skills"),
+            ("user", claude_dir("skills", "user")),  # full: ~/.claude/skills (full.3)
             ("user", Path.home() / ".agent" / "skills"),
+            ("project", claude_dir("skills", "project")),  # full: .claude/skills; ours win a name
             ("project", agent_state().workdir / ".agent" / "skills")]
 
 
@@ -3208,6 +3212,8 @@ def check_config(path, data):
 
 def read_config(path):
     """One config file as a dict ({} when there is none); ConfigError when broken."""
+    if path.suffix == ".json":  # full: a Claude Code settings file, in our shape (full.3)
+        return read_settings(path)  # full
     try:
         text = path.read_text(encoding="utf-8") if path.is_file() else ""
         data = yaml.safe_load(text) or {}
@@ -3277,7 +3283,7 @@ def load_permissions(workdir, trust_all=False):
     settings["auto_memory"] = True  # s09: any file may turn it off
     settings["trust_all"] = trust_all  # s10: --trust-workspace answers for schedules.json too
     settings["mcp_servers"] = []  # s12: (scope, file, servers) of the files that may start servers
-    for scope, path in config_files(workdir).items():
+    for scope, path in settings_files(workdir):  # full: Claude Code's settings files too (full.3)
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
@@ -3430,6 +3436,7 @@ MAX_DENIALS = 3             # denials in a row before the model is told to stop 
 # what git runs later, and no task needs a file tool inside .git.
 PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
                   ".claude/skills", ".claude/agents",
+                  ".claude/hooks",  # full: where Claude Code projects keep the scripts their hooks run
                   ".agent/team",  # s11: messages, requests and the roster: only the program writes them
                   ".agent/worktrees")  # s12: lanes, their locks and log: work in a lane by entering it
 PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
@@ -3451,6 +3458,8 @@ def protected(path, workdir):
     home = (Path.home() / ".agent").resolve()
     if path.is_relative_to(home) and path.relative_to(home).parts[:1] not in [(p,) for p in HOME_WRITABLE]:
         return "the agent's own user config, skills and agents"
+    if path.is_relative_to((Path.home() / ".claude").resolve()):  # full: read as the user's own (full.3)
+        return "the user's Claude Code settings, skills and agents"  # full
     if path.is_relative_to(Path(__file__).resolve().parent / "skills"):
         return "the built-in skills"
     if path.is_relative_to(workdir):  # casefold: on macOS .Agent/config.yaml is the same file
@@ -3586,6 +3595,7 @@ SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
+    ".claude/hooks",  # full: the scripts a Claude Code project's hooks run
     ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
@@ -4277,6 +4287,8 @@ def check_hooks(path, hooks):
 
 def read_hooks(path, data, scope, trusted):
     """The hooks of one config file, in order, each knowing its file and trust."""
+    if isinstance(data.get("hooks"), dict):  # full: Claude Code's shape (full.3)
+        return claude_hooks(path, data["hooks"], scope, trusted)  # full
     return [parse_hook(item, f"hooks[{i}]") | {"name": f"{scope}#{i + 1}", "scope": scope,
                                                "file": str(path), "trusted": trusted}
             for i, item in enumerate(data.get("hooks") or [])]
@@ -4297,6 +4309,8 @@ def describe_hook(hook):
 
 def hooks_question(data):
     """What a file's hooks would run, for s07's trust question."""
+    if isinstance(data.get("hooks"), dict):  # full: Claude Code's shape (full.3)
+        return claude_hooks_question(data)  # full
     hooks = data.get("hooks") or []
     lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
     return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
@@ -4334,6 +4348,8 @@ def tool_path(raw, state):
 
 
 def hook_applies(hook, payload, state):
+    if hook.get("claude"):  # full: its matcher and if, on Claude Code's names (full.3)
+        return claude_applies(hook, payload, state)  # full
     if hook["cond"] is None:
         return True
     joiner, clauses = hook["cond"]
@@ -4692,7 +4708,8 @@ def run_hook(hook, payload, state):
     if hook["action"]["type"] != "prompt":
         write_transcript(state)
     try:
-        v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state), state)
+        v = ACTIONS[hook["action"]["type"]](hook, claude_payload(hook, payload), hook_env(payload, state), state)  # full: Claude Code's names on stdin
+        v = claude_verdict(hook, v, payload)  # full: its updatedInput in our keys (full.3)
     except Exception as e:  # HookFailed, or a bug in a hook we must survive
         log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
         warn_once(f"[hook {hook['name']} ({payload['event']}) failed and was skipped: "
@@ -4991,7 +5008,7 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 # the environment at start), so the prompt cache keeps hitting; instructions and
 # memory go into the messages, as <system-reminder> blocks at the start of the
 # conversation: they can be long, they change, and there compaction can handle them.
-INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
+INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md", ".claude/CLAUDE.md")  # per folder: the first found; full: .claude/CLAUDE.md
 INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
@@ -10983,6 +11000,345 @@ register("tool_search", (
     "do not call a deferred tool before loading it."),
     params(["query"], query=("string", "Words to search for, or select:<name>[,<name>...].")),
     tool_search, read_only=True)
+
+
+# --- full: the front end ---
+# --- full.3: Claude Code project compatibility ---
+# A repository set up for Claude Code works as it is. Its files are read beside
+# ours, through the same code and the same trust gate (s07): the settings files
+# ~/.claude/settings.json (user), .claude/settings.json (project) and
+# .claude/settings.local.json (local) next to the YAML files of each scope; skills
+# from ~/.claude/skills and .claude/skills, agent types from ~/.claude/agents and
+# .claude/agents (ours win a name); CLAUDE.md or .claude/CLAUDE.md (s09), .mcp.json
+# (s12). A settings file is translated into s07's shape once, when it is read:
+#     {"permissions": {"allow": ["Bash(npm run test:*)"], "deny": ["Read(./.env)"],
+#                      "additionalDirectories": ["../docs"], "defaultMode": "acceptEdits"},
+#      "hooks": {"PreToolUse": [{"matcher": "Bash",
+#                                "hooks": [{"type": "command", "command": "./check.sh"}]}]}}
+# Rules keep Claude Code's text and s07's engine reads them (Bash(x:*) is a prefix at a
+# word boundary, /path is the project's, //path absolute, ~/path the home's); Edit(...)
+# covers Write too, as in Claude Code. A hook keeps its Claude Code shape to the
+# end: it fires on our event, but its matcher and if are tested on Claude Code's
+# tool names, its stdin is Claude Code's (tool_name "Bash", tool_input.file_path,
+# a timeout in ms), and an updatedInput it returns is turned back into ours.
+CLAUDE_DIR = ".claude"       # Claude Code's folder, in the workspace and in the home directory
+SETTINGS_BYTES = 1_000_000   # a bigger settings.json is refused (a clone may ship any file)
+CLAUDE_HOOK_TIMEOUT = 600    # seconds, a command hook's default in Claude Code (ours: HOOK_TIMEOUT)
+CLAUDE_TOOLS = {             # Claude Code's tool names -> ours; for one of ours the first is shown
+    "Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
+    "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Agent": "agent", "Task": "agent",
+    "TodoWrite": "todo_write", "Skill": "load_skill", "ExitPlanMode": "exit_plan_mode",
+    "TaskCreate": "task_create", "TaskUpdate": "task_update", "TaskGet": "task_get",
+    "TaskList": "task_list", "CronCreate": "schedule_create", "CronList": "schedule_list",
+    "CronDelete": "schedule_delete", "ToolSearch": "tool_search"}
+CLAUDE_NAMES = {}            # ours -> Claude Code's names, the current one first
+for _claude, _ours in CLAUDE_TOOLS.items():
+    CLAUDE_NAMES.setdefault(_ours, []).append(_claude)
+CLAUDE_KEYS = {              # input keys Claude Code spells differently: ours -> its
+    "read_file": {"path": "file_path"}, "write_file": {"path": "file_path"},
+    "edit_file": {"path": "file_path"}, "grep": {"ignore_case": "-i"},
+    "agent": {"agent_type": "subagent_type"}, "load_skill": {"name": "skill", "arguments": "args"},
+    "todo_write": {"items": "todos"}, "task_get": {"id": "taskId"},
+    "task_update": {"id": "taskId", "add_blocked_by": "addBlockedBy", "add_blocks": "addBlocks"}}
+RULE_ALSO = {"Edit": ["Write"]}  # Claude Code: Edit rules apply to every tool that edits files
+CLAUDE_EVENTS = {v: k for k, v in HOOK_EVENTS.items()} | {
+    "Notification": "permission_request",  # its permission_prompt: the question, async, told only
+    "StopFailure": "error"}                # the turn ended by an API error
+TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest")
+MATCHED_FIELD = {"SessionStart": "source", "SessionEnd": "reason", "PreCompact": "trigger",
+                 "PostCompact": "trigger"}  # what a matcher tests on other events (else: ignored)
+SIMPLE_MATCHER = re.compile(r"[\w|]+")  # Bash, Edit|Write: exact names; anything else is a regex
+CLAUDE_HANDLER_KEYS = {"type", "command", "timeout", "async", "once", "if", "url", "headers",
+                       "allowedEnvVars", "prompt", "model", "statusMessage", "shell", "asyncRewake"}
+CLAUDE_MODES = {"dontAsk", "auto", "delegate"}  # Claude Code's modes with no match here: ignored
+MODEL_ALIASES = ("inherit", "sonnet", "opus", "haiku", "default")  # an agent file's model: the session's
+AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurns", "model", "isolation")
+
+
+def settings_files(workdir):
+    """(scope, path) of every config file, lowest scope first; in each scope Claude
+    Code's settings file comes before ours, so a single value (the mode) is ours
+    where both set it. Rules and hooks add up."""
+    ours = config_files(workdir)
+    claude = {"user": Path.home() / CLAUDE_DIR / "settings.json",
+              "project": workdir / CLAUDE_DIR / "settings.json",
+              "local": workdir / CLAUDE_DIR / "settings.local.json"}
+    return [(scope, path) for scope in CONFIG_SCOPES for path in (claude[scope], ours[scope])]
+
+
+def claude_dir(kind, scope):
+    """~/.claude/<kind> (scope user) or .claude/<kind> in the workspace (skills, agents)."""
+    return (Path.home() if scope == "user" else agent_state().workdir) / CLAUDE_DIR / kind
+
+
+def claude_base(path):
+    """The folder a settings file's relative paths start from: the one holding .claude."""
+    return Path(path).parent.parent
+
+
+def read_settings(path):
+    """A Claude Code settings file in s07's shape ({} when there is none); ConfigError
+    names the file and the key when it cannot be used. Keys this agent has no use
+    for (env, model, statusLine, ...) are left alone."""
+    try:
+        if path.is_file() and path.stat().st_size > SETTINGS_BYTES:
+            raise ValueError(f"it is over {SETTINGS_BYTES:,} bytes")
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot be read as JSON: {' '.join(str(e).split())[:200]}")
+    if not isinstance(data, dict) or not isinstance(data.get("permissions") or {}, dict) \
+            or not isinstance(data.get("sandbox") or {}, dict):
+        raise ConfigError(f"{path}: the file, its permissions and its sandbox must be JSON objects")
+    out = {"permissions": settings_permissions(path, data.get("permissions") or {}),
+           "sandbox": {ours: data["sandbox"][k] for k, ours in (("enabled", "enabled"),
+                       ("autoAllowBashIfSandboxed", "auto_allow_bash")) if k in (data.get("sandbox") or {})}}
+    out = {k: v for k, v in out.items() if v}
+    check_config(path, out)  # s07's checks: every rule readable, the mode, the sandbox's values
+    hooks = settings_hooks(path, data.get("hooks"))
+    return out | ({"hooks": hooks} if hooks else {})
+
+
+def settings_permissions(path, perms):
+    """Claude Code's permissions as s07's: its rules (a tool this agent lacks left out,
+    with one line), its directories from the project folder, a mode we have."""
+    out, dropped = {}, []
+    for effect in RULE_EFFECTS:
+        items = perms.get(effect) or []
+        if not isinstance(items, list):
+            raise ConfigError(f"{path}: permissions.{effect} must be a list of strings")
+        rules = [claude_rule(t) for t in items]
+        dropped += [t for t, r in zip(items, rules) if not r]
+        out[effect] = [t for r in rules for t in r]
+    dirs = perms.get("additionalDirectories") or []
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        raise ConfigError(f"{path}: permissions.additionalDirectories must be a list of strings")
+    out["additional_directories"] = [str(claude_base(path) / os.path.expanduser(d)) for d in dirs]
+    mode = perms.get("defaultMode")
+    if mode in CLAUDE_MODES:
+        warn_once(f"[{rel(path)}: defaultMode {mode} has no match here; the mode is left as it is]")
+    elif mode is not None:
+        out["default_mode"] = mode  # check_config refuses an unknown one
+    if dropped:
+        warn_once(printable(f"[{rel(path)}: rules for tools this agent does not have are left out: "
+                            f"{', '.join(map(str, dropped[:5]))}{' ...' if len(dropped) > 5 else ''}]"))
+    return {k: v for k, v in out.items() if v}
+
+
+def claude_rule(text):
+    """One rule of a settings file as s07 rule texts: Claude Code's names stay (parse_rule
+    knows most), the others become ours; [] for a Claude Code tool this agent lacks."""
+    m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None or not m[1][:1].isupper():  # not a rule (parse_rule says why), or ours, or mcp__...
+        return [text]
+    if m[1] not in CLAUDE_TOOLS:  # WebFetch, WebSearch, NotebookEdit, LS, ...
+        return []
+    tail = text.strip()[len(m[1]):]
+    return [(name if name in TOOL_ALIASES else CLAUDE_TOOLS[name]) + tail
+            for name in [m[1], *RULE_ALSO.get(m[1], [])]]
+
+
+def settings_hooks(path, hooks):
+    """Claude Code's hooks, checked: {Event: [{matcher, hooks: [...]}]}, only the events
+    this agent has (the others named once); ConfigError for a shape it cannot read."""
+    if hooks is None:
+        return {}
+    if not isinstance(hooks, dict):
+        raise ConfigError(f"{path}: hooks must be an object of event: [{{matcher, hooks}}]")
+    if unknown := [e for e in hooks if e not in CLAUDE_EVENTS]:
+        warn_once(printable(f"[{rel(path)}: hooks for {', '.join(map(str, unknown))} are not run: "
+                            f"this agent has no such event]"))
+    kept = {e: groups for e, groups in hooks.items() if e in CLAUDE_EVENTS and groups}
+    claude_hooks(path, kept, "check", False)  # raises on the first problem
+    return kept
+
+
+def claude_hooks(path, hooks, scope, trusted):
+    """read_hooks for a settings file: one s08 hook per handler, each knowing its
+    Claude Code event, matcher and if. ConfigError names the file and the entry."""
+    found = []
+    for event, groups in hooks.items():
+        if not isinstance(groups, list):
+            raise ConfigError(f"{path}: hooks.{event} must be a list of {{matcher, hooks}}")
+        for i, group in enumerate(groups):
+            where = f"hooks.{event}[{i}]"
+            if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
+                raise ConfigError(f"{path}: {where} must be an object with a hooks list")
+            matcher = matcher_check(path, where, group.get("matcher"))
+            for j, handler in enumerate(group["hooks"]):
+                hook = claude_handler(path, f"{where}.hooks[{j}]", event, matcher, handler)
+                found.append(hook | {"name": f"{scope}#{event}.{len(found) + 1}", "scope": scope,
+                                     "file": str(path), "trusted": trusted})
+    return found
+
+
+def matcher_check(path, where, matcher):
+    """A group's matcher as written (None: every call); a regex that does not compile is refused."""
+    if matcher in (None, "", "*"):
+        return None
+    if not isinstance(matcher, str):
+        raise ConfigError(f"{path}: {where}.matcher must be a string such as \"Edit|Write\"")
+    if not SIMPLE_MATCHER.fullmatch(matcher):
+        try:
+            re.compile(matcher)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise ConfigError(f"{path}: {where}.matcher is not a regular expression: {e}")
+    return matcher
+
+
+def claude_handler(path, where, event, matcher, handler):
+    """One handler {type, command | url | prompt, timeout, async, once, if} as s08's hook dict."""
+    if not isinstance(handler, dict) or handler.get("type") not in ("command", "http", "prompt", "agent"):
+        raise ConfigError(f"{path}: {where}.type must be command, http, prompt or agent")
+    if unknown := sorted(set(map(str, handler)) - CLAUDE_HANDLER_KEYS):
+        raise ConfigError(f"{path}: {where}.{unknown[0]} is not a field of a hook here")
+    kind = handler["type"]
+    action = ({"type": "command", "command": handler.get("command")} if kind == "command" else
+              {"type": "http", "url": handler.get("url"), "headers": handler.get("headers") or {},
+               "allowed_env_vars": handler.get("allowedEnvVars") or []} if kind == "http" else
+              {"type": "agent", "prompt": str(handler.get("prompt") or "").replace("$ARGUMENTS", "the event below")})
+    if problem := check_action(action, where):
+        raise ConfigError(f"{path}: {problem}")
+    timeout = handler.get("timeout", CLAUDE_HOOK_TIMEOUT if kind == "command" else HOOK_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= HOOK_MAX_TIMEOUT:
+        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at most {HOOK_MAX_TIMEOUT}")
+    if not all(isinstance(handler.get(k, False), bool) for k in ("async", "once")):
+        raise ConfigError(f"{path}: {where}: async and once must be true or false")
+    rules = handler_rules(path, where, handler.get("if"))
+    shown = ", ".join([event] + ([f"matcher {matcher}"] if matcher else []) +
+                      ([f"if {handler['if']}"] if rules else []))
+    return {"event": CLAUDE_EVENTS[event], "if": shown, "cond": None, "action": action, "reject": False,
+            "once": handler.get("once", False), "timeout": timeout,
+            "async": handler.get("async", False) or event == "Notification",  # told, never asked
+            "claude": {"event": event, "matcher": matcher, "rules": rules}}
+
+
+def handler_rules(path, where, text):
+    """A handler's if (a permission rule such as Bash(git *)) as s07 rules; [] for none."""
+    if text is None:
+        return []
+    try:  # a tool this agent lacks: a rule no call matches, so the hook never runs
+        return [parse_rule(t) for t in claude_rule(text)] or [{"tool": "(none)", "pattern": None}]
+    except ValueError as e:
+        raise ConfigError(f"{path}: {where}.if: {e}")
+
+
+def claude_hooks_question(data):
+    """hooks_question for a settings file: what each handler would run, and on what."""
+    hooks = claude_hooks("settings", data["hooks"], "check", False)
+    lines = "".join(f"\n    {describe_hook(h)}" for h in hooks)
+    return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
+
+
+def claude_applies(hook, payload, state):
+    """hook_applies for a Claude Code hook: its matcher on Claude Code's tool names (or
+    on the event's source, reason or trigger), then its if, a rule on the call."""
+    c, name = hook["claude"], payload.get("tool_name")
+    if c["event"] in TOOL_EVENTS:
+        values = CLAUDE_NAMES.get(name, [name])
+    elif c["event"] == "Notification":
+        values = ["permission_prompt"]
+    else:
+        values = [str(payload.get(MATCHED_FIELD.get(c["event"], ""), ""))] if c["event"] in MATCHED_FIELD else None
+    if c["matcher"] is not None and values is not None and not any(matcher_hits(c["matcher"], v) for v in values):
+        return False
+    if not c["rules"] or c["event"] not in TOOL_EVENTS:
+        return True
+    args = payload.get("tool_input") if isinstance(payload.get("tool_input"), dict) else {}
+    deny = [r | {"effect": "deny", "text": "", "file": ""} for r in c["rules"]]  # deny's test: any subcommand
+    return first_rule(deny, "deny", name, args, call_paths(name, args, state.workdir), state.workdir) is not None
+
+
+def matcher_hits(matcher, value):
+    """Claude Code's matcher: names and | only are exact names; anything else a regex search."""
+    if SIMPLE_MATCHER.fullmatch(matcher):
+        return value in matcher.split("|")
+    return re.search(matcher, value) is not None
+
+
+def claude_payload(hook, payload):
+    """What a Claude Code hook reads on stdin: its event and tool names, its input keys
+    (file_path absolute, as it sends them), its result shapes; s08's event name stays."""
+    if not hook.get("claude"):
+        return payload
+    event, name = hook["claude"]["event"], payload.get("tool_name")
+    out = payload | {"hook_event_name": event}
+    if name is not None:
+        out |= {"tool_name": CLAUDE_NAMES.get(name, [name])[0],
+                "tool_input": claude_input(name, payload.get("tool_input"), agent_state())}
+    if "tool_response" in payload:
+        out["tool_response"] = claude_response(name, out.get("tool_input"), payload["tool_response"])
+    if event == "Notification":
+        shown = out.get("tool_name", "a tool")
+        out = {k: v for k, v in out.items() if not k.startswith("tool_") and k != "reason"}
+        out |= {"message": printable(f"The agent needs your permission to use {shown}"),
+                "notification_type": "permission_prompt"}
+    return out
+
+
+def claude_input(name, args, state):
+    """Our tool input in Claude Code's keys: file_path (absolute), a timeout in ms, activeForm."""
+    if not isinstance(args, dict):
+        return args
+    keys = CLAUDE_KEYS.get(name, {})
+    out = {keys.get(k, k): v for k, v in args.items()}
+    if "file_path" in out and (p := tool_path(out["file_path"], state)):
+        out["file_path"] = str(p)
+    if name == "bash" and isinstance(out.get("timeout"), (int, float)):
+        out["timeout"] = int(out["timeout"] * 1000)
+    if name == "todo_write" and isinstance(out.get("todos"), list):
+        out["todos"] = [{("activeForm" if k == "active_form" else k): v for k, v in t.items()}
+                        if isinstance(t, dict) else t for t in out["todos"]]
+    return out
+
+
+def our_input(name, args):
+    """claude_input backwards, for a hook's updatedInput; Bash's description has no place here."""
+    if not isinstance(args, dict):
+        return args
+    keys = {v: k for k, v in CLAUDE_KEYS.get(name, {}).items()}
+    out = {keys.get(k, k): v for k, v in args.items() if not (name in ("bash", "background_run") and k == "description")}
+    if name in ("bash", "background_run") and isinstance(out.get("timeout"), (int, float)):
+        out["timeout"] = max(1, round(out["timeout"] / 1000))
+    if name == "todo_write" and isinstance(out.get("items"), list):
+        out["items"] = [{("active_form" if k == "activeForm" else k): v for k, v in t.items()}
+                        if isinstance(t, dict) else t for t in out["items"]]
+    return out
+
+
+def claude_response(name, args, content):
+    """A result as Claude Code's hooks see it where the shape is known (Bash's output,
+    a file written); the text itself otherwise."""
+    text = blocks_text(content)
+    if name == "bash":
+        return {"stdout": text, "stderr": "", "interrupted": False, "isImage": False}
+    if name in WRITE_TOOLS and isinstance(args, dict):
+        return {"filePath": args.get("file_path", ""), "success": True}
+    return text
+
+
+def claude_verdict(hook, v, payload):
+    """A Claude Code hook's updatedInput in our keys, for s08 to check against the schema."""
+    if hook.get("claude") and v["input"] is not None:
+        v["input"] = our_input(payload.get("tool_name"), v["input"])
+    return v
+
+
+def claude_agent_meta(path, meta):
+    """A .claude/agents file's frontmatter in s04's fields: Claude Code's tool names
+    mapped (a tool this agent lacks left out), its model aliases the session's model,
+    and the fields with no match here (permissionMode, skills, hooks, mcpServers,
+    color, ...) left out: none of them may widen what the agent does."""
+    if path.parent.name != "agents" or path.parent.parent.name != CLAUDE_DIR:
+        return meta
+    out = {k: v for k, v in meta.items() if k in AGENT_FILE_FIELDS}
+    for field in ("tools", "disallowedTools"):
+        names = name_list(out, field)
+        if names is not None:
+            mapped = [CLAUDE_TOOLS.get(n.split("(")[0].strip(), n.split("(")[0].strip()) for n in names]
+            out[field] = [n for n in dict.fromkeys(mapped) if not n[:1].isupper()]
+    if out.get("model") in MODEL_ALIASES:
+        out["model"] = "inherit"
+    return out
 
 
 # --- agent loop ---
