@@ -11047,6 +11047,7 @@ CLAUDE_EVENTS = {v: k for k, v in HOOK_EVENTS.items()} | {
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest")
 MATCHED_FIELD = {"SessionStart": "source", "SessionEnd": "reason", "PreCompact": "trigger",
                  "PostCompact": "trigger"}  # what a matcher tests on other events (else: ignored)
+END_REASONS = {"exit": "prompt_input_exit", "interrupted": "other"}  # s08's session_end reasons, as Claude Code's
 SIMPLE_MATCHER = re.compile(r"[\w|]+")  # Bash, Edit|Write: exact names; anything else is a regex
 CLAUDE_HANDLER_KEYS = {"type", "command", "timeout", "async", "once", "if", "url", "headers",
                        "allowedEnvVars", "prompt", "model", "statusMessage", "shell", "asyncRewake"}
@@ -11196,8 +11197,8 @@ def claude_handler(path, where, event, matcher, handler):
               {"type": "http", "url": handler.get("url"), "headers": handler.get("headers") or {},
                "allowed_env_vars": handler.get("allowedEnvVars") or []} if kind == "http" else
               {"type": "agent", "prompt": str(handler.get("prompt") or "").replace("$ARGUMENTS", "the event below")})
-    if problem := check_action(action, where):
-        raise ConfigError(f"{path}: {problem}")
+    if problem := check_action(action, where):  # s08's check, said in the handler's own keys
+        raise ConfigError(f"{path}: {problem.replace('.action.', '.').replace('.action', '')}")
     timeout = handler.get("timeout", CLAUDE_HOOK_TIMEOUT if kind == "command" else HOOK_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= HOOK_MAX_TIMEOUT:
         raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at most {HOOK_MAX_TIMEOUT}")
@@ -11237,8 +11238,10 @@ def claude_applies(hook, payload, state):
         values = CLAUDE_NAMES.get(name, [name])
     elif c["event"] == "Notification":
         values = ["permission_prompt"]
+    elif c["event"] in MATCHED_FIELD:
+        values = [str(claude_payload(hook, payload).get(MATCHED_FIELD[c["event"]], ""))]
     else:
-        values = [str(payload.get(MATCHED_FIELD.get(c["event"], ""), ""))] if c["event"] in MATCHED_FIELD else None
+        values = None  # UserPromptSubmit, Stop, SubagentStart, ...: the matcher is not used
     if c["matcher"] is not None and values is not None and not any(matcher_hits(c["matcher"], v) for v in values):
         return False
     if not c["rules"] or c["event"] not in TOOL_EVENTS:
@@ -11262,6 +11265,8 @@ def claude_payload(hook, payload):
         return payload
     event, name = hook["claude"]["event"], payload.get("tool_name")
     out = payload | {"hook_event_name": event}
+    if event == "SessionEnd":
+        out["reason"] = END_REASONS.get(payload.get("reason"), payload.get("reason"))
     if name is not None:
         out |= {"tool_name": CLAUDE_NAMES.get(name, [name])[0],
                 "tool_input": claude_input(name, payload.get("tool_input"), agent_state())}

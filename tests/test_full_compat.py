@@ -272,6 +272,10 @@ def test_a_broken_settings_file_stops_the_start_with_one_line(mod, workspace):
         {"hooks": {"PreToolUse": [{"matcher": "Bash(", "hooks": [{"type": "command", "command": "x"}]}]}}))
     with pytest.raises(mod.ConfigError, match=r"hooks.PreToolUse\[0\].matcher is not a regular expression"):
         mod.load_permissions(workspace)
+    (workspace / ".claude" / "settings.json").write_text(json.dumps(
+        {"hooks": {"Stop": [{"hooks": [{"type": "command"}]}]}}))
+    with pytest.raises(mod.ConfigError, match=r"hooks.Stop\[0\].hooks\[0\].command must be a non-empty string"):
+        mod.load_permissions(workspace)
 
 
 @pytest.mark.e2e("full")
@@ -369,6 +373,10 @@ def test_matchers_use_claude_codes_names_old_and_new_and_regexes(mod, workspace)
         {"type": "command", "command": "true"}]}]}, "user", True)[0]
     assert not mod.hook_applies(session, {"source": "startup"}, state)
     assert mod.hook_applies(session, {"source": "resume"}, state)
+    end = mod.claude_hooks(Path("s.json"), {"SessionEnd": [{"matcher": "prompt_input_exit", "hooks": [
+        {"type": "command", "command": "true"}]}]}, "user", True)[0]
+    assert mod.hook_applies(end, {"reason": "exit"}, state)       # s08's exit, in Claude Code's word
+    assert not mod.hook_applies(end, {"reason": "interrupted"}, state)
 
 
 @full
@@ -407,3 +415,20 @@ def test_hooks_for_events_this_agent_lacks_are_named_and_skipped(mod, workspace,
     hooks = mod.load_permissions(workspace, trust_all=True)["hooks"]
     assert [(h["event"], h["claude"]["event"]) for h in hooks] == [("stop", "Stop")]
     assert "hooks for TeammateIdle are not run: this agent has no such event" in capsys.readouterr().err
+
+
+@full
+def test_single_values_from_settings_and_ours_winning_in_a_scope(mod, workspace, capsys):
+    (workspace / ".claude").mkdir()
+    (workspace / ".claude" / "settings.json").write_text(json.dumps({
+        "permissions": {"defaultMode": "plan"}, "sandbox": {"enabled": False, "autoAllowBashIfSandboxed": False}}))
+    settings = mod.load_permissions(workspace, trust_all=True)
+    assert settings["default_mode"] == "plan"
+    assert settings["sandbox"]["enabled"] is False and settings["sandbox"]["auto_allow_bash"] is False
+    (workspace / ".agent").mkdir()
+    (workspace / ".agent" / "config.yaml").write_text("permissions:\n  default_mode: acceptEdits\n")
+    assert mod.load_permissions(workspace, trust_all=True)["default_mode"] == "acceptEdits"   # ours, same scope
+    (workspace / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"defaultMode": "dontAsk"}}))
+    (workspace / ".agent" / "config.yaml").unlink()
+    assert mod.load_permissions(workspace, trust_all=True)["default_mode"] is None
+    assert "defaultMode dontAsk has no match here" in capsys.readouterr().err
