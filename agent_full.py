@@ -4708,7 +4708,8 @@ def run_hook(hook, payload, state):
     if hook["action"]["type"] != "prompt":
         write_transcript(state)
     try:
-        v = ACTIONS[hook["action"]["type"]](hook, claude_payload(hook, payload), hook_env(payload, state), state)  # full: Claude Code's names on stdin
+        sent = claude_payload(hook, payload)  # full: a Claude Code hook reads its own names (full.3)
+        v = ACTIONS[hook["action"]["type"]](hook, sent, hook_env(payload, state), state)  # full
         v = claude_verdict(hook, v, payload)  # full: its updatedInput in our keys (full.3)
     except Exception as e:  # HookFailed, or a bug in a hook we must survive
         log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
@@ -5008,7 +5009,8 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 # the environment at start), so the prompt cache keeps hitting; instructions and
 # memory go into the messages, as <system-reminder> blocks at the start of the
 # conversation: they can be long, they change, and there compaction can handle them.
-INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md", ".claude/CLAUDE.md")  # per folder: the first found; full: .claude/CLAUDE.md
+INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md",
+                     ".claude/CLAUDE.md")  # per folder: the first found; full: Claude Code's other place
 INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
@@ -11084,7 +11086,7 @@ def read_settings(path):
     try:
         if path.is_file() and path.stat().st_size > SETTINGS_BYTES:
             raise ValueError(f"it is over {SETTINGS_BYTES:,} bytes")
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        data = json.loads(path.read_text(encoding="utf-8-sig")) if path.is_file() else {}  # a BOM is fine
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{path}: cannot be read as JSON: {' '.join(str(e).split())[:200]}")
     if not isinstance(data, dict) or not isinstance(data.get("permissions") or {}, dict) \
@@ -11201,7 +11203,8 @@ def claude_handler(path, where, event, matcher, handler):
         raise ConfigError(f"{path}: {problem.replace('.action.', '.').replace('.action', '')}")
     timeout = handler.get("timeout", CLAUDE_HOOK_TIMEOUT if kind == "command" else HOOK_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= HOOK_MAX_TIMEOUT:
-        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at most {HOOK_MAX_TIMEOUT}")
+        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at "
+                          f"most {HOOK_MAX_TIMEOUT}")
     if not all(isinstance(handler.get(k, False), bool) for k in ("async", "once")):
         raise ConfigError(f"{path}: {where}: async and once must be true or false")
     rules = handler_rules(path, where, handler.get("if"))
@@ -11301,8 +11304,9 @@ def our_input(name, args):
     if not isinstance(args, dict):
         return args
     keys = {v: k for k, v in CLAUDE_KEYS.get(name, {}).items()}
-    out = {keys.get(k, k): v for k, v in args.items() if not (name in ("bash", "background_run") and k == "description")}
-    if name in ("bash", "background_run") and isinstance(out.get("timeout"), (int, float)):
+    shell = name in ("bash", "background_run")
+    out = {keys.get(k, k): v for k, v in args.items() if not (shell and k == "description")}
+    if shell and isinstance(out.get("timeout"), (int, float)):
         out["timeout"] = max(1, round(out["timeout"] / 1000))
     if name == "todo_write" and isinstance(out.get("items"), list):
         out["items"] = [{("active_form" if k == "activeForm" else k): v for k, v in t.items()}
