@@ -432,3 +432,13 @@ def test_single_values_from_settings_and_ours_winning_in_a_scope(mod, workspace,
     (workspace / ".agent" / "config.yaml").unlink()
     assert mod.load_permissions(workspace, trust_all=True)["default_mode"] is None
     assert "defaultMode dontAsk has no match here" in capsys.readouterr().err
+
+
+@pytest.mark.permissions
+@full
+def test_bash_in_the_os_sandbox_cannot_rewrite_a_hook_script(mod, repo):
+    if not mod.sandbox_available()[0]:
+        pytest.skip(f"no OS sandbox here: {mod.sandbox_available()[1]}")
+    mod.agent_state().mode = "bypassPermissions"
+    out = mod.run_bash("echo 'import os' > .claude/hooks/guard.py; echo done")
+    assert "Read-only file system" in out and (repo / ".claude" / "hooks" / "guard.py").read_text() == GUARD
