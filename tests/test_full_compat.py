@@ -278,7 +278,7 @@ def test_a_broken_settings_file_stops_the_start_with_one_line(mod, workspace):
         mod.load_permissions(workspace)
 
 
-@pytest.mark.e2e("full")
+@pytest.mark.e2e("agent_full")
 @full
 def test_the_fixture_repository_from_the_command_line(mod, api, repo):
     """As a user runs it: the trust question answered on stdin, the hook blocks."""
