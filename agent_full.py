@@ -5114,12 +5114,11 @@ def prompt_sections(state):
     """(name, text) in prompt order: stable first, the skill list (it changes when a
     skill file does) last. Nothing here changes from one turn to the next."""
     return [("identity", SYSTEM), ("rules", PROMPT_RULES), ("tools", PROMPT_TOOLS),
-            ("environment", session_environment(state)), ("skills", skills_prompt().strip()),
-            ("appended", state.session.get("appended_prompt", ""))]  # full: --append-system-prompt
+            ("environment", session_environment(state)), ("skills", skills_prompt().strip())]
 
 
 def assemble_prompt():
-    return "\n\n".join(text for _, text in prompt_sections(agent_state()) if text)
+    return "\n\n".join(text for _, text in prompt_sections(agent_state()) + appended_prompt() if text)  # full
 
 # --- s09.2: project instructions ---
 # The chain (seed, after Codex): ~/.agent, then each folder from the git root
@@ -11133,6 +11132,12 @@ def report_call(message, context, line):
          context=context, window=CONTEXT_WINDOW, usage=usage, cost=state.session["cost"],
          mode=state.mode, model=message.model, background=len(background_running()),
          teammates=len(state.teammates))
+
+
+def appended_prompt():
+    """--append-system-prompt's text, as a last section of the main agent's prompt."""
+    text = agent_state().session.get("appended_prompt")
+    return [("appended", text)] if text else []
 
 
 def session_id(state):
