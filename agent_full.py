@@ -36,6 +36,7 @@ import contextlib
 import contextvars
 import datetime
 import functools
+import gc
 import hashlib
 import http.client
 import itertools
@@ -11230,6 +11231,7 @@ def start_front_end(argv):
     installed (before any question can be asked). Returns (argv, the -p options
     or None); ValueError is one line and exit status 2."""
     argv = list(argv)
+    gc.freeze()  # the ~160K objects the imports made are never garbage: no full collection re-reads them
     headless = bool(take_flag(argv, ("-p", "--print"), value=False))
     used = [f for f in HEADLESS_ONLY if any(a.partition("=")[0] == f for a in argv)]
     fmt = (take_flag(argv, ("--output-format",)) or ["text"])[-1]
