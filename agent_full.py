@@ -11346,7 +11346,8 @@ class Headless:
         self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"], "tool_input": event["input"]})
 
     def on_error(self, event, main):
-        self.errors.append(event["error"])
+        if main:  # a subagent's failure is its parent's tool error, not the run's
+            self.errors.append(event["error"])
 
     def on_turn_end(self, event, main):
         if not main:

@@ -277,6 +277,15 @@ def test_max_turns_ends_with_error_max_turns_and_exit_1(mod, api, monkeypatch, c
     assert len(message_bodies(api)) == 2 and "[stopped: 2 turns without finishing]" in err
 
 
+def test_a_subagent_failure_is_not_the_run_failure(mod, api, monkeypatch, capsys):
+    api.script([reply(tool("agent", {"prompt": "try", "description": "kid"})), error(401, "child key refused"),
+                reply(tool("bash", {"command": "true"}))])
+    status, out, err = headless(mod, api, monkeypatch, capsys, "--output-format", "json", "--max-turns", "2", "go")
+    [result] = json_lines(out)
+    assert status == 1 and result["subtype"] == "error_max_turns" and "child key refused" in err
+    assert result["errors"] == ["the turn stopped: max_turns"]
+
+
 def test_a_question_is_a_denial_recorded_in_the_result(mod, api, monkeypatch, capsys, workspace):
     api.script([reply(tool("write_file", {"path": "x.txt", "content": "x"}, id="toolu_w")), reply("Could not.")])
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))       # a yes waiting on stdin is never read
