@@ -3,22 +3,25 @@
 
     python tests/bench_full.py [--turns 500] [--deltas 20] [--starts 5] [--chapter agent_full]
 
-1. Harness CPU as the history grows. One long session in this process, each
-   user turn a read_file call and a text answer (two model calls, four
-   messages), the session file written as in a real run, the plain front end
-   printing to /dev/null. The CPU time of the agent's thread per turn (the
-   scripted server runs in a thread of its own and is not counted) is the
-   median of the ten turns around turn 10 and around turn N; both are printed
-   with their ratio (the issue's target: at most 2x at turn 500). Then a profile
-   of ten turns at the end names the functions that cost the most: the ones
-   that re-read the whole history each call show up there.
+1. Harness CPU as the history grows. One long session in this process, set up
+   as main() sets it up, each user turn a read_file call and a text answer (two
+   model calls, four messages), the session file written as in a real run, the
+   plain front end printing to /dev/null. The CPU time of the agent's thread
+   per turn (the scripted server runs in threads of its own and is not counted)
+   is the median of the ten turns around turn 10 and around turn N; both are
+   printed with their ratio (the issue's target: at most 2x at turn 500). Then
+   where it goes: the functions that pass over the whole history, timed in the
+   loop (each row its own time, less the rows it calls), the garbage collector's
+   share, and what one pass over the final history costs alone.
 2. Time to the first text delta on stdout. The REPL in a subprocess, 20 prompts
-   piped in; for each answer, the moment the scripted server wrote its first
-   text delta and the moment that text arrived on the child's stdout (both on
-   the machine's monotonic clock); the median, min and max of the gap.
+   piped in; for each answer, the moment the scripted server sent its first
+   text delta (Nagle off, so the socket does not hold it back) and the moment
+   that text arrived on the child's stdout, both on the machine's monotonic
+   clock; the median, min and max of the gap.
 3. Start-up to the first prompt (the REPL's "agent >> " on stderr, stdin a
-   pipe), the median of a few starts; and, from one start under -X importtime,
-   how much of it is importing the SDK (anthropic, with httpx and pydantic).
+   pipe), the median of a few starts, beside a bare Python and one that only
+   imports the SDK, taken in turns; the SDK's share is the difference; then the
+   top-level imports of one start under -X importtime.
 
 Figures only; nothing here can fail.
 """
