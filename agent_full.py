@@ -11176,7 +11176,6 @@ HEADLESS_ANSWER = ("nobody can answer in a headless run (-p): allow such calls w
 STDIN_PROMPT_CAP = 1_000_000  # characters of a prompt read from stdin; a bigger one belongs in a file
 RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
               "--disallowed-tools": ("deny", "--disallowedTools")}
-HEADLESS_ONLY = ("--output-format", "--append-system-prompt", *RULE_FLAGS)
 RESULT_SUBTYPES = {"end_turn": "success", "max_turns": "error_max_turns"}  # else error_during_execution
 
 
@@ -11233,8 +11232,8 @@ def start_front_end(argv):
     argv = list(argv)
     gc.freeze()  # the ~160K objects the imports made are never garbage: no full collection re-reads them
     headless = bool(take_flag(argv, ("-p", "--print"), value=False))
-    used = [f for f in HEADLESS_ONLY if any(a.partition("=")[0] == f for a in argv)]
-    fmt = (take_flag(argv, ("--output-format",)) or ["text"])[-1]
+    formats = take_flag(argv, ("--output-format",))
+    fmt = (formats or ["text"])[-1]
     if fmt not in OUTPUT_FORMATS:
         raise ValueError(f"--output-format {fmt!r}: use one of {', '.join(OUTPUT_FORMATS)}")
     if turns := take_flag(argv, ("--max-turns",)):
@@ -11243,11 +11242,11 @@ def start_front_end(argv):
         os.environ["AGENT_MAX_TURNS"] = turns[-1]  # turn_limit() reads it, teammates inherit it
     if models := take_flag(argv, ("--model",)):
         os.environ["MODEL_ID"] = models[-1]  # model_id() reads it
-    options = {"rules": cli_rules(argv), "append": "\n\n".join(take_flag(argv, ("--append-system-prompt",))),
-               "format": fmt}
+    options = {"rules": cli_rules(argv), "append": "\n\n".join(take_flag(argv, ("--append-system-prompt",)))}
     take_flag(argv, ("--verbose",), value=False)  # Claude Code wants it with stream-json; nothing here
-    if used and not headless:
-        raise ValueError(f"{used[0]} works with -p (a headless run) only")
+    if not headless and (formats or options["rules"] or options["append"]):
+        raise ValueError("--output-format, --allowed-tools, --disallowed-tools and --append-system-prompt "
+                         "work with -p (a headless run) only")
     FRONT_END["current"] = Headless(fmt) if headless else PlainText()
     return argv, options if headless else None
 

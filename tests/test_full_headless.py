@@ -336,7 +336,8 @@ def test_model_and_append_system_prompt_reach_the_request(mod, api, monkeypatch,
 
 @pytest.mark.parametrize("argv, words", [
     (["-p", "--output-format", "xml", "hi"], "--output-format 'xml'"),
-    (["--output-format", "json", "hi"], "--output-format works with -p"),
+    (["--output-format", "json", "hi"], "work with -p (a headless run) only"),
+    (["--allowedTools", "bash", "hi"], "work with -p (a headless run) only"),
     (["-p", "--max-turns", "0", "hi"], "--max-turns must be a whole number"),
     (["-p", "--allowed-tools", "bash(", "hi"], "--allowed-tools:"),
     (["-p", "--model"], "--model needs a value"),
