@@ -5,9 +5,27 @@ shapes, and Claude Code project compatibility.
 
 agent_full.py = s12_worktree_mcp.py + the front end (section `# --- full: ... ---`).
 
+New since s12 (full.1, events): EVENTS, emit, PlainText, TextEvents, report_call,
+prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-json,
+--max-turns, --model, --allowed-tools, --disallowed-tools, --append-system-prompt:
+start_front_end, run_headless, Headless.
+
+    engine: say / LineWatch / run_tools / after_call / ask_human / judge
+      -> emit(kind, **fields) -> the front end's handle(event)
+         PlainText: the chapters' own terminal output (answer on stdout)
+         Headless:  text | json | stream-json on stdout, progress on stderr
+
 Run:
     python agent_full.py                       # interactive
     python agent_full.py -p "task"             # headless
+    echo "task" | python agent_full.py -p --output-format json
+Try:
+    python agent_full.py -p --output-format stream-json "list the files here"
+    python agent_full.py -p --continue "and now the tests"   # the same session
+    python agent_full.py -p --allowed-tools "Bash(git log:*) read_file" "summarise the log"
+
+Key insight: the loop never prints; it says what happened, and a front end
+decides what that looks like, so one engine drives a terminal and a script alike.
 """
 
 # --- imports ---
@@ -18,6 +36,7 @@ import contextlib
 import contextvars
 import datetime
 import functools
+import gc
 import hashlib
 import http.client
 import itertools
@@ -37,8 +56,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import anthropic
 import yaml
@@ -1333,7 +1354,7 @@ def child_settings(spec, fork, usage):
     system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
     return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
             "system": None if fork else system, "model": spec.get("model"),
-            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+            "out": None, "usage": usage}  # full: text events too; the child's label says they are progress
 
 
 def child_state(fork, label):
@@ -1633,6 +1654,8 @@ def ask_human(question):
         return ask_lead(question)  # s11
     if os.getenv(TEAMMATE_ENV):  # s11: not joined yet (start-up); the lead's answers are in trusted.yaml
         return ""  # s11: no
+    if (answer := emit(EVENTS.question, text=question)) is not None:  # full: a front end that answers
+        return answer  # full: (headless: no); None: the terminal's prompt below asks
     print(question, end="", file=sys.stderr, flush=True)
     try:
         answer = input()
@@ -2189,7 +2212,7 @@ def after_call(messages, message):
     messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": estimate_tokens(
         shown_messages(messages)) + estimate_tokens(assistant_message(message))}
     # No `usage` here: call_model already added this call's tokens to a child's bill.
-    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
+    report_call(message, total, charge(message))  # full: the reply and the status line, as events
 
 
 # --- s06.5: auto-compaction ---
@@ -2444,7 +2467,7 @@ class LineWatch:
     """
 
     def __init__(self, out):
-        self.out, self.open = out, False
+        self.out, self.open = out or TEXT_EVENTS, False  # full: the reply's text as text events
         self.reset()
 
     def reset(self):
@@ -3975,6 +3998,7 @@ def judge(block):
         state.denials = 0
         return None
     state.denials += 1
+    emit(EVENTS.denial, id=block.id, name=block.name, input=args, layer=layer, reason=reason)  # full
     advice = "say in your report what needs approval" if state.cancel is not None else "ask the user"  # s10
     return (f"Permission denied ({layer}): {reason}. Do not retry the same call; "
             f"do something else, or {advice}.")  # s10: a background agent has nobody to ask
@@ -5114,7 +5138,7 @@ def prompt_sections(state):
 
 
 def assemble_prompt():
-    return "\n\n".join(text for _, text in prompt_sections(agent_state()) if text)
+    return "\n\n".join(text for _, text in prompt_sections(agent_state()) + appended_prompt() if text)  # full
 
 # --- s09.2: project instructions ---
 # The chain (seed, after Codex): ~/.agent, then each folder from the git root
@@ -11005,6 +11029,361 @@ register("tool_search", (
 
 
 # --- full: the front end ---
+# agent_full = s12 + a front end. The engine (all the chapters' code) prints
+# nothing itself any more: the few functions the chapters route human-facing
+# output through (say, the reply's LineWatch, the tool lines, the status line,
+# ask_human) emit events, and the process's one front end turns them into a
+# terminal, a JSON stream or a result line. A front end knows only what the
+# events tell it; it never reads the loop's state.
+
+# --- full.1: events ---
+# An event is a dict {"kind": one of EVENTS, "label": "" for the main agent or
+# a subagent's name, **fields}. A front end is any object with handle(event);
+# handle's return value matters for questions only. The kinds and their fields:
+#   text        text: the next piece of a reply as it streams (label "": the answer)
+#   reply       id, model, stop_reason, content, usage: a model call finished; content
+#               is the reply as the history keeps it (assistant_message), usage its
+#               tokens {input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+#               output_tokens}
+#   status      text (the chapters' "[context ...]" line), context, window, usage, cost
+#               (the session's, USD), mode, model, background (running tasks), teammates
+#   tool_start  id, name, input: a call is about to be judged and run
+#   tool_end    id, content, is_error: its result, as the model gets it
+#   question    text: the human is asked (a permission, trust, a plan). handle() returns
+#               the answer; None: this front end has no answer, ask_human asks at the
+#               terminal as the chapters did
+#   denial      id, name, input, layer, reason: the permission system refused a call
+#   notice      text: any other progress line (say)
+#   error       text, error: the turn failed (the API, after its retries)
+#   session     session_id, cwd, model, mode, tools, mcp_servers, slash_commands, skills,
+#               agents: a headless run is set up and about to send its prompt
+#   turn_end    reason (agent_loop's), result (the answer; "" unless reason is end_turn),
+#               session_id, cost: one user prompt is done
+# Events come from any thread (parallel tools, MCP readers, background jobs):
+# a front end that keeps state takes a lock. A background agent's events go to
+# its log as plain text, as its lines always did, never to the front end.
+class EventKinds(NamedTuple):
+    text: str = "text"
+    reply: str = "reply"
+    status: str = "status"
+    tool_start: str = "tool_start"
+    tool_end: str = "tool_end"
+    question: str = "question"
+    denial: str = "denial"
+    notice: str = "notice"
+    error: str = "error"
+    session: str = "session"
+    turn_end: str = "turn_end"
+
+
+EVENTS = EventKinds()
+USAGE_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+FRONT_END = {}  # "current": the process's front end, installed by main() (shared, like the console)
+
+
+def emit(kind, **fields):
+    """One event to the front end (a background agent's: to its log); the front end's answer."""
+    state = CURRENT.get(None)
+    event = {"kind": kind, "label": getattr(state, "label", ""), **fields}
+    if log := getattr(state, "progress", None):  # s10's background agent: nobody watches it
+        return PlainText(log).handle(event)
+    return (FRONT_END.get("current") or PLAIN).handle(event)
+
+
+def plain_line(event):
+    """The line the chapters printed for an event; None for the kinds they never showed."""
+    kind = event["kind"]
+    if kind == EVENTS.tool_start:
+        return f"> {event['name']} {json.dumps(event['input'], ensure_ascii=False)[:200]}"
+    if kind == EVENTS.tool_end:
+        return preview(event["content"], event["is_error"])
+    return event["text"] if kind in (EVENTS.notice, EVENTS.status, EVENTS.error) else None
+
+
+class PlainText:
+    """The default front end, the chapters' own output: the answer on stdout as it
+    streams, every other line on stderr (a subagent's with its name in front)."""
+
+    def __init__(self, log=None):
+        self.log = log  # a background agent's log file: everything goes there
+
+    def handle(self, event):
+        label = event["label"]
+        if event["kind"] == EVENTS.text:  # a subagent's words are progress, not the answer
+            out = self.log or (sys.stderr if label else sys.stdout)
+            out.write(event["text"])
+            out.flush()
+        elif (line := plain_line(event)) is not None:
+            if label:
+                line = "\n".join(f"  [{label}] {part}" for part in line.split("\n"))
+            print(line, file=self.log or sys.stderr, flush=True)
+        return None  # a question: ask_human's own prompt asks at the terminal
+
+
+PLAIN = PlainText()
+
+
+class TextEvents:
+    """Where LineWatch writes a reply (call_model's out None, a foreground
+    subagent's too): each piece becomes a text event of the agent writing it."""
+
+    def write(self, text):
+        if text:  # print(..., end="") writes an empty end too
+            emit(EVENTS.text, text=text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+TEXT_EVENTS = TextEvents()
+
+
+def call_usage(message):
+    return {k: getattr(message.usage, k, 0) or 0 for k in USAGE_KEYS}
+
+
+def report_call(message, context, line):
+    """after_call's status line, as events: the finished reply, then the status."""
+    state, usage = agent_state(), call_usage(message)
+    emit(EVENTS.reply, id=message.id, model=message.model, stop_reason=message.stop_reason,
+         content=assistant_message(message)["content"], usage=usage)
+    emit(EVENTS.status, text=f"[context {context:,}/{CONTEXT_WINDOW:,} tokens | {line}]",
+         context=context, window=CONTEXT_WINDOW, usage=usage, cost=state.session["cost"],
+         mode=state.mode, model=message.model, background=len(background_running()),
+         teammates=len(state.teammates))
+
+
+def appended_prompt():
+    """--append-system-prompt's text, as a last section of the main agent's prompt."""
+    text = agent_state().session.get("appended_prompt")
+    return [("appended", text)] if text else []
+
+
+def session_id(state):
+    return state.record["path"].stem if state.record else ""
+
+
+def prompt_turn(client, history, **settings):
+    """agent_loop for one user prompt, then turn_end: what a front end needs to close it."""
+    reason = agent_loop(client, history, **settings)
+    state = agent_state()
+    emit(EVENTS.turn_end, reason=reason, result=last_text(history) if reason == "end_turn" else "",
+         session_id=session_id(state), cost=state.session["cost"])
+    return reason
+
+# --- full.2: headless ---
+# -p runs one prompt with nobody at the terminal, in Claude Code's shapes, so
+# scripts written for `claude -p` work:
+#   --output-format text         the answer on stdout at the end
+#   --output-format json         one result object at the end
+#   --output-format stream-json  a system/init object, then each reply ("assistant")
+#                                and each tool result ("user") as it happens, one
+#                                JSON object a line, then the result object
+# The result: {type: "result", subtype: success | error_max_turns |
+# error_during_execution, is_error, num_turns (the main agent's model calls),
+# result, session_id (--resume takes it), duration_ms, total_cost_usd, usage,
+# permission_denials: [{tool_name, tool_use_id, tool_input}], errors (on failure)}.
+# stdout carries that format only; progress goes to stderr as in the REPL. A
+# question has no human here: it is answered no (a denial, the model told why),
+# so calls run only where a rule or the mode allows them. Exit status: 0 on
+# success, 1 when the turn failed, 2 for bad flags. A subagent's messages are
+# not streamed (their label shows them on stderr).
+OUTPUT_FORMATS = ("text", "json", "stream-json")
+HEADLESS_ANSWER = ("nobody can answer in a headless run (-p): allow such calls with "
+                   "--allowed-tools or --permission-mode")
+STDIN_PROMPT_CAP = 1_000_000  # characters of a prompt read from stdin; a bigger one belongs in a file
+RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
+              "--disallowed-tools": ("deny", "--disallowedTools")}
+RESULT_SUBTYPES = {"end_turn": "success", "max_turns": "error_max_turns"}  # else error_during_execution
+
+
+def take_flag(argv, names, value=True):
+    """Remove every `name [value]` / `name=value` of `names` from argv; the values in order
+    (True for each flag without a value). ValueError when a value is missing."""
+    found, i = [], 0
+    while i < len(argv):
+        name, eq, given = argv[i].partition("=")
+        if name not in names or (eq and not value):
+            i += 1
+            continue
+        del argv[i]
+        if not value:
+            found.append(True)
+        elif eq:
+            found.append(given)
+        elif i < len(argv):
+            found.append(argv.pop(i))
+        else:
+            raise ValueError(f"{name} needs a value")
+    return found
+
+
+def split_rules(text):
+    """'Bash(git log:*) Read,Grep' -> ['Bash(git log:*)', 'Read', 'Grep']: spaces and
+    commas part rules, except inside a rule's parentheses."""
+    rules, word, depth = [], "", 0
+    for c in text:
+        depth = max(0, depth + (c == "(") - (c == ")"))
+        if depth == 0 and (c == "," or c.isspace()):
+            rules, word = rules + [word] * bool(word), ""
+        else:
+            word += c
+    return rules + [word] * bool(word)
+
+
+def cli_rules(argv):
+    """--allowed-tools / --disallowed-tools as s07 rules, from the command line (no file)."""
+    rules = []
+    for flag, (effect, alias) in RULE_FLAGS.items():
+        for text in (t for value in take_flag(argv, (flag, alias)) for t in split_rules(value)):
+            try:
+                rules.append(parse_rule(text) | {"effect": effect, "scope": "cli", "file": flag})
+            except ValueError as e:
+                raise ValueError(f"{flag}: {e}")
+    return rules
+
+
+def start_front_end(argv):
+    """main()'s first step: -p and its flags out of argv, the process's front end
+    installed (before any question can be asked). Returns (argv, the -p options
+    or None); ValueError is one line and exit status 2."""
+    argv = list(argv)
+    gc.freeze()  # the ~160K objects the imports made are never garbage: no full collection re-reads them
+    headless = bool(take_flag(argv, ("-p", "--print"), value=False))
+    formats = take_flag(argv, ("--output-format",))
+    fmt = (formats or ["text"])[-1]
+    if fmt not in OUTPUT_FORMATS:
+        raise ValueError(f"--output-format {fmt!r}: use one of {', '.join(OUTPUT_FORMATS)}")
+    if turns := take_flag(argv, ("--max-turns",)):
+        if not turns[-1].isdigit() or int(turns[-1]) < 1:
+            raise ValueError(f"--max-turns must be a whole number of model calls, 1 or more; got {turns[-1]!r}")
+        os.environ["AGENT_MAX_TURNS"] = turns[-1]  # turn_limit() reads it, teammates inherit it
+    if models := take_flag(argv, ("--model",)):
+        os.environ["MODEL_ID"] = models[-1]  # model_id() reads it
+    options = {"rules": cli_rules(argv), "append": "\n\n".join(take_flag(argv, ("--append-system-prompt",)))}
+    take_flag(argv, ("--verbose",), value=False)  # Claude Code wants it with stream-json; nothing here
+    if not headless and (formats or options["rules"] or options["append"]):
+        raise ValueError("--output-format, --allowed-tools, --disallowed-tools and --append-system-prompt "
+                         "work with -p (a headless run) only")
+    FRONT_END["current"] = Headless(fmt) if headless else PlainText()
+    return argv, options if headless else None
+
+
+def stdin_prompt():
+    """-p without a prompt argument: all of stdin (never a terminal: nobody types in a -p run)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return ""
+    text = sys.stdin.read(STDIN_PROMPT_CAP + 1)
+    if len(text) > STDIN_PROMPT_CAP:
+        raise ValueError(f"the prompt on stdin is over {STDIN_PROMPT_CAP:,} characters: save it to a "
+                         f"file and ask for that file to be read")
+    return text
+
+
+def session_facts(state):
+    """What stream-json's system/init object tells: the session as it starts."""
+    return {"session_id": session_id(state), "cwd": str(state.workdir), "model": model_id(),
+            "mode": state.mode, "tools": [t["name"] for t in request_tools(agent_tools())],
+            "mcp_servers": [{"name": s["name"], "status": server_state(s)} for s in list(MCP_SERVERS.values())],
+            "slash_commands": sorted(all_commands()), "skills": sorted(discover_skills()),
+            "agents": sorted(load_agents())}
+
+
+def run_headless(client, history, argv, options):
+    """-p: the prompt (the arguments, else stdin), the flags' rules and prompt, one turn."""
+    state = agent_state()
+    try:
+        prompt = " ".join(argv) if argv else stdin_prompt()
+    except (OSError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not prompt.strip():
+        print('-p needs a prompt: as an argument (-p "task") or on stdin', file=sys.stderr)
+        return 2
+    state.permissions["rules"] += options["rules"]
+    if options["append"]:
+        state.session["appended_prompt"] = options["append"]
+    emit(EVENTS.session, **session_facts(state))
+    add_user_text(history, prompt)
+    return 0 if prompt_turn(client, history) == "end_turn" else 1
+
+
+class Headless:
+    """-p's front end: stdout gets only the chosen format; every progress line goes to
+    stderr as PlainText shows it; a question is answered no and its call recorded."""
+
+    def __init__(self, fmt):
+        self.fmt, self.lock, self.plain = fmt, threading.RLock(), PlainText()
+        self.started, self.session, self.turns = time.monotonic(), "", 0
+        self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
+
+    def handle(self, event):
+        with self.lock:
+            if event["kind"] == EVENTS.question:
+                print(f"{event['text']}no (headless run: nobody to ask)", file=sys.stderr, flush=True)
+                return HEADLESS_ANSWER
+            if event["kind"] != EVENTS.text or event["label"]:  # a subagent's text: on stderr
+                self.plain.handle(event)
+            if handler := getattr(self, "on_" + event["kind"], None):
+                handler(event, main=not event["label"])
+        return None
+
+    def out(self, obj):
+        print(json.dumps(obj, ensure_ascii=False, default=str), flush=True)
+
+    def tagged(self, obj):
+        """A streamed message, as Claude Code tags them."""
+        return obj | {"parent_tool_use_id": None, "session_id": self.session, "uuid": str(uuid.uuid4())}
+
+    def on_session(self, event, main):
+        self.session = event["session_id"]
+        if self.fmt == "stream-json":
+            self.out({"type": "system", "subtype": "init", "cwd": event["cwd"], "session_id": self.session,
+                      "tools": event["tools"], "mcp_servers": event["mcp_servers"], "model": event["model"],
+                      "permissionMode": event["mode"], "slash_commands": event["slash_commands"],
+                      "skills": event["skills"], "agents": event["agents"], "uuid": str(uuid.uuid4())})
+
+    def on_reply(self, event, main):
+        for k in USAGE_KEYS:  # every agent's tokens: the cost is the session's too
+            self.usage[k] += event["usage"][k]
+        self.turns += main
+        if main and self.fmt == "stream-json":
+            self.out(self.tagged({"type": "assistant", "message": {
+                "id": event["id"], "type": "message", "role": "assistant", "model": event["model"],
+                "content": event["content"], "stop_reason": event["stop_reason"], "stop_sequence": None,
+                "usage": event["usage"]}}))
+
+    def on_tool_end(self, event, main):
+        if main and self.fmt == "stream-json":
+            self.out(self.tagged({"type": "user", "message": {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": event["id"], "content": event["content"],
+                 "is_error": event["is_error"]}]}}))
+
+    def on_denial(self, event, main):
+        self.denials.append({"tool_name": event["name"], "tool_use_id": event["id"], "tool_input": event["input"]})
+
+    def on_error(self, event, main):
+        if main:  # a subagent's failure is its parent's tool error, not the run's
+            self.errors.append(event["error"])
+
+    def on_turn_end(self, event, main):
+        if not main:
+            return
+        subtype = RESULT_SUBTYPES.get(event["reason"], "error_during_execution")
+        errors = [] if subtype == "success" else self.errors or [f"the turn stopped: {event['reason']}"]
+        if self.fmt == "text":
+            if not errors:
+                print(event["result"], flush=True)
+            return
+        self.out({"type": "result", "subtype": subtype, "is_error": bool(errors),
+                  "duration_ms": round((time.monotonic() - self.started) * 1000), "num_turns": self.turns,
+                  "result": event["result"] if not errors else "; ".join(errors),
+                  "session_id": event["session_id"] or self.session, "total_cost_usd": event["cost"],
+                  "usage": dict(self.usage), "permission_denials": list(self.denials),
+                  "uuid": str(uuid.uuid4())} | ({"errors": errors} if errors else {}))
+
+
 # --- full.3: Claude Code project compatibility ---
 # A repository set up for Claude Code works as it is. Its files are read beside
 # ours, through the same code and the same trust gate (s07): the settings files
@@ -11358,9 +11737,7 @@ def claude_agent_meta(path, meta):
 # in the chapter that first asks one). stdout carries nothing but answers.
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
-    if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
-        text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=getattr(CURRENT.get(None), "progress", None) or sys.stderr, flush=True)  # s10: see AgentState
+    emit(EVENTS.notice, text=str(text))  # full: an event; the front end shows it (plain: as the chapters did)
 
 
 def show_text(text, out=None):
@@ -11371,7 +11748,8 @@ def show_text(text, out=None):
 def add_result(result, results):
     """A finished call's result joins the history; the human sees its first line."""
     results.append(result)
-    say(preview(result["content"], result.get("is_error", False)))
+    emit(EVENTS.tool_end, id=result["tool_use_id"], content=result["content"],  # full: plain prints its preview
+         is_error=result.get("is_error", False))  # full
 
 
 def run_tools(calls, results):
@@ -11382,7 +11760,7 @@ def run_tools(calls, results):
     """
     batch = []  # s02: neighbouring concurrency-safe calls, run together
     for block in calls:
-        say(f"> {block.name} {json.dumps(block.input, ensure_ascii=False)[:200]}")
+        emit(EVENTS.tool_start, id=block.id, name=block.name, input=block.input)  # full: plain prints "> name input"
         if is_concurrency_safe(block):  # s02: gather neighbouring safe calls
             batch.append(block)
             continue
@@ -11493,7 +11871,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
         return "interrupted"
     except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
         close_open_calls(messages, "the turn failed before this ran")
-        say(f"[API error: {type(e).__name__}: {e}]")
+        emit(EVENTS.error, text=f"[API error: {type(e).__name__}: {e}]", error=f"{type(e).__name__}: {e}")  # full
         fire("error", error=f"{type(e).__name__}: {e}")  # s08
         return "api_error"
     finally:  # s09
@@ -11540,7 +11918,7 @@ def repl(client, prompt, history=None):  # s09: a resumed history
             line = handle_slash(line, {"client": client, "history": history}) or ""
         if line.strip():
             add_user_text(history, line)
-            agent_loop(client, history)
+            prompt_turn(client, history)  # full: agent_loop, then a turn_end event
 
 
 def no_key_message():
@@ -11561,6 +11939,7 @@ def main(argv=None):
         return 2
     CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     try:
+        argv, headless = start_front_end(argv)  # full: -p and its flags; the front end for the process
         argv = start_permissions(argv)  # s07: flags, config files, workspace trust, sandbox
         lane = worktree_flag(argv)  # s12: --worktree NAME, entered once the session is set up
         argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
@@ -11573,11 +11952,13 @@ def main(argv=None):
     with hook_session(), memory_session(), worktree_session(), background_session(), mcp_session(), team_session():  # s08-s11; s12: a lane closed after its commands, MCP servers
         if agent_state().team:  # s11: only a teammate has joined a team at start-up
             return teammate_loop(client, history)  # s11
+        if headless:  # full: -p, one prompt, output in the chosen format
+            return run_headless(client, history, argv, headless)  # full
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
             return run_slash_once(client, " ".join(argv))
         if argv:
             add_user_text(history, " ".join(argv))  # s09: after a resumed history, if any
-            return 0 if agent_loop(client, history) == "end_turn" else 1
+            return 0 if prompt_turn(client, history) == "end_turn" else 1  # full
         with schedule_session():  # s10: the checker and the stdin reader, for the REPL only
             return repl(client, f"{CHAPTER} >> ", history)  # s09; s10: inside the schedule session
 

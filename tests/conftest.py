@@ -163,7 +163,7 @@ def run_chapter(name, *args, api=None, input=None, cwd=None, env=None, timeout=6
                 if not k.startswith("ANTHROPIC") and k not in ("MODEL_ID", "AGENT_PERMISSION_MODE", "AGENT_AUTO_MEMORY")}
     if api is not None:
         full_env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url}
-    if name >= "s07" and "AGENT_PERMISSION_MODE" not in (env or {}):
+    if (name >= "s07" or name == "agent_full") and "AGENT_PERMISSION_MODE" not in (env or {}):
         full_env["AGENT_PERMISSION_MODE"] = "bypassPermissions"   # earlier mechanisms' runs
     if "AGENT_AUTO_MEMORY" not in (env or {}):
         full_env["AGENT_AUTO_MEMORY"] = "0"                       # no memory side calls (s09)

@@ -70,7 +70,7 @@ def test_piped_prompt_makes_file_and_exits_0(name, api, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "hello.txt").read_text() == "hi"
     assert "Created hello.txt." in r.stdout
-    assert ">>" not in r.stdout and f"{name[:3]} >> " in r.stderr   # prompts stay off stdout
+    assert ">>" not in r.stdout and f"{name.split('_')[0]} >> " in r.stderr   # prompts stay off stdout
     assert api.remaining() == 0 and api.exhausted == 0
 
 

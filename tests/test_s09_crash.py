@@ -183,7 +183,7 @@ class Session:
         bodies = message_bodies(self.api)[self.first:]
         if bodies:
             self.last_sent = strip_cache(bodies[-1]["messages"])
-        finished = self.stderr().count(f"{self.name[:3]} >> ") - 1   # it asked for the next prompt
+        finished = self.stderr().count(f"{self.name.split('_')[0]} >> ") - 1   # it asked for the next prompt
         self.done += [k for k in self.turns[:max(0, finished)] if k not in self.done]
         self.out.close()
         self.err.close()
@@ -232,7 +232,7 @@ def test_a_session_killed_at_seeded_moments_resumes_every_finished_turn(mod, api
         session.after_kill()
     session.start(["chat"])                 # the last process finishes its turn and quits
     session.check_resumed()
-    session.wait_for("the last answer", lambda: session.stderr().count(f"{session.name[:3]} >> ") >= 2)
+    session.wait_for("the last answer", lambda: session.stderr().count(f"{session.name.split('_')[0]} >> ") >= 2)
     session.proc.stdin.write("q\n")
     session.proc.stdin.close()
     assert session.proc.wait(timeout=WAIT) == 0

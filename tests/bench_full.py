@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): agent_full's own overhead, on the scripted model.
+
+    python tests/bench_full.py [--turns 500] [--deltas 20] [--starts 5] [--chapter agent_full]
+
+1. Harness CPU as the history grows. One long session in this process, set up
+   as main() sets it up, each user turn a read_file call and a text answer (two
+   model calls, four messages), the session file written as in a real run, the
+   plain front end printing to /dev/null. The CPU time of the agent's thread
+   per turn (the scripted server runs in threads of its own and is not counted)
+   is the median of the ten turns around turn 10 and around turn N; both are
+   printed with their ratio (the issue's target: at most 2x at turn 500). Then
+   where it goes: the functions that pass over the whole history, timed in the
+   loop (each row its own time, less the rows it calls), the garbage collector's
+   share, and what one pass over the final history costs alone.
+2. Time to the first text delta on stdout. The REPL in a subprocess, 20 prompts
+   piped in; for each answer, the moment the scripted server sent its first
+   text delta (Nagle off, so the socket does not hold it back) and the moment
+   that text arrived on the child's stdout, both on the machine's monotonic
+   clock; the median, min and max of the gap.
+3. Start-up to the first prompt (the REPL's "agent >> " on stderr, stdin a
+   pipe), the median of a few starts, beside a bare Python and one that only
+   imports the SDK, taken in turns; the SDK's share is the difference; then the
+   top-level imports of one start under -X importtime.
+
+Figures only; nothing here can fail.
+"""
+import argparse
+import gc
+import importlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import anthropic  # noqa: E402
+import fake_api  # noqa: E402
+from fake_api import ScriptedAPI, reply, tool  # noqa: E402
+
+WINDOW = 5  # turns on each side of the one measured: the median of 2 * WINDOW turns
+
+
+def quiet_env(home, api=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC") and k != "MODEL_ID"}
+    env |= {"HOME": str(home), "AGENT_AUTO_MEMORY": "0", "AGENT_PERMISSION_MODE": "bypassPermissions",
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    return env | ({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url} if api else {})
+
+
+# --- 1. CPU per turn ---------------------------------------------------------------------------
+
+def one_turn(mod, api, client, history, n):
+    api.script([reply(tool("read_file", {"path": "small.txt"})), reply(f"Answer {n}: small.txt says hi.")])
+    mod.add_user_text(history, f"turn {n}: what does small.txt say?")
+    start = time.thread_time()
+    reason = mod.prompt_turn(client, history) if hasattr(mod, "prompt_turn") else mod.agent_loop(client, history)
+    spent = time.thread_time() - start
+    with api._lock:  # the server's request log would hold every body: keep memory flat
+        api._log.clear()
+    assert reason == "end_turn" and api.remaining() == 0, (reason, api.remaining())
+    return spent
+
+
+# Where a turn's CPU goes: each of these functions is wrapped with a timer that
+# counts its own time, less that of the wrapped ones it calls, so the rows add
+# up (to the turn, with "the rest"). Each: (name, what it stands for).
+WATCHED = [("shown_messages", "the history normalised (s06.2 over s02.7): 3 a call"),
+           ("estimate_tokens", "json.dumps of it for a size estimate (s06.4): 2 a call"),
+           ("call_model", "the SDK: the request copied, encoded, sent; the stream parsed"),
+           ("system_prompt", "the prompt rebuilt, skill files re-read (s05, s09)"),
+           ("sync_session", "the session file (s09.3)"),
+           ("report_call", "the reply and status events (full.1)")]
+
+
+class Timers:
+    """Exclusive thread-CPU time per watched function, and the collector's time."""
+
+    def __init__(self, mod):
+        self.spent, self.stack, self.gc, self.thread = {}, [], 0.0, threading.get_ident()
+        for name, _ in WATCHED:
+            if hasattr(mod, name):
+                setattr(mod, name, self.wrap(name, getattr(mod, name)))
+        gc.callbacks.append(self.collecting)
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            now = time.thread_time()
+            if self.stack:  # the caller's clock stops while this one runs
+                self.stack[-1][1] += now - self.stack[-1][2]
+            self.stack.append([name, 0.0, now])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                name_, own, since = self.stack.pop()
+                now = time.thread_time()
+                self.spent[name_] = self.spent.get(name_, 0.0) + own + now - since
+                if self.stack:
+                    self.stack[-1][2] = now
+        return timed
+
+    def collecting(self, phase, info):
+        if threading.get_ident() != self.thread:  # the scripted server collects in its own threads
+            return
+        if phase == "start":
+            self.gc_start = time.thread_time()
+        elif hasattr(self, "gc_start"):
+            self.gc += time.thread_time() - self.gc_start
+
+    def take(self):
+        spent, gc_time = dict(self.spent), self.gc
+        self.spent, self.gc = {}, 0.0
+        return spent, gc_time
+
+
+def cpu_per_turn(mod, turns, tmp):
+    """{turn: CPU seconds}, and the breakdown of the 10 turns around turn 10 and turn N."""
+    ws = Path(tmp) / "ws"
+    ws.mkdir()
+    (ws / "small.txt").write_text("hi\n")
+    os.environ.update(quiet_env(Path(tmp) / "home"))
+    api = ScriptedAPI().start()
+    client = anthropic.Anthropic(api_key="bench", base_url=api.url, max_retries=0)
+    state = mod.AgentState(ws)
+    state.mode, state.permissions["sandbox"]["enabled"] = "bypassPermissions", False
+    state.record = mod.new_session(state)
+    mod.CURRENT.set(state)
+    if hasattr(mod, "start_front_end"):  # as main() starts: the front end, the collector's settings
+        mod.start_front_end([])
+    timers, history, cpu, parts = Timers(mod), [], {}, {}
+    real = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    try:
+        for n in range(1, turns + WINDOW + 1):
+            if n in (10 - WINDOW + 1, turns - WINDOW + 1):
+                timers.take()
+            cpu[n] = one_turn(mod, api, client, history, n)
+            if n in (10 + WINDOW, turns + WINDOW):
+                parts[n - WINDOW] = timers.take()
+    finally:
+        sys.stdout.close()
+        sys.stdout, sys.stderr = real
+        api.close()
+    return cpu, history, parts
+
+
+def around(cpu, n):
+    return statistics.median(cpu[k] for k in range(n - WINDOW + 1, n + WINDOW + 1))
+
+
+def cpu_ms(fn, reps=5):
+    times = []
+    for _ in range(reps):
+        start = time.thread_time()
+        fn()
+        times.append(time.thread_time() - start)
+    return statistics.median(times) * 1000
+
+
+def passes(mod, history):
+    """What one pass over the final history costs, and how many each turn makes (two calls)."""
+    from anthropic._utils._prepare import serialize_data
+    shown = mod.shown_messages(history)
+    body = {"model": mod.model_id(), "max_tokens": mod.MAX_TOKENS, "system": mod.cached(mod.system_prompt()),
+            "tools": mod.cached(mod.request_tools(mod.TOOLS)), "messages": mod.request_messages(history),
+            "stream": True}
+    rows = [("shown_messages", 6, lambda: mod.shown_messages(history),
+             "2 of the 3 a call are avoidable: the size check and the anchor (s06.4)"),
+            ("estimate_tokens", 4, lambda: mod.estimate_tokens(shown),
+             "avoidable: only what came after the anchor is new"),
+            ("the SDK's request", 2, lambda: serialize_data(body, location="body"),
+             "copied and JSON-encoded: the request carries it all, inherent"),
+            ("sync_session", 6, lambda: mod.sync_session(history), "already incremental")]
+    print("   one pass over the final history, alone, x the passes a turn makes:")
+    for name, per_turn, fn, note in rows:
+        ms = cpu_ms(fn)
+        print(f"   {name:18} {ms:6.2f} ms x {per_turn} = {ms * per_turn:6.2f} ms  {note}")
+
+
+def report_cpu(mod, turns, tmp):
+    cpu, history, parts = cpu_per_turn(mod, turns, tmp)
+    early, late = around(cpu, 10), around(cpu, turns)
+    size = len(mod.json.dumps(history)) // 1000
+    print("1. harness CPU per user turn (read_file + answer: 2 model calls), agent thread only")
+    print(f"   turn 10: {early * 1000:7.2f} ms   turn {turns}: {late * 1000:7.2f} ms   "
+          f"ratio {late / early:.2f}x   (median of {2 * WINDOW} turns each; history at the end: "
+          f"{len(history)} messages, {size} KB)")
+    print(f"   where it goes, ms per turn (mean of the {2 * WINDOW} turns):  turn 10   turn {turns}")
+    means = {n: {k: v / (2 * WINDOW) * 1000 for k, v in spent.items()} for n, (spent, _) in parts.items()}
+    totals = {n: sum(cpu[k] for k in range(n - WINDOW + 1, n + WINDOW + 1)) / (2 * WINDOW) * 1000
+              for n in parts}
+    for name, what in WATCHED:
+        print(f"   {name:16} {what:62} {means[10].get(name, 0):7.2f} {means[turns].get(name, 0):8.2f}")
+    rest = {n: totals[n] - sum(means[n].values()) for n in parts}
+    print(f"   {'the rest':16} {'the loop, the tool call, the events':62} {rest[10]:7.2f} {rest[turns]:8.2f}")
+    gc_ms = {n: g / (2 * WINDOW) * 1000 for n, (_, g) in parts.items()}
+    print(f"   {'(of it: gc)':16} {'the garbage collector, inside the rows above':62} {gc_ms[10]:7.2f} "
+          f"{gc_ms[turns]:8.2f}")
+    passes(mod, history)
+    print()
+
+
+# --- 2. time to the first text delta ------------------------------------------------------------
+
+FIRST_DELTA = {}  # the first text of a reply -> when the server wrote it (monotonic)
+
+
+def send_stream(self, events, delay, cut_after):
+    """fake_api's send_stream, noting when the first text delta of a reply leaves."""
+    self.send_response(200)
+    self.send_header("Content-Type", "text/event-stream")
+    self.send_header("Transfer-Encoding", "chunked")
+    self.end_headers()
+    noted = False
+    self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle wait between frames
+    for name, data in events:
+        frame = f"event: {name}\ndata: {fake_api.json.dumps(data)}\n\n".encode()
+        if not noted and name == "content_block_delta" and data["delta"]["type"] == "text_delta":
+            FIRST_DELTA[data["delta"]["text"]] = time.monotonic()  # just before it leaves
+            noted = True
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        self.wfile.flush()
+    self.wfile.write(b"0\r\n\r\n")
+
+
+def first_delta_latency(chapter, prompts, tmp):
+    fake_api._Handler.send_stream = send_stream
+    api = ScriptedAPI().start()
+    answers = [f"R{k:02d} is the answer to prompt {k}." for k in range(prompts)]
+    api.script([reply(a) for a in answers])
+    ws, home = Path(tmp) / "ws2", Path(tmp) / "home2"
+    ws.mkdir(), home.mkdir()
+    p = subprocess.Popen([sys.executable, str(ROOT / f"{chapter}.py")], cwd=ws, env=quiet_env(home, api),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    seen, out = {}, b""
+    p.stdin.write("".join(f"prompt {k}\n" for k in range(prompts)).encode())
+    p.stdin.close()
+    while chunk := os.read(p.stdout.fileno(), 65536):
+        now, out = time.monotonic(), out + chunk
+        for k in range(prompts):
+            if k not in seen and f"R{k:02d}".encode() in out:
+                seen[k] = now
+    p.wait()
+    api.close()
+    gaps = [(seen[k] - FIRST_DELTA[answers[k][:12]]) * 1000 for k in range(prompts)
+            if k in seen and answers[k][:12] in FIRST_DELTA]
+    print(f"2. time from the server's first text delta to it on stdout (REPL, {len(gaps)} turns)")
+    if gaps:
+        print(f"   median {statistics.median(gaps):.2f} ms   min {min(gaps):.2f} ms   max {max(gaps):.2f} ms\n")
+    else:
+        print("   no answer was seen on stdout\n")
+
+
+# --- 3. start-up ----------------------------------------------------------------------------------
+
+def until_prompt(argv, env, cwd, prompt):
+    """Seconds from starting the process to `prompt` on its stderr; the stderr text."""
+    start = time.monotonic()
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    err = b""
+    while prompt not in err:
+        chunk = os.read(p.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        err += chunk
+    spent = time.monotonic() - start
+    p.stdin.close()
+    err += p.stderr.read()
+    p.wait()
+    return spent, err.decode(errors="replace")
+
+
+def import_times(err):
+    """Cumulative import times (us) of the top-level imports, from -X importtime's lines."""
+    times = {}
+    for line in err.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if line.startswith("import time:") and len(parts) == 3 and parts[1].strip().isdigit():
+            if not parts[2][1:].startswith(" "):  # nested imports are indented under their importer
+                times[parts[2].strip()] = times.get(parts[2].strip(), 0) + int(parts[1])
+    return times
+
+
+def startup(chapter, starts, tmp):
+    api = ScriptedAPI().start()
+    ws, home = Path(tmp) / "ws3", Path(tmp) / "home3"
+    ws.mkdir(), home.mkdir()
+    env, argv = quiet_env(home, api), [sys.executable, str(ROOT / f"{chapter}.py")]
+    prompt = f"{chapter.split('_')[0]} >> ".encode()
+    wait = "import sys; sys.stderr.write('x >> '); sys.stderr.flush(); sys.stdin.read()"
+    runs = [(argv, prompt), ([sys.executable, "-c", wait], b"x >> "),
+            ([sys.executable, "-c", "import anthropic; " + wait], b"x >> ")]
+    times = [[], [], []]
+    for _ in range(starts):  # taken in turns, so a busy moment of the machine hits all three alike
+        for i, (cmd, marker) in enumerate(runs):
+            times[i].append(until_prompt(cmd, env, ws, marker)[0])
+    full, bare, sdk = (statistics.median(t) for t in times)
+    spent, err = until_prompt([sys.executable, "-X", "importtime", *argv[1:]], env, ws, prompt)
+    imports = import_times(err)
+    api.close()
+    print(f"3. start-up to the first prompt (median of {starts}): {full * 1000:.0f} ms; a bare Python to a "
+          f"prompt {bare * 1000:.0f} ms, one that imports the SDK first {sdk * 1000:.0f} ms: the SDK is "
+          f"{(sdk - bare) / full:.0%} of the start-up")
+    top = sorted(imports.items(), key=lambda x: -x[1])[:6]
+    print(f"   under -X importtime ({spent * 1000:.0f} ms, slowed by the tracing): " + ", ".join(
+        f"{name} {us / 1000:.0f} ms ({us / 1e6 / spent:.0%})" for name, us in top))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--turns", type=int, default=500)
+    ap.add_argument("--deltas", type=int, default=20)
+    ap.add_argument("--starts", type=int, default=5)
+    ap.add_argument("--chapter", default="agent_full")
+    args = ap.parse_args()
+    mod = importlib.import_module(args.chapter)
+    print(f"{args.chapter}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+          f"anthropic {anthropic.__version__}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        report_cpu(mod, args.turns, tmp)
+        first_delta_latency(args.chapter, args.deltas, tmp)
+        startup(args.chapter, args.starts, tmp)
+
+
+if __name__ == "__main__":
+    main()
