@@ -9995,6 +9995,15 @@ def worktree_session():
 # ships .mcp.json, so a project's servers start only once the human trusts the
 # file (s07's gate), after a question that shows each command line and the
 # variables it reads: ${GITHUB_TOKEN} in a header sends that secret to the URL.
+# The file is not all that runs: `python srv.py` runs srv.py, which the agent can
+# rewrite (a sandboxed bash may write the workspace). So for a project's server
+# each word of its command line that is a file in the workspace is hashed too,
+# recorded when the human trusts .mcp.json (or, for .agent/config.yaml, which
+# s07 trusts, at the server's first start after that), and compared at every
+# start and restart: a changed file asks again. Not covered: code the server
+# loads on its own (`python -m pkg`, an import, a config file it reads, what
+# npx fetches); a server whose code lives in the workspace is only as safe as
+# the workspace.
 MCP_PROTOCOL = "2025-11-25"  # the revision deployed servers speak (the docstring: 2026-07-28)
 MCP_VERSIONS = (MCP_PROTOCOL, "2025-06-18", "2025-03-26")  # what a server may answer that we speak
 MCP_FILE = ".mcp.json"       # in the workspace: Claude Code's {"mcpServers": {name: {...}}}
@@ -10002,6 +10011,7 @@ MCP_FILE_BYTES = 1_000_000   # a bigger .mcp.json is not read (a clone may ship 
 MCP_LOG_DIR = Path(AGENT_DIR) / "mcp"  # in the workspace: <server>.log, each server's stderr
 MCP_KEYS = {"type", "command", "args", "env", "url", "headers", "defer", "timeout"}
 MCP_TYPES = ("stdio", "http")  # Claude Code's names; "http" is Streamable HTTP
+MCP_KIND_KEYS = {"stdio": {"command", "args", "env"}, "http": {"url", "headers"}}  # the rest: either
 MCP_NAME = re.compile(r"(?=.{1,32}$)[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")  # no "__": tools are
                              # mcp__<server>__<tool>; a file name too (its log)
 MCP_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # ${VAR}, ${VAR:-default}
@@ -10063,10 +10073,13 @@ def parse_server(name, raw):
         raise ValueError("its settings must be a mapping (command and args, or type: http and url)")
     if unknown := sorted(set(map(str, raw)) - MCP_KEYS):
         raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(MCP_KEYS))})")
-    kind = raw.get("type", "http" if "url" in raw else "stdio")
+    kind = server_kind(raw)
     if kind not in MCP_TYPES:
         raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
                          f"the old HTTP+SSE transport is gone)")
+    if stray := sorted(set(map(str, raw)) & (MCP_KIND_KEYS["http" if kind == "stdio" else "stdio"])):
+        raise ValueError(f"{stray[0]!r} does not belong to a {kind} server (the trust question shows "
+                         f"what it runs: one kind, never both)")
     timeout, defer = raw.get("timeout", MCP_CALL_TIMEOUT), raw.get("defer")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MCP_MAX_TIMEOUT:
         raise ValueError(f"timeout must be a number of seconds, above 0 and at most {MCP_MAX_TIMEOUT}")
@@ -10085,31 +10098,47 @@ def parse_server(name, raw):
                    "headers": {k: expand_vars(v) for k, v in str_map(raw.get("headers") or {}, "headers").items()}}
 
 
+def server_kind(raw):
+    """stdio or http, as parse_server reads it (the trust question must show what runs)."""
+    return raw.get("type", "http" if "url" in raw else "stdio")
+
+
+def escaped(value):
+    """A config value on one line: control and invisible characters (newlines, tabs,
+    ESC, bidi marks) as escapes such as \\n, so no value can hide what follows it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
 def server_line(raw, env=True):
     """What one server would run or reach, for the trust question: the command line in
-    full as written (${VAR} unexpanded) and its env, or the URL and the header names."""
+    full as written (${VAR} unexpanded) and its env, or the URL and the header names.
+    Every value is escaped and quoted on its own."""
     raw = raw if isinstance(raw, dict) else {}
-    if "url" in raw:
+    word = lambda v: shlex.quote(escaped(v))
+    if server_kind(raw) != "stdio":
         headers = raw.get("headers") if isinstance(raw.get("headers"), dict) else {}
-        return f"http {raw['url']}" + (f" (headers: {', '.join(map(str, headers))})" if headers else "")
+        return f"http {word(raw.get('url', '(no url)'))}" + (
+            f" (headers: {', '.join(map(word, headers))})" if headers else "")
     args = raw.get("args") if isinstance(raw.get("args"), list) else []
-    line = " ".join(shlex.quote(str(w)) for w in [raw.get("command", "(no command)"), *args])
+    line = " ".join(word(w) for w in [raw.get("command", "(no command)"), *args])
     env = raw.get("env") if isinstance(raw.get("env"), dict) and env else {}
-    return line + "".join(f" {k}={shlex.quote(str(v))}" for k, v in env.items())
+    return line + "".join(f" {word(k)}={word(v)}" for k, v in env.items())
 
 
 def mcp_question(servers):
     """A file's servers for s07's trust question: each command line or URL, and the
-    environment variables it would read (their values would go to the server)."""
+    environment variables its settings name. A command gets the whole environment bash
+    gets (bar the agent's key); a URL gets what its url and headers name."""
     if not isinstance(servers, dict):
         return "has an mcp_servers entry that is not a mapping (it starts nothing)"
     lines = []
     for name, raw in servers.items():
         used = sorted({m[0] for m in MCP_VAR.findall(json.dumps(raw, default=str))})
         reads = f"\n        reads {', '.join('$' + u for u in used)} from your environment" if used else ""
-        lines.append(f"\n    {name}: {server_line(raw)}{reads}")
-    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the "
-                     f"sandbox:{''.join(lines)}\n")
+        lines.append(f"\n    {escaped(name)}: {server_line(raw)}{reads}")
+    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the sandbox; a "
+                     f"command gets the whole environment bash gets (all your variables but the "
+                     f"agent's API key), a URL the values its settings name:{''.join(lines)}\n")
 
 
 def mcp_trusted(path, servers, state):
@@ -10123,6 +10152,83 @@ def mcp_trusted(path, servers, state):
         yes = answer.strip().lower() in ("y", "yes")
     if yes:
         trust_config(path)
+        record_files(servers if isinstance(servers, dict) else {}, state)
+    return yes
+
+
+def file_key(server_name, file):
+    """A server's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by MCP server {server_name})"
+
+
+def server_files(spec, workdir):
+    """The workspace files a stdio server's command line names: each word that is an
+    existing file inside the workspace (`python srv.py` names srv.py), relative to it."""
+    root, found = workdir.resolve(), []
+    for word in [spec["command"], *spec["args"]] if spec["type"] == "stdio" else []:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # a NUL, a loop, a long name
+            path = (workdir / word).resolve()
+            if path.is_relative_to(root) and path.is_file():
+                found.append(path.relative_to(root).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_files(servers, state):
+    """The human trusted a project file: record the workspace files its servers run."""
+    for name, raw in servers.items():
+        with contextlib.suppress(ValueError):  # a bad entry starts nothing
+            spec = parse_server(str(name), raw)
+            for file in server_files(spec, state.workdir):
+                if digest := file_digest(state.workdir / file):
+                    trust(file_key(name, file), digest)
+
+
+def changed_files(server):
+    """A project server's workspace files whose content is not the one recorded, as
+    (file, key, digest). A file with no record yet is recorded now: this is its first
+    start since the human trusted the config that names it (s07's yes)."""
+    recorded, out = load_trusted().get(str(agent_state().workdir), {}), []
+    for file in server_files(server["spec"], server["workdir"]):
+        key, digest = file_key(server["name"], file), file_digest(server["workdir"] / file)
+        if key not in recorded and digest:
+            trust(key, digest)
+        elif recorded.get(key) != digest:
+            out.append((file, key, digest))
+    return out
+
+
+def files_trusted(server):
+    """May a project's server start with its workspace files as they are now? A file
+    changed since the human trusted it asks again (--trust-workspace says yes; no
+    human, no). The user's own servers are not asked about."""
+    if not server["spec"].get("project") or not (changed := changed_files(server)):
+        return True
+    files = ", ".join(f for f, _, _ in changed)
+    yes = agent_state().permissions.get("trust_all", False)  # --trust-workspace
+    if not yes:
+        answer = ask_human(printable(
+            f"MCP server {server['name']} ({server['source']}) runs {files} from this workspace, "
+            f"which changed since you trusted it (the agent, or a command it ran, may have "
+            f"rewritten it). Start it? [y/N] "))
+        yes = answer.strip().lower() in ("y", "yes")
+    for _, key, digest in changed if yes else []:
+        if digest:
+            trust(key, digest)
+    if not yes:
+        server.update(state="failed", refused=True, error=f"{files} changed since you trusted it: "
+                      f"not started (answer yes at the next start, or --trust-workspace)")
     return yes
 
 
@@ -10150,15 +10256,15 @@ def server_specs(state):
     local one, a later one winning. Config files only count here when s07 let them
     (trusted, or the user's own: load_permissions). A bad entry is one line."""
     files = state.permissions.get("mcp_servers", [])
-    sources = [(f, s) for scope, f, s in files if scope == "user"] + mcp_json(state)
+    sources = [f for f in files if f[0] == "user"] + [("project", *f) for f in mcp_json(state)]
     found = {}
-    for source, servers in sources + [(f, s) for scope, f, s in files if scope != "user"]:
+    for scope, source, servers in sources + [f for f in files if f[0] != "user"]:
         if not isinstance(servers, dict):
             say(f"[{source}: the MCP servers must be a mapping of name: settings; none started]")
             continue
         for name, raw in servers.items():
-            try:
-                found[str(name)] = (parse_server(str(name), raw), source, raw)
+            try:  # a project's server: its workspace files are checked at each start
+                found[str(name)] = (parse_server(str(name), raw) | {"project": scope != "user"}, source, raw)
             except ValueError as e:
                 say(printable(f"[mcp {name} ({source}): {e}; not started]"))
     return found
@@ -10535,7 +10641,8 @@ def sse_messages(reply, deadline):
 def new_server(name, spec, source, raw, workdir):
     return {"name": name, "spec": spec, "source": source, "raw": raw, "workdir": workdir,
             "state": "connecting", "error": None, "transport": None, "opening": None, "tools": [], "info": {},
-            "stale": False, "changed": False, "restarts": 0, "closed": False, "lock": threading.Lock()}
+            "stale": False, "changed": False, "restarts": 0, "closed": False, "refused": False,
+            "lock": threading.Lock()}
 
 
 def hello(transport, server):
@@ -10612,12 +10719,15 @@ def start_mcp(wait=None):
     Servers that connected in time are registered before the first prompt."""
     state, wait = agent_state(), MCP_STARTUP_WAIT if wait is None else wait
     specs = server_specs(state)
-    if not specs:
-        return
-    say(f"[mcp: connecting to {len(specs)} server(s): {', '.join(specs)}]")
-    threads = []
-    for name, (spec, source, raw) in specs.items():
+    for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
+        if not files_trusted(server):
+            say(printable(f"[mcp {name}: {server['error']}]"))
+    if not (starting := [s for s in MCP_SERVERS.values() if not s["refused"]]):
+        return
+    say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
+    threads = []
+    for server in starting:
         threads.append(threading.Thread(target=contextvars.copy_context().run,
                                         args=(connect_and_say, server, wait), daemon=True))
         threads[-1].start()
@@ -10769,6 +10879,9 @@ def server_up(server):
                 f"MCP server {server['name']} is down ({server['error']}); it was restarted "
                 f"{MCP_MAX_RESTARTS} times already. Carry on without its tools, or ask the user "
                 f"to look at it (/mcp shows it{log_note(server)})."))
+        if server["refused"] or not files_trusted(server):  # a restart runs its files again
+            raise ToolError(printable(f"MCP server {server['name']} is not running: {server['error']}. "
+                                      f"Carry on without its tools."))
         server["restarts"] += 1
         say(f"[mcp {server['name']}: restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]")
         if not connect(server):
