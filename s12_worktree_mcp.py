@@ -43,6 +43,7 @@ entry in the registry: every tool, rule, hook and limit follows unchanged.
 """
 
 # --- imports ---
+import base64
 import difflib
 import fcntl
 import fnmatch
@@ -58,6 +59,7 @@ import os
 import queue
 import random
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -10027,9 +10029,15 @@ MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a serve
 MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
 MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
 MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
-MCP_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # what the API shows
-MCP_IMAGE_CHARS = 7_000_000  # base64 characters of one image (~5 MB, the API's limit)
+MCP_TOOL_TOKENS = 5_000      # tokens of one tool's definition; a bigger one is left out (one line)
+MCP_IMAGE_MAGIC = {"image/png": ((0, b"\x89PNG\r\n\x1a\n"),), "image/jpeg": ((0, b"\xff\xd8\xff"),),
+                   "image/gif": ((0, b"GIF8"),), "image/webp": ((0, b"RIFF"), (8, b"WEBP"))}  # offset, bytes
+MCP_IMAGE_TYPES = tuple(MCP_IMAGE_MAGIC)  # what the API shows
+MCP_IMAGE_CHARS = 5_242_880  # base64 characters of one image: the API's limit (5 MiB of base64)
+MCP_MAX_IMAGES = 5           # images one result carries (5 at the limit stay under a 32 MB request)
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
+SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's type names
+MCP_SCHEMA_DEPTH = 32        # nesting levels of an inputSchema walked; a deeper one is refused
 MCP_SERVERS = {}             # name -> server record (new_server): the session's connections
 MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
 MCP_LOCK = threading.Lock()  # connect threads and the loop share the records
@@ -10775,18 +10783,44 @@ def tool_name(server, tool, taken):
 
 
 def schema_problem(schema):
-    """Why an inputSchema cannot go to the API as it is, or None (the request would be refused)."""
+    """Why an inputSchema cannot go to the API as it is, or None. The API checks it
+    against JSON Schema 2020-12's meta-schema, nested schemas too, and refuses the
+    whole request for one bad tool (tests/fake_api.py's _schema_ok checks the same)."""
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return "its inputSchema is not an object schema"
-    props = schema.get("properties", {})
-    if not isinstance(props, dict) or not all(isinstance(p, (dict, bool)) for p in props.values()):
-        return "its inputSchema properties are not a mapping of schemas"
-    if bad := [k for k in props if not PROPERTY_KEY.fullmatch(k)]:
+    if why := subschema_problem(schema, "inputSchema", 0):
+        return why
+    if bad := [k for k in schema.get("properties", {}) if not PROPERTY_KEY.fullmatch(k)]:
         return f"its input field name {bad[0]!r} is not one the API accepts"
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        return "its inputSchema required is not a list of names"
     return None
+
+
+def subschema_problem(schema, where, depth):
+    """One (sub)schema, at `where`: its type and required, then each schema under it in
+    properties, items, additionalProperties and anyOf/oneOf/allOf (true and false are schemas)."""
+    if depth > MCP_SCHEMA_DEPTH:
+        return f"{where} is nested over {MCP_SCHEMA_DEPTH} levels deep"
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    if kind == [] or not all(isinstance(k, str) and k in SCHEMA_TYPES for k in kinds) or len(set(kinds)) < len(kinds):
+        return f"{where}.type {str(kind)[:60]!r} is not a JSON type (or a list of distinct ones)"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required) \
+            or len(set(required)) < len(required):
+        return f"{where}.required is not a list of distinct names"
+    if not isinstance(props := schema.get("properties", {}), dict):
+        return f"{where}.properties is not a mapping of schemas"
+    subs = [(f"{where}.properties.{k[:40]}", v) for k, v in props.items()]
+    subs += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties") if k in schema]
+    for k in ("anyOf", "oneOf", "allOf"):
+        if k in schema and (not isinstance(schema[k], list) or not schema[k]):
+            return f"{where}.{k} is not a list of schemas"
+        subs += [(f"{where}.{k}.{i}", v) for i, v in enumerate(schema.get(k) or [])]
+    return next((why for w, v in subs if (why := subschema_problem(v, w, depth + 1))), None)
 
 
 def tool_description(tool):
@@ -10808,21 +10842,32 @@ def drop_tools(server_name):
         MCP_TOOLS.pop(name, None)
 
 
+def utf8_clean(value):
+    """A server's JSON with each lone surrogate (JSON may say "\\udc80"; no UTF-8 request
+    can carry it) replaced by "?", in keys and strings alike."""
+    return json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+
+
 def register_tools(server):
     """A server's tools into the registry, in its order, replacing what it had before."""
     drop_tools(server["name"])
-    for tool in server["tools"]:
-        name = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS))
-        if name in TOOL_HANDLERS or (why := schema_problem(tool.get("inputSchema"))):
-            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: "
-                                f"{why if name not in TOOL_HANDLERS else 'a second tool of that name'}]"))
+    for tool in map(utf8_clean, server["tools"]):
+        name, description = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS)), tool_description(tool)
+        why = "a second tool of that name" if name in TOOL_HANDLERS else schema_problem(tool.get("inputSchema"))
+        size = 0 if why else estimate_tokens({"name": name, "description": description,
+                                              "input_schema": tool["inputSchema"]})
+        if size > MCP_TOOL_TOKENS:
+            why = f"its definition is ~{size:,} tokens, over the {MCP_TOOL_TOKENS:,} one tool may take"
+        if why:
+            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: {why}]"))
             continue
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
-        register(name, tool_description(tool), tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
+        register(name, description, tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
-        first = tool_description(tool).splitlines()[0]
+        first = description.splitlines()[0]
+        first = first if len(first) <= 120 else first[:117] + "..."
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
-                           "line": first if len(first) <= 120 else first[:117] + "..."}
+                           "line": first.replace("<", "&lt;").replace(">", "&gt;")}  # data, never a tag
 
 
 def register_servers():
@@ -10923,15 +10968,19 @@ def call_result(result):
     """A tools/call result as a tool_result's content: the text blocks joined (images as
     image blocks after them), structuredContent as JSON text when no text says it already
     (servers should send both), isError as a ToolError."""
-    texts, images = [], []
+    texts, images, more = [], [], 0
     for block in result.get("content") or []:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
-        elif kind == "image" and block.get("mimeType") in MCP_IMAGE_TYPES \
-                and isinstance(block.get("data"), str) and 0 < len(block["data"]) <= MCP_IMAGE_CHARS:
-            images.append({"type": "image", "source": {"type": "base64", "media_type": block["mimeType"],
-                                                        "data": block["data"]}})
+        elif kind == "image" and (mime := block.get("mimeType")) in MCP_IMAGE_TYPES:
+            if why := image_problem(mime, block.get("data")):
+                texts.append(f"[image content ({mime}), not shown: {why}]")
+            elif len(images) < MCP_MAX_IMAGES:
+                images.append({"type": "image", "source": {"type": "base64", "media_type": mime,
+                                                            "data": block["data"]}})
+            else:
+                more += 1
         elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
             texts.append(str(res["text"]))
         elif kind == "resource_link":
@@ -10940,17 +10989,37 @@ def call_result(result):
             texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
     if (data := result.get("structuredContent")) is not None and not texts:
         texts.append(json.dumps(data, ensure_ascii=False))
+    if more:
+        texts.append(f"[{more} more image(s) not shown: one result carries at most {MCP_MAX_IMAGES}]")
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
     return [{"type": "text", "text": text if text.strip() else "(image)"}] + images if images else text
 
 
+def image_problem(mime, data):
+    """Why an image cannot go to the API as one, or None: its data must be valid base64
+    within the API's limit, and its first bytes those of its type (or the request fails)."""
+    if not isinstance(data, str) or not data:
+        return "it has no data"
+    if len(data) > MCP_IMAGE_CHARS:
+        return f"{len(data):,} base64 characters, over the API's {MCP_IMAGE_CHARS:,}"
+    try:
+        head = base64.b64decode(data, validate=True)[:16]
+    except ValueError:
+        return "its data is not valid base64"
+    if not all(head[at:at + len(magic)] == magic for at, magic in MCP_IMAGE_MAGIC[mime]):
+        return f"its bytes are not a {mime.removeprefix('image/')} image"
+    return None
+
+
 def result_content(content):
-    """run_tool's content: text without lone surrogates, or an MCP tool's block list."""
+    """run_tool's content: text without lone surrogates, or an MCP tool's block list,
+    its text blocks cleaned the same way."""
+    clean = lambda text: str(text).encode("utf-8", "replace").decode("utf-8")
     if isinstance(content, list):
-        return content
-    return str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")
+        return [b | {"text": clean(b["text"])} if b.get("type") == "text" else b for b in content]
+    return clean(content or "(empty)")
 
 
 def blocks_text(content):
@@ -11021,7 +11090,11 @@ command("mcp", "List the MCP servers: transport, state, tool count and where eac
 # so nothing is ever taken back. The mechanism is the agent's, not the API's:
 # the request simply lists fewer tools.
 MCP_DEFER_BUDGET = CONTEXT_WINDOW // 10  # tokens: MCP definitions past this (together) are deferred
+MCP_FOUND_BUDGET = MCP_DEFER_BUDGET  # tokens: the definitions one agent loads, together, at most
 TOOL_SEARCH_LIMIT = 5       # definitions one tool_search returns
+TOOL_SEARCH_WORDS = 20      # distinct words (or select: names) of one query that count
+TOOL_SEARCH_CHARS = 1_000   # characters of one query; a longer one is refused
+DEFERRED_REMINDER_CHARS = 20_000  # a longer list of deferred tools gives their names only
 DEFERRED_MARK = "<system-reminder>\n# Deferred tools"
 DEFERRED_REMINDER = """{mark}
 These tools exist, but their definitions are not loaded (to save context). To use one, call \
@@ -11080,10 +11153,13 @@ def announce_deferred(messages):
     for m in messages:
         for b in as_blocks(m["content"]) if m["role"] == "user" else []:
             if b.get("type") == "text" and b.get("text", "").startswith(DEFERRED_MARK):
-                told |= set(re.findall(r"^- (\S+?):", b["text"], re.M))
+                told |= set(re.findall(r"^- ([\w-]+)", b["text"], re.M))
     if not (new := [n for n in hidden if n not in told]):
         return
-    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)
+    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)  # each line: a name, <= 120 more
+    if len(lines) > DEFERRED_REMINDER_CHARS:  # never more than the deferral saves
+        lines = (f"({len(new)} tools: names only, their descriptions would take too long; "
+                 f"tool_search shows them)\n" + "\n".join(f"- {n}" for n in new))
     content = as_blocks(messages[-1]["content"])
     messages[-1]["content"] = content + [{"type": "text", "text": DEFERRED_REMINDER.format(
         mark=DEFERRED_MARK, lines=lines)}]
@@ -11091,17 +11167,32 @@ def announce_deferred(messages):
 
 def search_tools(query, pool):
     """Names for a query, best first: select:a,b by exact (or the server's own) name;
-    otherwise each word scores in the whole name, in the name, in the description."""
+    otherwise each distinct word (the first TOOL_SEARCH_WORDS) scores in the whole name,
+    in the name, in the description."""
     descriptions = {t["name"]: t["description"].lower() for t in TOOLS if t["name"] in pool}
     if query.strip().lower().startswith("select:"):
-        wanted = [w.strip() for w in query.strip()[7:].split(",") if w.strip()]
-        return [n for w in wanted for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
-    words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
+        wanted = list(dict.fromkeys(w.strip() for w in query.strip()[7:].split(",") if w.strip()))
+        return [n for w in wanted[:TOOL_SEARCH_WORDS] for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
+    words = list(dict.fromkeys(w for w in re.split(r"[\s,]+", query.lower()) if w))[:TOOL_SEARCH_WORDS]
     def score(n):
         own = MCP_TOOLS[n]["tool"].lower()
         return sum(10 if w in (n.lower(), own) else 3 if w in n.lower() else 1 if w in descriptions[n]
                    else 0 for w in words)
-    return sorted((n for n in pool if score(n)), key=score, reverse=True)
+    scores = {n: score(n) for n in pool}
+    return sorted((n for n in pool if scores[n]), key=scores.get, reverse=True)
+
+
+def within_budget(hits, state):
+    """The hits whose definitions fit: with what this agent loaded before, at most
+    MCP_FOUND_BUDGET tokens (a tool loaded before costs nothing more)."""
+    defs = {t["name"]: t for t in TOOLS}
+    size, fits = estimate_tokens([defs[n] for n in state.discovered if n in defs]), []
+    for n in hits:
+        cost = 0 if n in state.discovered else estimate_tokens(defs[n])
+        if size + cost <= MCP_FOUND_BUDGET:
+            fits.append(n)
+            size += cost
+    return fits
 
 
 def tool_search(query):
@@ -11110,14 +11201,28 @@ def tool_search(query):
     pool = [n for n in MCP_TOOLS if MCP_TOOLS[n]["deferred"] and n in {t["name"] for t in agent_tools()}]
     if not pool:
         raise ToolError("No tool is deferred for you: every tool you can use is already in your tool list.")
+    if len(query) > TOOL_SEARCH_CHARS:
+        raise ToolError(f"The query is {len(query):,} characters long: search with a few words "
+                        f"(at most {TOOL_SEARCH_CHARS:,} characters), or select:<exact name>.")
     if not (hits := list(dict.fromkeys(search_tools(query, pool)))[:TOOL_SEARCH_LIMIT]):
-        raise ToolError(f"No deferred tool matches {query!r}. Use a word from a name or description "
+        raise ToolError(f"No deferred tool matches {query[:100]!r}. Use a word from a name or description "
                         f"in the deferred-tools reminder, or select:<exact name>.")
-    state.discovered += [n for n in hits if n not in state.discovered]
-    defs = [next(t for t in TOOLS if t["name"] == n) for n in hits]
-    return (f"Loaded {len(hits)} tool definition(s); call them from your next reply on:\n<functions>\n"
-            + "\n".join(f"<function>{json.dumps(d, ensure_ascii=False)}</function>" for d in defs)
-            + "\n</functions>")
+    if not (loaded := within_budget(hits, state)):
+        raise ToolError(f"{', '.join(hits)} would take the definitions you loaded past "
+                        f"{MCP_FOUND_BUDGET:,} tokens, the budget for loaded tools: carry on with the "
+                        f"tools you have.")
+    state.discovered += [n for n in loaded if n not in state.discovered]
+    defs = [next(t for t in TOOLS if t["name"] == n) for n in loaded]
+    rest = [n for n in hits if n not in loaded]
+    return (f"Loaded {len(loaded)} tool definition(s); call them from your next reply on:\n<functions>\n"
+            + "\n".join(f"<function>{tag_safe_json(d)}</function>" for d in defs) + "\n</functions>"
+            + (f"\nNot loaded, past the budget for loaded tools ({MCP_FOUND_BUDGET:,} tokens): "
+               f"{', '.join(rest)}." if rest else ""))
+
+
+def tag_safe_json(value):
+    """JSON in which < and > are escapes (\\u003c): a description cannot close the tags around it."""
+    return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 register("tool_search", (

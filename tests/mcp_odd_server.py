@@ -2,7 +2,7 @@
 """A stdio MCP server that does odd things on purpose, standard library only: the
 review tests' server (tests/test_s12_mcp_review.py).
 
-    python tests/mcp_odd_server.py '<settings as JSON>'
+    python tests/mcp_odd_server.py '<settings as JSON>'   (or the path of a file that holds them)
 
 Settings (all optional):
     tools         the tool list (default: one tool, ok {x})
@@ -19,7 +19,8 @@ import json
 import sys
 import time
 
-SETTINGS = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+ARG = sys.argv[1] if len(sys.argv) > 1 else "{}"
+SETTINGS = json.loads(ARG if ARG.startswith("{") else open(ARG).read())
 TOOLS = SETTINGS.get("tools") or [{"name": "ok", "description": "Fine.",
                                    "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}}]
 
