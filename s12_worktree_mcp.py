@@ -10023,6 +10023,7 @@ MCP_CALL_TIMEOUT = 120       # seconds for one request (a server's own timeout: 
 MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
 MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
 MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
+MCP_SEND_WAIT = 5            # seconds a notification or an answer may take to write (a request: its timeout)
 MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
 MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
 MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
@@ -10286,7 +10287,10 @@ def server_specs(state):
 # notification handled (tools/list_changed) or skipped, and a line that is not
 # JSON-RPC is logged and skipped: a stray print must not end a session, unless
 # there are many. When stdout ends the server is gone, and every pending
-# request fails at once, not at its timeout.
+# request fails at once, not at its timeout. Writes have a deadline too: a
+# server that stops reading its stdin fills the pipe, and a blocking write
+# would hang the caller (and, through the lock, every later one) for good; so
+# the pipe is non-blocking, and a write that cannot finish in time kills it.
 class McpError(Exception):
     """A request that got no result: an error answer, or no answer in time."""
 
@@ -10297,6 +10301,10 @@ class ServerFailed(McpError):
 
 class NoAnswer(McpError):
     """No answer within the request's timeout; the server was told to cancel it."""
+
+
+class SessionEnded(ServerFailed):
+    """HTTP 404 on our session id: the server forgot the session; a new one may be opened."""
 
 
 def incoming(server, message):
@@ -10369,17 +10377,30 @@ class StdioTransport:
                                          env=child_env() | spec["env"], start_new_session=True)
         except (OSError, ValueError) as e:  # not found, not executable, a NUL in an argument
             raise ServerFailed(f"cannot start {spec['command']}: {getattr(e, 'strerror', None) or e}")
+        os.set_blocking(self.proc.stdin.fileno(), False)  # send() waits with select, up to a deadline
         threading.Thread(target=self.read_loop, daemon=True).start()
         threading.Thread(target=drain_stderr, args=(self.proc.stderr, self.log), daemon=True).start()
 
-    def send(self, message):
-        data = (json.dumps(message, ensure_ascii=False) + "\n").encode()  # json escapes newlines: one line
+    def send(self, message, timeout=MCP_SEND_WAIT):
+        """One line on its stdin within `timeout` seconds. A write that cannot finish in
+        time (it stopped reading) kills the server: the connection is failed, not stuck."""
+        data = memoryview((json.dumps(message, ensure_ascii=False) + "\n").encode())  # one line: json
+        deadline = time.monotonic() + timeout                                      # escapes newlines
+        if not self.lock.acquire(timeout=timeout):  # another write is stuck; it ends at its deadline
+            raise NoAnswer(f"its input stayed blocked for {timeout:g} s")
         try:
-            with self.lock:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
+            fd = self.proc.stdin.fileno()  # ValueError once close() closed it
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.error = self.error or f"it stopped reading its input (a write waited {timeout:g} s)"
+                    self.kill()  # its output ends too: the reader fails every pending request
+                    raise ServerFailed(self.error)
+                with contextlib.suppress(BlockingIOError):  # the pipe filled up again meanwhile
+                    data = data[os.write(fd, data):]
         except (OSError, ValueError) as e:  # a broken pipe: it has ended
             raise ServerFailed(self.error or f"writing to it failed: {e}")
+        finally:
+            self.lock.release()
 
     def notify(self, method, params=None):
         self.send({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}))
@@ -10388,14 +10409,15 @@ class StdioTransport:
         """After the handshake: nothing to do, the reader thread has been listening since the start."""
 
     def request(self, method, params, timeout):
-        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed."""
-        rid, answer = next(self.ids), queue.Queue(1)
+        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed.
+        Writing and waiting share the timeout."""
+        rid, answer, deadline = next(self.ids), queue.Queue(1), time.monotonic() + timeout
         self.pending[rid] = answer  # registered before the error check: fail() empties the table after
         try:
             if self.error:
                 raise ServerFailed(self.error)
-            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-            message = answer.get(timeout=timeout)
+            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, timeout)
+            message = answer.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
@@ -10430,7 +10452,7 @@ class StdioTransport:
         """One stdout line to where it belongs. Returns why the connection must end, or None."""
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             message = None
         if not isinstance(message, dict):
             if line.strip():
@@ -10469,10 +10491,13 @@ class StdioTransport:
                 break
 
     def close(self):
-        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL."""
+        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL. The pipe
+        is closed under the lock, so no write ever goes to a file number reused since."""
         self.error = self.error or "closed"
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
+        if self.lock.acquire(timeout=MCP_CLOSE_WAIT):  # a stuck write: the kill below ends it
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
+            self.lock.release()
         try:
             self.proc.wait(MCP_CLOSE_WAIT)
         except subprocess.TimeoutExpired:
@@ -10490,8 +10515,11 @@ class StdioTransport:
 # requests and notifications before the response. The session id the server
 # gives with its initialize answer (Mcp-Session-Id) and the version agreed go
 # with every later request; a 404 on that id means the server dropped the
-# session, so the connection counts as failed and the next call starts a new
-# one. Authentication is the configured headers. Between our requests the
+# session (it did nothing with the request), so a new session is opened and the
+# request sent again, without counting as a restart. Any other failure of the
+# connection (refused, reset) fails it: the next call restarts it. Every reply
+# is read against the request's deadline, chunk by chunk, so a server that
+# trickles a byte at a time cannot stretch it. Authentication is the configured headers. Between our requests the
 # server talks on a stream of its own, a GET we keep open (a server without
 # one answers 405): its requests are answered with a POST each, its
 # notifications handled as on stdio. The HTTP client is the one the SDK
@@ -10502,6 +10530,7 @@ class HttpTransport:
     def __init__(self, server):
         self.server, self.url, self.headers = server, server["spec"]["url"], server["spec"]["headers"]
         self.error, self.version, self.session, self.ids = None, None, None, itertools.count(1)
+        self.ended = False  # the server ended our session (404): a new one is not a restart
         self.http = httpx.Client(follow_redirects=False, timeout=MCP_CONNECT_TIMEOUT)
 
     def request(self, method, params, timeout):
@@ -10512,14 +10541,22 @@ class HttpTransport:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+        except ServerFailed as e:  # a reply too big, a session refused or ended: the connection is over
+            self.error = self.error or str(e)
+            raise
 
     def notify(self, method, params=None):
         try:
             self.post({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}),
                       MCP_CONNECT_TIMEOUT)
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+
+    def broken(self, e):
+        """httpx failed (refused, reset, a bad URL): the connection is failed, so the next call restarts it."""
+        self.error = self.error or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return ServerFailed(self.error)
 
     def cancel(self, rid, reason):
         with contextlib.suppress(McpError):
@@ -10569,20 +10606,24 @@ class HttpTransport:
                     self.answer(event)
                 raise McpError("its event stream ended without the answer")
             try:
-                return rpc_result(json.loads(b"".join(capped(reply))))
-            except (ValueError, AttributeError):  # not JSON, or JSON but no object
-                raise McpError(f"its reply ({kind or 'no content type'}) is not a JSON-RPC message")
+                answer = json.loads(b"".join(capped(reply, deadline)))
+            except (ValueError, RecursionError):
+                answer = None
+            if not isinstance(answer, dict) or "method" in answer or answer.get("id") != message["id"]:
+                raise McpError(f"its reply ({kind or 'no content type'}) is not the answer to request "
+                               f"{message['id']}")
+            return rpc_result(answer)
 
     def check_status(self, reply):
         if reply.status_code < 400:
             return
         body = next(reply.iter_bytes(), b"")[:2_000].decode("utf-8", "replace")  # enough to say why
         if reply.status_code == 404 and self.session:
-            self.error = "the server ended the session (HTTP 404); the next call starts a new one"
-        elif reply.status_code in (401, 403):
-            self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
-        else:
+            self.error, self.ended = self.error or "the server ended the session (HTTP 404)", True
+            raise SessionEnded(self.error)
+        if reply.status_code not in (401, 403):
             raise McpError(f"HTTP {reply.status_code}: {' '.join(body.split())[:300]}")
+        self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
         raise ServerFailed(self.error)
 
     def answer(self, message):
@@ -10601,34 +10642,40 @@ class HttpTransport:
         self.http.close()
 
 
-def capped(reply, limit=MCP_MESSAGE_BYTES):
-    """The body's chunks, at most `limit` bytes in all: ServerFailed past it."""
+def capped(reply, deadline):
+    """The body's chunks, at most MCP_MESSAGE_BYTES in all (ServerFailed past it), each
+    before the request's deadline (httpx's read timeout is per read: a byte every few
+    seconds would never trip it)."""
     seen = 0
     for chunk in reply.iter_bytes():
         seen += len(chunk)
-        if seen > limit:
-            raise ServerFailed(f"it sent a reply over {limit:,} bytes")
+        if seen > MCP_MESSAGE_BYTES:
+            raise ServerFailed(f"it sent a reply over {MCP_MESSAGE_BYTES:,} bytes")
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("no answer before the deadline")
         yield chunk
 
 
 def sse_messages(reply, deadline):
     """The JSON-RPC messages of an event stream: each event's data lines, joined. The
-    buffer holds at most one event (MCP_MESSAGE_BYTES); the deadline is the request's."""
-    buffer, data = bytearray(), []
+    event being read, its unfinished line and its data lines together, stays within
+    MCP_MESSAGE_BYTES (ServerFailed past it); the deadline is the request's."""
+    buffer, data, size = bytearray(), [], 0
     for chunk in reply.iter_bytes():
         buffer += chunk
-        if len(buffer) > MCP_MESSAGE_BYTES:
+        if size + len(buffer) > MCP_MESSAGE_BYTES:
             raise ServerFailed(f"it sent an event over {MCP_MESSAGE_BYTES:,} bytes")
         while (end := buffer.find(b"\n")) >= 0:
             line = bytes(buffer[:end]).rstrip(b"\r").decode("utf-8", "replace")
             del buffer[:end + 1]
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
+                size += end + 1
             elif not line and data:  # a blank line ends the event
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):
                     if isinstance(message := json.loads("\n".join(data)), dict):
                         yield message
-                data = []
+                data, size = [], 0
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("no answer before the deadline")
 
@@ -10916,10 +10963,11 @@ def server_up(server):
             return transport
         if server["state"] == "connecting":
             raise ToolError(f"MCP server {server['name']} is still connecting: try again in a moment.")
+        renew = getattr(transport, "ended", False)  # HTTP 404: the server ended the session
         if transport:  # it failed during a call: its reason is the transport's
             server.update(state="failed", error=transport.error, transport=None)
             transport.close()
-        if server["restarts"] >= MCP_MAX_RESTARTS:
+        if server["restarts"] >= MCP_MAX_RESTARTS and not renew:
             raise ToolError(printable(
                 f"MCP server {server['name']} is down ({server['error']}); it was restarted "
                 f"{MCP_MAX_RESTARTS} times already. Carry on without its tools, or ask the user "
@@ -10927,8 +10975,9 @@ def server_up(server):
         if server["refused"] or not files_trusted(server):  # a restart runs its files again
             raise ToolError(printable(f"MCP server {server['name']} is not running: {server['error']}. "
                                       f"Carry on without its tools."))
-        server["restarts"] += 1
-        say(f"[mcp {server['name']}: restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]")
+        server["restarts"] += 0 if renew else 1
+        say(f"[mcp {server['name']}: " + ("the server ended the session: a new one]" if renew else
+                                          f"restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]"))
         if not connect(server):
             raise ToolError(printable(f"MCP server {server['name']} could not be restarted: "
                                       f"{server['error']}{log_note(server)}."))
@@ -10946,9 +10995,8 @@ def call_mcp_tool(server_name, tool, args):
     server = MCP_SERVERS.get(server_name)
     if server is None:
         raise ToolError(f"MCP server {server_name} is not connected in this session.")
-    transport = server_up(server)
     try:
-        result = transport.request("tools/call", {"name": tool, "arguments": args}, server["spec"]["timeout"])
+        result = call_on(server, {"name": tool, "arguments": args})
     except ServerFailed as e:
         more = MCP_MAX_RESTARTS - server["restarts"]
         raise ToolError(printable(
@@ -10962,6 +11010,15 @@ def call_mcp_tool(server_name, tool, args):
         raise ToolError(printable(f"{server_name}/{tool} failed: {e}. Check the input against "
                                   f"its schema, or do without it."))
     return call_result(result)
+
+
+def call_on(server, params):
+    """tools/call on the server's connection (server_up). An HTTP session the server
+    ended did nothing with the call: server_up opens a new one, and the call goes again."""
+    try:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+    except SessionEnded:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
 
 
 def call_result(result):

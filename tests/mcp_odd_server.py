@@ -31,11 +31,11 @@ def send(message):
 
 
 def tools_page(params):
+    if SETTINGS.get("same_cursor"):
+        return {"tools": TOOLS, "nextCursor": "again"}
     offset = int(params.get("cursor") or 0)
     if SETTINGS.get("endless"):
         return {"tools": [{"name": f"t{offset}", "inputSchema": {"type": "object"}}], "nextCursor": str(offset + 1)}
-    if SETTINGS.get("same_cursor"):
-        return {"tools": TOOLS, "nextCursor": "again"}
     size = SETTINGS.get("page") or len(TOOLS)
     page = {"tools": TOOLS[offset:offset + size]}
     return page | ({"nextCursor": str(offset + size)} if offset + size < len(TOOLS) else {})

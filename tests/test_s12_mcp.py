@@ -185,9 +185,9 @@ def test_http_refused_token_and_ended_session(mod, api, client, servers, http_se
     good.http.delete(url, headers=good.request_headers())   # the server forgets the session
     history = run_turn(mod, api, client, [reply(tool("mcp__good__echo", {"text": "a"})),
                                           reply(tool("mcp__good__echo", {"text": "b"}))])
-    gone, again = results(history)
-    assert gone["is_error"] and "ended the session" in gone["content"]
-    assert again["content"] == "echo: b" and up["good"]["restarts"] == 1   # a new session
+    first, again = results(history)
+    assert first["content"] == "echo: a" and again["content"] == "echo: b"   # sent again on a new session
+    assert up["good"]["restarts"] == 0 and up["good"]["transport"] is not good   # which is not a restart
 
 
 # --- the npm reference servers ----------------------------------------------------------

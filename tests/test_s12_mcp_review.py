@@ -360,3 +360,244 @@ def test_images_are_checked_and_counted(mod):
     many = mod.call_result({"content": [{"type": "text", "text": "pics"}] + [blocks[0]] * 8})
     assert len(many) == 1 + mod.MCP_MAX_IMAGES and many[0]["text"] == (
         f"pics\n[3 more image(s) not shown: one result carries at most {mod.MCP_MAX_IMAGES}]")
+
+
+# --- 6a, 15: the stdio transport: stuck writes, and what it must send ----------------------
+
+@each
+def test_a_server_that_stops_reading_fails_within_the_timeout(mod, api, client, servers):
+    up = servers({"odd": odd({"noread": True}, timeout=1)})
+    t, out = in_thread(lambda: call(mod, "mcp__odd__ok", x="y" * 300_000))    # far more than a pipe holds
+    t.join(10)
+    try:
+        assert not t.is_alive(), "the call hung past its 1 s timeout"
+        assert out["r"]["is_error"] and "it stopped reading its input" in out["r"]["content"], out["r"]
+        assert mod.server_state(up["odd"]) == "failed" and up["odd"]["transport"].proc.poll() is not None
+    finally:
+        up["odd"]["transport"].kill()               # the old code's stuck write ends here
+        t.join(5)
+    history = run_turn(mod, api, client, [reply(tool("bash", {"command": "echo still here"}))])
+    assert results(history)[0]["content"].strip() == "still here"
+
+
+def recorded(path, want, wait=5):
+    """The messages a server recorded, once one with method `want` is there (or after `wait` s)."""
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        messages = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+        if any(m.get("method") == want for m in messages):
+            return messages
+        time.sleep(0.05)
+    return messages
+
+
+@each
+def test_initialized_follows_the_handshake_and_a_timeout_sends_cancelled(mod, servers, tmp_path):
+    log = tmp_path / "seen.jsonl"
+    servers({"odd": odd({"hang": True, "record": str(log)}, timeout=0.5)})
+    assert [m["method"] for m in recorded(log, "tools/list")][:3] == [
+        "initialize", "notifications/initialized", "tools/list"]
+    out = call(mod, "mcp__odd__ok", x="1")
+    assert out["is_error"] and "no answer in 0.5 s" in out["content"]
+    seen = recorded(log, "notifications/cancelled")
+    asked = next(m for m in seen if m.get("method") == "tools/call")
+    cancel = next(m for m in seen if m.get("method") == "notifications/cancelled")
+    assert cancel["params"]["requestId"] == asked["id"]
+
+
+@each
+def test_the_stderr_log_is_capped(mod, servers, workspace, monkeypatch):
+    monkeypatch.setattr(mod, "MCP_LOG_BYTES", 1_000)
+    servers({"odd": odd({"stderr_bytes": 50_000})})
+    log = workspace / ".agent" / "mcp" / "odd.log"
+    for _ in range(100):
+        if "[log cut" in log.read_text():
+            break
+        time.sleep(0.05)
+    assert "[log cut: this connection passed the size limit]" in log.read_text()
+    assert log.stat().st_size < 1_000 + 200
+
+
+@each
+def test_tools_list_stops_at_max_tools_and_at_a_cursor_seen_before(mod, servers, tmp_path, monkeypatch):
+    monkeypatch.setattr(mod, "MCP_MAX_TOOLS", 15)
+    log = tmp_path / "seen.jsonl"
+    up = servers({"endless": odd({"endless": True}), "loop": odd({"same_cursor": True, "record": str(log)})},
+                 wait=5)
+    assert up["endless"]["state"] == "connected" and len(mod.mcp_names("endless")) == 15
+    assert up["loop"]["state"] == "connected"
+    assert [m["method"] for m in recorded(log, "tools/list")].count("tools/list") == 2   # "again" twice: stop
+
+
+@each
+def test_a_long_description_is_capped(mod, servers):
+    servers({"odd": odd({"tools": [{"name": "long", "description": "w" * 5_000, "inputSchema": {"type": "object"}}]})})
+    description = next(t for t in mod.TOOLS if t["name"] == "mcp__odd__long")["description"]
+    assert description == "w" * mod.MCP_DESCRIPTION_CHARS + " [...]" and mod.MCP_DESCRIPTION_CHARS == 2_048
+
+
+# --- 6b, 7, 14, 15: Streamable HTTP against a server in this process -----------------------
+
+class OddHttp(BaseHTTPRequestHandler):
+    """A Streamable HTTP server whose tools/call replies go wrong as its `modes` say,
+    one mode per call (then "ok"). It keeps every POST's method and headers."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):                           # no stream of its own
+        self.empty(405)
+
+    def do_DELETE(self):
+        self.empty(200)
+
+    def empty(self, code):
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def start(self, kind, length=None):
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header(*("Content-Length", str(length)) if length else ("Connection", "close"))
+        self.end_headers()
+
+    def drip(self, data, pause):
+        """Write `data` again and again (pausing between) until the client or the test stops it."""
+        try:
+            while not self.server.stop.is_set():
+                self.wfile.write(data)
+                self.wfile.flush()
+                self.server.stop.wait(pause)
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def do_POST(self):
+        srv, message = self.server, json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.seen.append((message.get("method"), {k.lower(): v for k, v in self.headers.items()}))
+        if "id" not in message:
+            return self.empty(202)
+        method, headers, result = message["method"], {}, {}
+        if method == "initialize":
+            srv.sessions += 1
+            headers = {"Mcp-Session-Id": f"session-{srv.sessions}"}
+            result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "h"}}
+        elif method == "tools/list":
+            result = {"tools": [{"name": "ok", "inputSchema": {"type": "object"}}]}
+        elif method == "tools/call":
+            mode = srv.modes.pop(0) if srv.modes else "ok"
+            if mode == "expire":
+                return self.empty(404)
+            if mode == "drop":                  # no response at all: httpx fails inside
+                self.close_connection = True
+                return None
+            if mode == "trickle":               # a byte every 0.2 s of a 100 KB body
+                self.start("application/json", 100_000)
+                return self.drip(b" ", 0.2)
+            if mode == "keepalive":             # an event stream of comments, never the answer
+                self.start("text/event-stream")
+                return self.drip(b": keepalive\n\n", 0.2)
+            if mode == "huge-event":            # one event's data lines that never end
+                self.start("text/event-stream")
+                return self.drip(b"data: " + b"x" * 60_000 + b"\n", 0)
+            if mode == "wrong-id":
+                message = message | {"id": message["id"] + 1000}
+            result = {"content": [{"type": "text", "text": "forged" if mode == "wrong-id" else "fine"}]}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        self.send_response(200)
+        for k, v in ({"Content-Type": "application/json", "Content-Length": str(len(body))} | headers).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def http_odd():
+    """start(*modes) -> (server, url): an OddHttp in a thread, stopped after the test."""
+    made = []
+
+    def start(*modes):
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), OddHttp)
+        srv.daemon_threads, srv.modes, srv.seen, srv.sessions, srv.stop = True, list(modes), [], 0, threading.Event()
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        made.append(srv)
+        return srv, f"http://127.0.0.1:{srv.server_address[1]}/mcp"
+    yield start
+    for srv in made:
+        srv.stop.set()
+        srv.shutdown()
+        srv.server_close()
+
+
+def bounded_call(mod, name, limit=10):
+    """A tool call that must come back within `limit` seconds (the point: it never hangs)."""
+    t, out = in_thread(call, mod, name)
+    t.join(limit)
+    assert not t.is_alive(), f"{name} hung past {limit} s"
+    return out["r"]
+
+
+@each
+@pytest.mark.parametrize("mode", ["trickle", "keepalive"])
+def test_a_reply_that_never_finishes_stops_at_the_deadline(mod, servers, http_odd, mode):
+    srv, url = http_odd(mode)
+    servers({"h": {"type": "http", "url": url, "timeout": 1}})
+    try:
+        out = bounded_call(mod, "mcp__h__ok")
+    finally:
+        srv.stop.set()
+    assert out["is_error"] and "no answer in 1 s" in out["content"], out
+
+
+@each
+def test_an_event_stream_is_capped_while_it_is_read(mod, servers, http_odd, monkeypatch):
+    monkeypatch.setattr(mod, "MCP_MESSAGE_BYTES", 1_000_000)
+    srv, url = http_odd("huge-event")
+    up = servers({"h": {"type": "http", "url": url, "timeout": 3}})
+    try:
+        out = bounded_call(mod, "mcp__h__ok")
+    finally:
+        srv.stop.set()
+    assert out["is_error"] and "it sent an event over 1,000,000 bytes" in out["content"], out
+    assert mod.server_state(up["h"]) == "failed"        # the next call restarts it
+
+
+@each
+def test_a_json_reply_with_another_id_is_refused(mod, servers, http_odd):
+    srv, url = http_odd("wrong-id")
+    servers({"h": {"type": "http", "url": url}})
+    out = bounded_call(mod, "mcp__h__ok")
+    assert out["is_error"] and "is not the answer to request" in out["content"] and "forged" not in out["content"]
+
+
+@each
+def test_a_failure_inside_httpx_fails_the_connection_so_it_restarts(mod, servers, http_odd):
+    srv, url = http_odd("drop")
+    up = servers({"h": {"type": "http", "url": url}})
+    first = up["h"]["transport"]
+    out = bounded_call(mod, "mcp__h__ok")
+    assert out["is_error"] and "next call of one of its tools restarts it" in out["content"]
+    assert first.error and mod.server_state(up["h"]) == "failed"
+    assert bounded_call(mod, "mcp__h__ok")["content"] == "fine"
+    assert up["h"]["restarts"] == 1 and up["h"]["transport"] is not first and srv.sessions == 2
+
+
+@each
+def test_an_expired_session_is_opened_again_without_a_restart(mod, servers, http_odd):
+    srv, url = http_odd("expire")
+    up = servers({"h": {"type": "http", "url": url}})
+    assert bounded_call(mod, "mcp__h__ok")["content"] == "fine"      # the call went again, on a new session
+    assert srv.sessions == 2 and up["h"]["restarts"] == 0
+    assert [h.get("mcp-session-id") for m, h in srv.seen if m == "tools/call"] == ["session-1", "session-2"]
+
+
+@each
+def test_the_protocol_version_header_follows_the_handshake(mod, servers, http_odd):
+    srv, url = http_odd()
+    servers({"h": {"type": "http", "url": url}})
+    bounded_call(mod, "mcp__h__ok")
+    versions = {m: h.get("mcp-protocol-version") for m, h in srv.seen}
+    assert versions["initialize"] is None
+    assert versions["notifications/initialized"] == versions["tools/list"] == versions["tools/call"] == "2025-11-25"
