@@ -601,3 +601,78 @@ def test_the_protocol_version_header_follows_the_handshake(mod, servers, http_od
     versions = {m: h.get("mcp-protocol-version") for m, h in srv.seen}
     assert versions["initialize"] is None
     assert versions["notifications/initialized"] == versions["tools/list"] == versions["tools/call"] == "2025-11-25"
+
+
+# --- 8: a rule's pattern on a tool with no rule field is a config error (s07 on) -----------
+
+from07 = pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+
+
+@from07
+def test_a_pattern_that_could_never_match_is_refused(mod, workspace):
+    for text in ["mcp__fs__write_file(/etc/**)", "mcp__fs__*(*passwd*)", "todo_write(x)", "WebFetch(domain:x)"]:
+        with pytest.raises(ValueError, match="takes no pattern"):
+            mod.parse_rule(text)
+    for text in ["bash(git *)", "Read(src/**)", "read_*(**/.env)", "load_skill(deploy)", "agent(explore)",
+                 "mcp__fs__write_file", "mcp__fs__*", "todo_write"]:
+        mod.parse_rule(text)
+    user = Path.home() / ".agent" / "config.yaml"
+    user.parent.mkdir(parents=True)
+    user.write_text(yaml.safe_dump({"permissions": {"deny": ["bash(rm *)", "mcp__fs__write_file(/etc/**)"]}}))
+    with pytest.raises(mod.ConfigError, match=r"permissions\.deny: 'mcp__fs__write_file\(/etc/\*\*\)': "
+                                              r"mcp__fs__write_file takes no pattern"):
+        mod.load_permissions(workspace)
+
+
+# --- 9: nothing is written through a link a clone planted in .agent/ ------------------------
+
+from06 = pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
+
+
+@from06
+@pytest.mark.parametrize("planted", ["file", "folder", "agent"])
+def test_saved_output_never_follows_a_planted_link(mod, workspace, tmp_path, planted):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "toolu_big.txt"
+    victim.write_text("mine\n")
+    results_dir = workspace / ".agent" / "tool-results"
+    if planted == "file":
+        results_dir.mkdir(parents=True)
+        (results_dir / "toolu_big.txt").symlink_to(victim)
+    elif planted == "folder":
+        results_dir.parent.mkdir()
+        results_dir.symlink_to(outside)
+    else:
+        (workspace / ".agent").symlink_to(outside)
+    block = {"tool_use_id": "toolu_big", "content": "x" * (mod.PERSIST_CHARS + 10)}
+    mod.persist_output(block)
+    assert victim.read_text() == "mine\n" and sorted(p.name for p in outside.iterdir()) == ["toolu_big.txt"]
+    assert "could not be saved" in block["content"]
+    if planted == "file":
+        (results_dir / "toolu_big.txt").unlink()
+        mod.persist_output(block := {"tool_use_id": "toolu_big", "content": "y" * (mod.PERSIST_CHARS + 10)})
+        assert block["content"].startswith("<persisted-output>")      # a real folder still works
+        assert (results_dir / "toolu_big.txt").read_text() == "y" * (mod.PERSIST_CHARS + 10)
+
+
+@each
+@pytest.mark.parametrize("planted", ["file", "folder", "agent"])
+def test_the_server_log_never_follows_a_planted_link(mod, servers, workspace, tmp_path, planted):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "odd.log"
+    victim.write_text("# my bashrc\n")
+    log_dir = workspace / ".agent" / "mcp"
+    if planted == "file":
+        log_dir.mkdir(parents=True)
+        (log_dir / "odd.log").symlink_to(victim)
+    elif planted == "folder":
+        log_dir.parent.mkdir()
+        log_dir.symlink_to(outside)
+    else:
+        (workspace / ".agent").symlink_to(outside)
+    up = servers({"odd": odd({"stderr_bytes": 100})})
+    time.sleep(0.3)                             # the stderr reader would have written by now
+    assert up["odd"]["state"] == "connected"    # the log is lost, nothing else
+    assert victim.read_text() == "# my bashrc\n" and [p.name for p in outside.iterdir()] == ["odd.log"]
