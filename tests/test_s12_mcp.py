@@ -132,12 +132,16 @@ def test_a_tool_list_change_reaches_the_next_request(mod, api, client, servers):
 
 
 @needs_mcp
+@pytest.mark.permissions
 @each
-def test_read_only_hint_makes_calls_run_together_but_still_asks(mod, api, client, servers):
+def test_read_only_hint_makes_calls_run_together_but_still_asks(mod, api, client, servers, monkeypatch):
     servers({"sdk": {"command": PY, "args": [SDK]}})
     assert mod.TOOL_FLAGS["mcp__sdk__slow"] == {"read_only": False, "concurrency_safe": True}
     assert mod.TOOL_FLAGS["mcp__sdk__fail"]["concurrency_safe"] is False
+    asked = []                                  # the default mode, no rules: the human is asked
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "y")
     history = run_turn(mod, api, client, [reply(*[tool("mcp__sdk__slow", {"tag": str(i)}) for i in range(4)])])
+    assert len(asked) == 4 and all("Allow mcp__sdk__slow?" in q for q in asked)   # each call, before any ran
     spans = [tuple(map(float, r["content"].split()[2:])) for r in results(history)]
     assert [r["content"].split()[1] for r in results(history)] == ["0", "1", "2", "3"]   # call order kept
     spans.sort()                                # run one by one, each would start after the last ended
