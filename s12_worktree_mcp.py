@@ -27,7 +27,7 @@ what a server offers, and state across calls is a handle the server mints.
 Deployed servers speak 2025-11-25, so this client shakes hands.
 Deferred tools and the cache (tests/bench_s12_mcp.py, 12 requests, 71 tools of
 ~25K tokens, one found at request 2): the tools block changed once, so the cache
-broke once: reads 90K vs 368K tokens, writes 17K vs 34K, 0.39x the input cost.
+broke once: reads 97K vs 376K tokens, writes 19K vs 34K, 0.41x the input cost.
 
 Run:
     python s12_worktree_mcp.py                       # REPL, prompt "s12 >> "
