@@ -10060,7 +10060,7 @@ MCP_IMAGE_TYPES = tuple(MCP_IMAGE_MAGIC)  # what the API shows
 MCP_IMAGE_CHARS = 5_242_880  # base64 characters of one image: the API's limit (5 MiB of base64)
 MCP_MAX_IMAGES = 5           # images one result carries (5 at the limit stay under a 32 MB request)
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
-SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's type names
+SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's
 MCP_SCHEMA_DEPTH = 32        # nesting levels of an inputSchema walked; a deeper one is refused
 MCP_SERVERS = {}             # name -> server record (new_server): the session's connections
 MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
@@ -10546,11 +10546,11 @@ class StdioTransport:
 # request sent again, without counting as a restart. Any other failure of the
 # connection (refused, reset) fails it: the next call restarts it. Every reply
 # is read against the request's deadline, chunk by chunk, so a server that
-# trickles a byte at a time cannot stretch it. Authentication is the configured headers. Between our requests the
-# server talks on a stream of its own, a GET we keep open (a server without
-# one answers 405): its requests are answered with a POST each, its
-# notifications handled as on stdio. The HTTP client is the one the SDK
-# brings (httpx; named httpx2 from SDK 2.x).
+# trickles a byte at a time cannot stretch it. Authentication is the configured
+# headers. Between our requests the server talks on a stream of its own, a GET
+# we keep open (a server without one answers 405): its requests are answered
+# with a POST each, its notifications handled as on stdio. The HTTP client is
+# the one the SDK brings (httpx; named httpx2 from SDK 2.x).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
@@ -10581,7 +10581,7 @@ class HttpTransport:
             raise self.broken(e)
 
     def broken(self, e):
-        """httpx failed (refused, reset, a bad URL): the connection is failed, so the next call restarts it."""
+        """httpx failed (refused, reset, a bad URL): the connection is over; the next call restarts it."""
         self.error = self.error or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         return ServerFailed(self.error)
 
@@ -10805,7 +10805,7 @@ def start_mcp(wait=None):
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
         if not files_trusted(server):
             say(printable(f"[mcp {name}: {server['error']}]"))
-    if not (starting := [s for s in MCP_SERVERS.values() if not s["refused"]]):
+    if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
         return
     say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
     threads = []
@@ -10938,10 +10938,9 @@ def register_tools(server):
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
         register(name, description, tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
-        first = description.splitlines()[0]
-        first = first if len(first) <= 120 else first[:117] + "..."
+        first = description.splitlines()[0].replace("<", "&lt;").replace(">", "&gt;")  # data, never a tag
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
-                           "line": first.replace("<", "&lt;").replace(">", "&gt;")}  # data, never a tag
+                           "line": first if len(first) <= 120 else first[:117] + "..."}
 
 
 def register_servers():

@@ -676,3 +676,34 @@ def test_the_server_log_never_follows_a_planted_link(mod, servers, workspace, tm
     time.sleep(0.3)                             # the stderr reader would have written by now
     assert up["odd"]["state"] == "connected"    # the log is lost, nothing else
     assert victim.read_text() == "# my bashrc\n" and [p.name for p in outside.iterdir()] == ["odd.log"]
+
+
+@each
+def test_schema_problem_and_the_fake_apis_check_agree(mod):
+    """Keeps the two in step: on a few thousand random schemas, every one the fake API
+    (the real API's stand-in) would refuse is refused here too."""
+    import random
+    from fake_api import _schema_ok
+    rng = random.Random(12)
+    leaves = [True, False, {}, {"type": "string"}, {"type": "str"}, {"type": []}, {"type": ["string", "null"]},
+              {"type": ["string", "string"]}, {"type": [1]}, "string", None, 3]
+
+    def schema(depth):
+        if depth > 3 or rng.random() < 0.3:
+            return rng.choice(leaves)
+        sub = lambda: schema(depth + 1)
+        values = {"type": lambda: rng.choice(["object", "array", "strin", ["object"]]),
+                  "properties": lambda: rng.choice([{"a": sub()}, [], "x"]),
+                  "required": lambda: rng.choice([["a"], ["a", "a"], "a", [1]]),
+                  "anyOf": lambda: rng.choice([[sub()], [], {}]),
+                  "oneOf": lambda: [sub()], "allOf": lambda: [sub(), sub()]}
+        keys = rng.sample(["type", "properties", "items", "additionalProperties", "anyOf", "oneOf",
+                           "allOf", "required"], rng.randint(1, 3))
+        return {k: values.get(k, sub)() for k in keys}
+    refused = 0
+    for _ in range(3_000):
+        s = {"type": "object", "properties": {"a": schema(0)}}
+        if not _schema_ok(s):
+            refused += 1
+            assert mod.schema_problem(s), s
+    assert refused > 500                        # the check saw plenty of bad schemas
