@@ -1911,6 +1911,23 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
+def open_inside(path, root, flags):
+    """os.open a file the agent writes below root, never through a symbolic link a
+    cloned repository planted: each folder on the way is opened (made when missing)
+    relative to the one before, with O_NOFOLLOW, and so is the file. OSError when one
+    is a link, so nothing is written elsewhere, even if a link is swapped in meanwhile."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.parent.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
@@ -1918,9 +1935,10 @@ def persist_output(block):
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:  # never through a link planted in .agent/ (a cloned repository may ship one)
+        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                  "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as e:
         say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
             f"({e.strerror or e}): the model gets the first {len(preview):,} only]")

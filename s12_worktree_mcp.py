@@ -27,7 +27,7 @@ what a server offers, and state across calls is a handle the server mints.
 Deployed servers speak 2025-11-25, so this client shakes hands.
 Deferred tools and the cache (tests/bench_s12_mcp.py, 12 requests, 71 tools of
 ~25K tokens, one found at request 2): the tools block changed once, so the cache
-broke once: reads 90K vs 368K tokens, writes 17K vs 34K, 0.39x the input cost.
+broke once: reads 97K vs 376K tokens, writes 19K vs 34K, 0.41x the input cost.
 
 Run:
     python s12_worktree_mcp.py                       # REPL, prompt "s12 >> "
@@ -43,6 +43,7 @@ entry in the registry: every tool, rule, hook and limit follows unchanged.
 """
 
 # --- imports ---
+import base64
 import difflib
 import fcntl
 import fnmatch
@@ -58,6 +59,7 @@ import os
 import queue
 import random
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -2007,6 +2009,23 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
+def open_inside(path, root, flags):
+    """os.open a file the agent writes below root, never through a symbolic link a
+    cloned repository planted: each folder on the way is opened (made when missing)
+    relative to the one before, with O_NOFOLLOW, and so is the file. OSError when one
+    is a link, so nothing is written elsewhere, even if a link is swapped in meanwhile."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.parent.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
@@ -2014,9 +2033,10 @@ def persist_output(block):
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:  # never through a link planted in .agent/ (a cloned repository may ship one)
+        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                  "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as e:
         say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
             f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
@@ -3207,13 +3227,18 @@ def config_files(workdir):
 
 
 def parse_rule(text):
-    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed."""
+    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed,
+    or if it gives a pattern to tools with no input a pattern could match (it would never apply)."""
     m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m or (m[2] is not None and not m[2].strip()):
         raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
     if fnmatch_tool(TOOL_ALIASES.get(m[1], m[1]), "background_run"):  # s10: it would never match
         raise ValueError(f"{text!r}: background_run is judged by bash's rules; write bash(...) instead")  # s10
-    return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
+    tool = TOOL_ALIASES.get(m[1], m[1])
+    if m[2] is not None and not any(fnmatch_tool(tool, t) for t in ("bash", *PATH_TOOLS, *RULE_FIELDS)):
+        raise ValueError(f"{text!r}: {tool} takes no pattern (only bash, the file tools, load_skill "
+                         f"and agent do); write {m[1]} alone for all its calls")
+    return {"tool": tool, "pattern": m[2] and m[2].strip(), "text": text.strip()}
 
 
 def check_config(path, data):
@@ -10004,6 +10029,15 @@ def worktree_session():
 # ships .mcp.json, so a project's servers start only once the human trusts the
 # file (s07's gate), after a question that shows each command line and the
 # variables it reads: ${GITHUB_TOKEN} in a header sends that secret to the URL.
+# The file is not all that runs: `python srv.py` runs srv.py, which the agent can
+# rewrite (a sandboxed bash may write the workspace). So for a project's server
+# each word of its command line that is a file in the workspace is hashed too,
+# recorded when the human trusts .mcp.json (or, for .agent/config.yaml, which
+# s07 trusts, at the server's first start after that), and compared at every
+# start and restart: a changed file asks again. Not covered: code the server
+# loads on its own (`python -m pkg`, an import, a config file it reads, what
+# npx fetches); a server whose code lives in the workspace is only as safe as
+# the workspace.
 MCP_PROTOCOL = "2025-11-25"  # the revision deployed servers speak (the docstring: 2026-07-28)
 MCP_VERSIONS = (MCP_PROTOCOL, "2025-06-18", "2025-03-26")  # what a server may answer that we speak
 MCP_FILE = ".mcp.json"       # in the workspace: Claude Code's {"mcpServers": {name: {...}}}
@@ -10011,6 +10045,7 @@ MCP_FILE_BYTES = 1_000_000   # a bigger .mcp.json is not read (a clone may ship 
 MCP_LOG_DIR = Path(AGENT_DIR) / "mcp"  # in the workspace: <server>.log, each server's stderr
 MCP_KEYS = {"type", "command", "args", "env", "url", "headers", "defer", "timeout"}
 MCP_TYPES = ("stdio", "http")  # Claude Code's names; "http" is Streamable HTTP
+MCP_KIND_KEYS = {"stdio": {"command", "args", "env"}, "http": {"url", "headers"}}  # the rest: either
 MCP_NAME = re.compile(r"(?=.{1,32}$)[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")  # no "__": tools are
                              # mcp__<server>__<tool>; a file name too (its log)
 MCP_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # ${VAR}, ${VAR:-default}
@@ -10020,15 +10055,22 @@ MCP_CALL_TIMEOUT = 120       # seconds for one request (a server's own timeout: 
 MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
 MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
 MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
+MCP_SEND_WAIT = 5            # seconds a notification or an answer may take to write (a request: its timeout)
 MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
 MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
 MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
 MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
 MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
 MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
-MCP_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # what the API shows
-MCP_IMAGE_CHARS = 7_000_000  # base64 characters of one image (~5 MB, the API's limit)
+MCP_TOOL_TOKENS = 5_000      # tokens of one tool's definition; a bigger one is left out (one line)
+MCP_IMAGE_MAGIC = {"image/png": ((0, b"\x89PNG\r\n\x1a\n"),), "image/jpeg": ((0, b"\xff\xd8\xff"),),
+                   "image/gif": ((0, b"GIF8"),), "image/webp": ((0, b"RIFF"), (8, b"WEBP"))}  # offset, bytes
+MCP_IMAGE_TYPES = tuple(MCP_IMAGE_MAGIC)  # what the API shows
+MCP_IMAGE_CHARS = 5_242_880  # base64 characters of one image: the API's limit (5 MiB of base64)
+MCP_MAX_IMAGES = 5           # images one result carries (5 at the limit stay under a 32 MB request)
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
+SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's
+MCP_SCHEMA_DEPTH = 32        # nesting levels of an inputSchema walked; a deeper one is refused
 MCP_SERVERS = {}             # name -> server record (new_server): the session's connections
 MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
 MCP_LOCK = threading.Lock()  # connect threads and the loop share the records
@@ -10072,10 +10114,13 @@ def parse_server(name, raw):
         raise ValueError("its settings must be a mapping (command and args, or type: http and url)")
     if unknown := sorted(set(map(str, raw)) - MCP_KEYS):
         raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(MCP_KEYS))})")
-    kind = raw.get("type", "http" if "url" in raw else "stdio")
+    kind = server_kind(raw)
     if kind not in MCP_TYPES:
         raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
                          f"the old HTTP+SSE transport is gone)")
+    if stray := sorted(set(map(str, raw)) & (MCP_KIND_KEYS["http" if kind == "stdio" else "stdio"])):
+        raise ValueError(f"{stray[0]!r} does not belong to a {kind} server (the trust question shows "
+                         f"what it runs: one kind, never both)")
     timeout, defer = raw.get("timeout", MCP_CALL_TIMEOUT), raw.get("defer")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MCP_MAX_TIMEOUT:
         raise ValueError(f"timeout must be a number of seconds, above 0 and at most {MCP_MAX_TIMEOUT}")
@@ -10094,31 +10139,47 @@ def parse_server(name, raw):
                    "headers": {k: expand_vars(v) for k, v in str_map(raw.get("headers") or {}, "headers").items()}}
 
 
+def server_kind(raw):
+    """stdio or http, as parse_server reads it (the trust question must show what runs)."""
+    return raw.get("type", "http" if "url" in raw else "stdio")
+
+
+def escaped(value):
+    """A config value on one line: control and invisible characters (newlines, tabs,
+    ESC, bidi marks) as escapes such as \\n, so no value can hide what follows it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
 def server_line(raw, env=True):
     """What one server would run or reach, for the trust question: the command line in
-    full as written (${VAR} unexpanded) and its env, or the URL and the header names."""
+    full as written (${VAR} unexpanded) and its env, or the URL and the header names.
+    Every value is escaped and quoted on its own."""
     raw = raw if isinstance(raw, dict) else {}
-    if "url" in raw:
+    word = lambda v: shlex.quote(escaped(v))
+    if server_kind(raw) != "stdio":
         headers = raw.get("headers") if isinstance(raw.get("headers"), dict) else {}
-        return f"http {raw['url']}" + (f" (headers: {', '.join(map(str, headers))})" if headers else "")
+        return f"http {word(raw.get('url', '(no url)'))}" + (
+            f" (headers: {', '.join(map(word, headers))})" if headers else "")
     args = raw.get("args") if isinstance(raw.get("args"), list) else []
-    line = " ".join(shlex.quote(str(w)) for w in [raw.get("command", "(no command)"), *args])
+    line = " ".join(word(w) for w in [raw.get("command", "(no command)"), *args])
     env = raw.get("env") if isinstance(raw.get("env"), dict) and env else {}
-    return line + "".join(f" {k}={shlex.quote(str(v))}" for k, v in env.items())
+    return line + "".join(f" {word(k)}={word(v)}" for k, v in env.items())
 
 
 def mcp_question(servers):
     """A file's servers for s07's trust question: each command line or URL, and the
-    environment variables it would read (their values would go to the server)."""
+    environment variables its settings name. A command gets the whole environment bash
+    gets (bar the agent's key); a URL gets what its url and headers name."""
     if not isinstance(servers, dict):
         return "has an mcp_servers entry that is not a mapping (it starts nothing)"
     lines = []
     for name, raw in servers.items():
         used = sorted({m[0] for m in MCP_VAR.findall(json.dumps(raw, default=str))})
         reads = f"\n        reads {', '.join('$' + u for u in used)} from your environment" if used else ""
-        lines.append(f"\n    {name}: {server_line(raw)}{reads}")
-    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the "
-                     f"sandbox:{''.join(lines)}\n")
+        lines.append(f"\n    {escaped(name)}: {server_line(raw)}{reads}")
+    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the sandbox; a "
+                     f"command gets the whole environment bash gets (all your variables but the "
+                     f"agent's API key), a URL the values its settings name:{''.join(lines)}\n")
 
 
 def mcp_trusted(path, servers, state):
@@ -10132,6 +10193,83 @@ def mcp_trusted(path, servers, state):
         yes = answer.strip().lower() in ("y", "yes")
     if yes:
         trust_config(path)
+        record_files(servers if isinstance(servers, dict) else {}, state)
+    return yes
+
+
+def file_key(server_name, file):
+    """A server's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by MCP server {server_name})"
+
+
+def server_files(spec, workdir):
+    """The workspace files a stdio server's command line names: each word that is an
+    existing file inside the workspace (`python srv.py` names srv.py), relative to it."""
+    root, found = workdir.resolve(), []
+    for word in [spec["command"], *spec["args"]] if spec["type"] == "stdio" else []:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # a NUL, a loop, a long name
+            path = (workdir / word).resolve()
+            if path.is_relative_to(root) and path.is_file():
+                found.append(path.relative_to(root).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_files(servers, state):
+    """The human trusted a project file: record the workspace files its servers run."""
+    for name, raw in servers.items():
+        with contextlib.suppress(ValueError):  # a bad entry starts nothing
+            spec = parse_server(str(name), raw)
+            for file in server_files(spec, state.workdir):
+                if digest := file_digest(state.workdir / file):
+                    trust(file_key(name, file), digest)
+
+
+def changed_files(server):
+    """A project server's workspace files whose content is not the one recorded, as
+    (file, key, digest). A file with no record yet is recorded now: this is its first
+    start since the human trusted the config that names it (s07's yes)."""
+    recorded, out = load_trusted().get(str(agent_state().workdir), {}), []
+    for file in server_files(server["spec"], server["workdir"]):
+        key, digest = file_key(server["name"], file), file_digest(server["workdir"] / file)
+        if key not in recorded and digest:
+            trust(key, digest)
+        elif recorded.get(key) != digest:
+            out.append((file, key, digest))
+    return out
+
+
+def files_trusted(server):
+    """May a project's server start with its workspace files as they are now? A file
+    changed since the human trusted it asks again (--trust-workspace says yes; no
+    human, no). The user's own servers are not asked about."""
+    if not server["spec"].get("project") or not (changed := changed_files(server)):
+        return True
+    files = ", ".join(f for f, _, _ in changed)
+    yes = agent_state().permissions.get("trust_all", False)  # --trust-workspace
+    if not yes:
+        answer = ask_human(printable(
+            f"MCP server {server['name']} ({server['source']}) runs {files} from this workspace, "
+            f"which changed since you trusted it (the agent, or a command it ran, may have "
+            f"rewritten it). Start it? [y/N] "))
+        yes = answer.strip().lower() in ("y", "yes")
+    for _, key, digest in changed if yes else []:
+        if digest:
+            trust(key, digest)
+    if not yes:
+        server.update(state="failed", refused=True, error=f"{files} changed since you trusted it: "
+                      f"not started (answer yes at the next start, or --trust-workspace)")
     return yes
 
 
@@ -10159,15 +10297,15 @@ def server_specs(state):
     local one, a later one winning. Config files only count here when s07 let them
     (trusted, or the user's own: load_permissions). A bad entry is one line."""
     files = state.permissions.get("mcp_servers", [])
-    sources = [(f, s) for scope, f, s in files if scope == "user"] + mcp_json(state)
+    sources = [f for f in files if f[0] == "user"] + [("project", *f) for f in mcp_json(state)]
     found = {}
-    for source, servers in sources + [(f, s) for scope, f, s in files if scope != "user"]:
+    for scope, source, servers in sources + [f for f in files if f[0] != "user"]:
         if not isinstance(servers, dict):
             say(f"[{source}: the MCP servers must be a mapping of name: settings; none started]")
             continue
         for name, raw in servers.items():
-            try:
-                found[str(name)] = (parse_server(str(name), raw), source, raw)
+            try:  # a project's server: its workspace files are checked at each start
+                found[str(name)] = (parse_server(str(name), raw) | {"project": scope != "user"}, source, raw)
             except ValueError as e:
                 say(printable(f"[mcp {name} ({source}): {e}; not started]"))
     return found
@@ -10181,7 +10319,10 @@ def server_specs(state):
 # notification handled (tools/list_changed) or skipped, and a line that is not
 # JSON-RPC is logged and skipped: a stray print must not end a session, unless
 # there are many. When stdout ends the server is gone, and every pending
-# request fails at once, not at its timeout.
+# request fails at once, not at its timeout. Writes have a deadline too: a
+# server that stops reading its stdin fills the pipe, and a blocking write
+# would hang the caller (and, through the lock, every later one) for good; so
+# the pipe is non-blocking, and a write that cannot finish in time kills it.
 class McpError(Exception):
     """A request that got no result: an error answer, or no answer in time."""
 
@@ -10192,6 +10333,10 @@ class ServerFailed(McpError):
 
 class NoAnswer(McpError):
     """No answer within the request's timeout; the server was told to cancel it."""
+
+
+class SessionEnded(ServerFailed):
+    """HTTP 404 on our session id: the server forgot the session; a new one may be opened."""
 
 
 def incoming(server, message):
@@ -10219,13 +10364,17 @@ def rpc_result(message):
 
 def open_log(server):
     """The server's log, .agent/mcp/<name>.log (the one before is kept as .log.1); None
-    when the workspace cannot be written, which costs the log and nothing else."""
-    path = server["workdir"] / MCP_LOG_DIR / f"{server['name']}.log"
+    when the workspace cannot be written, or when a cloned repository planted a link on
+    the way (s06's open_inside): that costs the log and nothing else."""
+    root, path = server["workdir"], server["workdir"] / MCP_LOG_DIR / f"{server['name']}.log"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_file() and path.stat().st_size > MCP_LOG_BYTES:
+        fd = open_inside(path, root, flags)
+        if os.fstat(fd).st_size > MCP_LOG_BYTES:  # rename moves a link, never what it points to
+            os.close(fd)
             os.replace(path, path.with_name(path.name + ".1"))
-        log = {"file": open(path, "ab"), "left": MCP_LOG_BYTES, "lock": threading.Lock()}
+            fd = open_inside(path, root, flags)
+        log = {"file": open(fd, "ab"), "left": MCP_LOG_BYTES, "lock": threading.Lock()}
     except OSError:
         return None
     write_log(log, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {server_line(server['raw'], env=False)}\n".encode())
@@ -10264,17 +10413,30 @@ class StdioTransport:
                                          env=child_env() | spec["env"], start_new_session=True)
         except (OSError, ValueError) as e:  # not found, not executable, a NUL in an argument
             raise ServerFailed(f"cannot start {spec['command']}: {getattr(e, 'strerror', None) or e}")
+        os.set_blocking(self.proc.stdin.fileno(), False)  # send() waits with select, up to a deadline
         threading.Thread(target=self.read_loop, daemon=True).start()
         threading.Thread(target=drain_stderr, args=(self.proc.stderr, self.log), daemon=True).start()
 
-    def send(self, message):
-        data = (json.dumps(message, ensure_ascii=False) + "\n").encode()  # json escapes newlines: one line
+    def send(self, message, timeout=MCP_SEND_WAIT):
+        """One line on its stdin within `timeout` seconds. A write that cannot finish in
+        time (it stopped reading) kills the server: the connection is failed, not stuck."""
+        data = memoryview((json.dumps(message, ensure_ascii=False) + "\n").encode())  # one line: json
+        deadline = time.monotonic() + timeout                                      # escapes newlines
+        if not self.lock.acquire(timeout=timeout):  # another write is stuck; it ends at its deadline
+            raise NoAnswer(f"its input stayed blocked for {timeout:g} s")
         try:
-            with self.lock:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
+            fd = self.proc.stdin.fileno()  # ValueError once close() closed it
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.error = self.error or f"it stopped reading its input (a write waited {timeout:g} s)"
+                    self.kill()  # its output ends too: the reader fails every pending request
+                    raise ServerFailed(self.error)
+                with contextlib.suppress(BlockingIOError):  # the pipe filled up again meanwhile
+                    data = data[os.write(fd, data):]
         except (OSError, ValueError) as e:  # a broken pipe: it has ended
             raise ServerFailed(self.error or f"writing to it failed: {e}")
+        finally:
+            self.lock.release()
 
     def notify(self, method, params=None):
         self.send({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}))
@@ -10283,14 +10445,15 @@ class StdioTransport:
         """After the handshake: nothing to do, the reader thread has been listening since the start."""
 
     def request(self, method, params, timeout):
-        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed."""
-        rid, answer = next(self.ids), queue.Queue(1)
+        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed.
+        Writing and waiting share the timeout."""
+        rid, answer, deadline = next(self.ids), queue.Queue(1), time.monotonic() + timeout
         self.pending[rid] = answer  # registered before the error check: fail() empties the table after
         try:
             if self.error:
                 raise ServerFailed(self.error)
-            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-            message = answer.get(timeout=timeout)
+            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, timeout)
+            message = answer.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
@@ -10325,7 +10488,7 @@ class StdioTransport:
         """One stdout line to where it belongs. Returns why the connection must end, or None."""
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             message = None
         if not isinstance(message, dict):
             if line.strip():
@@ -10364,10 +10527,13 @@ class StdioTransport:
                 break
 
     def close(self):
-        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL."""
+        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL. The pipe
+        is closed under the lock, so no write ever goes to a file number reused since."""
         self.error = self.error or "closed"
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
+        if self.lock.acquire(timeout=MCP_CLOSE_WAIT):  # a stuck write: the kill below ends it
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
+            self.lock.release()
         try:
             self.proc.wait(MCP_CLOSE_WAIT)
         except subprocess.TimeoutExpired:
@@ -10385,18 +10551,22 @@ class StdioTransport:
 # requests and notifications before the response. The session id the server
 # gives with its initialize answer (Mcp-Session-Id) and the version agreed go
 # with every later request; a 404 on that id means the server dropped the
-# session, so the connection counts as failed and the next call starts a new
-# one. Authentication is the configured headers. Between our requests the
-# server talks on a stream of its own, a GET we keep open (a server without
-# one answers 405): its requests are answered with a POST each, its
-# notifications handled as on stdio. The HTTP client is the one the SDK
-# brings (httpx; named httpx2 from SDK 2.x).
+# session (it did nothing with the request), so a new session is opened and the
+# request sent again, without counting as a restart. Any other failure of the
+# connection (refused, reset) fails it: the next call restarts it. Every reply
+# is read against the request's deadline, chunk by chunk, so a server that
+# trickles a byte at a time cannot stretch it. Authentication is the configured
+# headers. Between our requests the server talks on a stream of its own, a GET
+# we keep open (a server without one answers 405): its requests are answered
+# with a POST each, its notifications handled as on stdio. The HTTP client is
+# the one the SDK brings (httpx; named httpx2 from SDK 2.x).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
     def __init__(self, server):
         self.server, self.url, self.headers = server, server["spec"]["url"], server["spec"]["headers"]
         self.error, self.version, self.session, self.ids = None, None, None, itertools.count(1)
+        self.ended = False  # the server ended our session (404): a new one is not a restart
         self.http = httpx.Client(follow_redirects=False, timeout=MCP_CONNECT_TIMEOUT)
 
     def request(self, method, params, timeout):
@@ -10407,14 +10577,22 @@ class HttpTransport:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+        except ServerFailed as e:  # a reply too big, a session refused or ended: the connection is over
+            self.error = self.error or str(e)
+            raise
 
     def notify(self, method, params=None):
         try:
             self.post({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}),
                       MCP_CONNECT_TIMEOUT)
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+
+    def broken(self, e):
+        """httpx failed (refused, reset, a bad URL): the connection is over; the next call restarts it."""
+        self.error = self.error or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return ServerFailed(self.error)
 
     def cancel(self, rid, reason):
         with contextlib.suppress(McpError):
@@ -10464,20 +10642,24 @@ class HttpTransport:
                     self.answer(event)
                 raise McpError("its event stream ended without the answer")
             try:
-                return rpc_result(json.loads(b"".join(capped(reply))))
-            except (ValueError, AttributeError):  # not JSON, or JSON but no object
-                raise McpError(f"its reply ({kind or 'no content type'}) is not a JSON-RPC message")
+                answer = json.loads(b"".join(capped(reply, deadline)))
+            except (ValueError, RecursionError):
+                answer = None
+            if not isinstance(answer, dict) or "method" in answer or answer.get("id") != message["id"]:
+                raise McpError(f"its reply ({kind or 'no content type'}) is not the answer to request "
+                               f"{message['id']}")
+            return rpc_result(answer)
 
     def check_status(self, reply):
         if reply.status_code < 400:
             return
         body = next(reply.iter_bytes(), b"")[:2_000].decode("utf-8", "replace")  # enough to say why
         if reply.status_code == 404 and self.session:
-            self.error = "the server ended the session (HTTP 404); the next call starts a new one"
-        elif reply.status_code in (401, 403):
-            self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
-        else:
+            self.error, self.ended = self.error or "the server ended the session (HTTP 404)", True
+            raise SessionEnded(self.error)
+        if reply.status_code not in (401, 403):
             raise McpError(f"HTTP {reply.status_code}: {' '.join(body.split())[:300]}")
+        self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
         raise ServerFailed(self.error)
 
     def answer(self, message):
@@ -10496,34 +10678,40 @@ class HttpTransport:
         self.http.close()
 
 
-def capped(reply, limit=MCP_MESSAGE_BYTES):
-    """The body's chunks, at most `limit` bytes in all: ServerFailed past it."""
+def capped(reply, deadline):
+    """The body's chunks, at most MCP_MESSAGE_BYTES in all (ServerFailed past it), each
+    before the request's deadline (httpx's read timeout is per read: a byte every few
+    seconds would never trip it)."""
     seen = 0
     for chunk in reply.iter_bytes():
         seen += len(chunk)
-        if seen > limit:
-            raise ServerFailed(f"it sent a reply over {limit:,} bytes")
+        if seen > MCP_MESSAGE_BYTES:
+            raise ServerFailed(f"it sent a reply over {MCP_MESSAGE_BYTES:,} bytes")
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("no answer before the deadline")
         yield chunk
 
 
 def sse_messages(reply, deadline):
     """The JSON-RPC messages of an event stream: each event's data lines, joined. The
-    buffer holds at most one event (MCP_MESSAGE_BYTES); the deadline is the request's."""
-    buffer, data = bytearray(), []
+    event being read, its unfinished line and its data lines together, stays within
+    MCP_MESSAGE_BYTES (ServerFailed past it); the deadline is the request's."""
+    buffer, data, size = bytearray(), [], 0
     for chunk in reply.iter_bytes():
         buffer += chunk
-        if len(buffer) > MCP_MESSAGE_BYTES:
+        if size + len(buffer) > MCP_MESSAGE_BYTES:
             raise ServerFailed(f"it sent an event over {MCP_MESSAGE_BYTES:,} bytes")
         while (end := buffer.find(b"\n")) >= 0:
             line = bytes(buffer[:end]).rstrip(b"\r").decode("utf-8", "replace")
             del buffer[:end + 1]
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
+                size += end + 1
             elif not line and data:  # a blank line ends the event
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):
                     if isinstance(message := json.loads("\n".join(data)), dict):
                         yield message
-                data = []
+                data, size = [], 0
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("no answer before the deadline")
 
@@ -10544,7 +10732,8 @@ def sse_messages(reply, deadline):
 def new_server(name, spec, source, raw, workdir):
     return {"name": name, "spec": spec, "source": source, "raw": raw, "workdir": workdir,
             "state": "connecting", "error": None, "transport": None, "opening": None, "tools": [], "info": {},
-            "stale": False, "changed": False, "restarts": 0, "closed": False, "lock": threading.Lock()}
+            "stale": False, "changed": False, "restarts": 0, "closed": False, "refused": False,
+            "lock": threading.Lock()}
 
 
 def hello(transport, server):
@@ -10621,12 +10810,15 @@ def start_mcp(wait=None):
     Servers that connected in time are registered before the first prompt."""
     state, wait = agent_state(), MCP_STARTUP_WAIT if wait is None else wait
     specs = server_specs(state)
-    if not specs:
-        return
-    say(f"[mcp: connecting to {len(specs)} server(s): {', '.join(specs)}]")
-    threads = []
-    for name, (spec, source, raw) in specs.items():
+    for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
+        if not files_trusted(server):
+            say(printable(f"[mcp {name}: {server['error']}]"))
+    if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
+        return
+    say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
+    threads = []
+    for server in starting:
         threads.append(threading.Thread(target=contextvars.copy_context().run,
                                         args=(connect_and_say, server, wait), daemon=True))
         threads[-1].start()
@@ -10674,18 +10866,44 @@ def tool_name(server, tool, taken):
 
 
 def schema_problem(schema):
-    """Why an inputSchema cannot go to the API as it is, or None (the request would be refused)."""
+    """Why an inputSchema cannot go to the API as it is, or None. The API checks it
+    against JSON Schema 2020-12's meta-schema, nested schemas too, and refuses the
+    whole request for one bad tool (tests/fake_api.py's _schema_ok checks the same)."""
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return "its inputSchema is not an object schema"
-    props = schema.get("properties", {})
-    if not isinstance(props, dict) or not all(isinstance(p, (dict, bool)) for p in props.values()):
-        return "its inputSchema properties are not a mapping of schemas"
-    if bad := [k for k in props if not PROPERTY_KEY.fullmatch(k)]:
+    if why := subschema_problem(schema, "inputSchema", 0):
+        return why
+    if bad := [k for k in schema.get("properties", {}) if not PROPERTY_KEY.fullmatch(k)]:
         return f"its input field name {bad[0]!r} is not one the API accepts"
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        return "its inputSchema required is not a list of names"
     return None
+
+
+def subschema_problem(schema, where, depth):
+    """One (sub)schema, at `where`: its type and required, then each schema under it in
+    properties, items, additionalProperties and anyOf/oneOf/allOf (true and false are schemas)."""
+    if depth > MCP_SCHEMA_DEPTH:
+        return f"{where} is nested over {MCP_SCHEMA_DEPTH} levels deep"
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    if kind == [] or not all(isinstance(k, str) and k in SCHEMA_TYPES for k in kinds) or len(set(kinds)) < len(kinds):
+        return f"{where}.type {str(kind)[:60]!r} is not a JSON type (or a list of distinct ones)"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required) \
+            or len(set(required)) < len(required):
+        return f"{where}.required is not a list of distinct names"
+    if not isinstance(props := schema.get("properties", {}), dict):
+        return f"{where}.properties is not a mapping of schemas"
+    subs = [(f"{where}.properties.{k[:40]}", v) for k, v in props.items()]
+    subs += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties") if k in schema]
+    for k in ("anyOf", "oneOf", "allOf"):
+        if k in schema and (not isinstance(schema[k], list) or not schema[k]):
+            return f"{where}.{k} is not a list of schemas"
+        subs += [(f"{where}.{k}.{i}", v) for i, v in enumerate(schema.get(k) or [])]
+    return next((why for w, v in subs if (why := subschema_problem(v, w, depth + 1))), None)
 
 
 def tool_description(tool):
@@ -10707,19 +10925,29 @@ def drop_tools(server_name):
         MCP_TOOLS.pop(name, None)
 
 
+def utf8_clean(value):
+    """A server's JSON with each lone surrogate (JSON may say "\\udc80"; no UTF-8 request
+    can carry it) replaced by "?", in keys and strings alike."""
+    return json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+
+
 def register_tools(server):
     """A server's tools into the registry, in its order, replacing what it had before."""
     drop_tools(server["name"])
-    for tool in server["tools"]:
-        name = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS))
-        if name in TOOL_HANDLERS or (why := schema_problem(tool.get("inputSchema"))):
-            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: "
-                                f"{why if name not in TOOL_HANDLERS else 'a second tool of that name'}]"))
+    for tool in map(utf8_clean, server["tools"]):
+        name, description = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS)), tool_description(tool)
+        why = "a second tool of that name" if name in TOOL_HANDLERS else schema_problem(tool.get("inputSchema"))
+        size = 0 if why else estimate_tokens({"name": name, "description": description,
+                                              "input_schema": tool["inputSchema"]})
+        if size > MCP_TOOL_TOKENS:
+            why = f"its definition is ~{size:,} tokens, over the {MCP_TOOL_TOKENS:,} one tool may take"
+        if why:
+            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: {why}]"))
             continue
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
-        register(name, tool_description(tool), tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
+        register(name, description, tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
-        first = tool_description(tool).splitlines()[0]
+        first = description.splitlines()[0].replace("<", "&lt;").replace(">", "&gt;")  # data, never a tag
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
                            "line": first if len(first) <= 120 else first[:117] + "..."}
 
@@ -10770,16 +10998,21 @@ def server_up(server):
             return transport
         if server["state"] == "connecting":
             raise ToolError(f"MCP server {server['name']} is still connecting: try again in a moment.")
+        renew = getattr(transport, "ended", False)  # HTTP 404: the server ended the session
         if transport:  # it failed during a call: its reason is the transport's
             server.update(state="failed", error=transport.error, transport=None)
             transport.close()
-        if server["restarts"] >= MCP_MAX_RESTARTS:
+        if server["restarts"] >= MCP_MAX_RESTARTS and not renew:
             raise ToolError(printable(
                 f"MCP server {server['name']} is down ({server['error']}); it was restarted "
                 f"{MCP_MAX_RESTARTS} times already. Carry on without its tools, or ask the user "
                 f"to look at it (/mcp shows it{log_note(server)})."))
-        server["restarts"] += 1
-        say(f"[mcp {server['name']}: restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]")
+        if server["refused"] or not files_trusted(server):  # a restart runs its files again
+            raise ToolError(printable(f"MCP server {server['name']} is not running: {server['error']}. "
+                                      f"Carry on without its tools."))
+        server["restarts"] += 0 if renew else 1
+        say(f"[mcp {server['name']}: " + ("the server ended the session: a new one]" if renew else
+                                          f"restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]"))
         if not connect(server):
             raise ToolError(printable(f"MCP server {server['name']} could not be restarted: "
                                       f"{server['error']}{log_note(server)}."))
@@ -10797,9 +11030,8 @@ def call_mcp_tool(server_name, tool, args):
     server = MCP_SERVERS.get(server_name)
     if server is None:
         raise ToolError(f"MCP server {server_name} is not connected in this session.")
-    transport = server_up(server)
     try:
-        result = transport.request("tools/call", {"name": tool, "arguments": args}, server["spec"]["timeout"])
+        result = call_on(server, {"name": tool, "arguments": args})
     except ServerFailed as e:
         more = MCP_MAX_RESTARTS - server["restarts"]
         raise ToolError(printable(
@@ -10815,19 +11047,32 @@ def call_mcp_tool(server_name, tool, args):
     return call_result(result)
 
 
+def call_on(server, params):
+    """tools/call on the server's connection (server_up). An HTTP session the server
+    ended did nothing with the call: server_up opens a new one, and the call goes again."""
+    try:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+    except SessionEnded:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+
+
 def call_result(result):
     """A tools/call result as a tool_result's content: the text blocks joined (images as
     image blocks after them), structuredContent as JSON text when no text says it already
     (servers should send both), isError as a ToolError."""
-    texts, images = [], []
+    texts, images, more = [], [], 0
     for block in result.get("content") or []:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
-        elif kind == "image" and block.get("mimeType") in MCP_IMAGE_TYPES \
-                and isinstance(block.get("data"), str) and 0 < len(block["data"]) <= MCP_IMAGE_CHARS:
-            images.append({"type": "image", "source": {"type": "base64", "media_type": block["mimeType"],
-                                                        "data": block["data"]}})
+        elif kind == "image" and (mime := block.get("mimeType")) in MCP_IMAGE_TYPES:
+            if why := image_problem(mime, block.get("data")):
+                texts.append(f"[image content ({mime}), not shown: {why}]")
+            elif len(images) < MCP_MAX_IMAGES:
+                images.append({"type": "image", "source": {"type": "base64", "media_type": mime,
+                                                            "data": block["data"]}})
+            else:
+                more += 1
         elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
             texts.append(str(res["text"]))
         elif kind == "resource_link":
@@ -10836,17 +11081,37 @@ def call_result(result):
             texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
     if (data := result.get("structuredContent")) is not None and not texts:
         texts.append(json.dumps(data, ensure_ascii=False))
+    if more:
+        texts.append(f"[{more} more image(s) not shown: one result carries at most {MCP_MAX_IMAGES}]")
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
     return [{"type": "text", "text": text if text.strip() else "(image)"}] + images if images else text
 
 
+def image_problem(mime, data):
+    """Why an image cannot go to the API as one, or None: its data must be valid base64
+    within the API's limit, and its first bytes those of its type (or the request fails)."""
+    if not isinstance(data, str) or not data:
+        return "it has no data"
+    if len(data) > MCP_IMAGE_CHARS:
+        return f"{len(data):,} base64 characters, over the API's {MCP_IMAGE_CHARS:,}"
+    try:
+        head = base64.b64decode(data, validate=True)[:16]
+    except ValueError:
+        return "its data is not valid base64"
+    if not all(head[at:at + len(magic)] == magic for at, magic in MCP_IMAGE_MAGIC[mime]):
+        return f"its bytes are not a {mime.removeprefix('image/')} image"
+    return None
+
+
 def result_content(content):
-    """run_tool's content: text without lone surrogates, or an MCP tool's block list."""
+    """run_tool's content: text without lone surrogates, or an MCP tool's block list,
+    its text blocks cleaned the same way."""
+    clean = lambda text: str(text).encode("utf-8", "replace").decode("utf-8")
     if isinstance(content, list):
-        return content
-    return str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")
+        return [b | {"text": clean(b["text"])} if b.get("type") == "text" else b for b in content]
+    return clean(content or "(empty)")
 
 
 def blocks_text(content):
@@ -10917,7 +11182,11 @@ command("mcp", "List the MCP servers: transport, state, tool count and where eac
 # so nothing is ever taken back. The mechanism is the agent's, not the API's:
 # the request simply lists fewer tools.
 MCP_DEFER_BUDGET = CONTEXT_WINDOW // 10  # tokens: MCP definitions past this (together) are deferred
+MCP_FOUND_BUDGET = MCP_DEFER_BUDGET  # tokens: the definitions one agent loads, together, at most
 TOOL_SEARCH_LIMIT = 5       # definitions one tool_search returns
+TOOL_SEARCH_WORDS = 20      # distinct words (or select: names) of one query that count
+TOOL_SEARCH_CHARS = 1_000   # characters of one query; a longer one is refused
+DEFERRED_REMINDER_CHARS = 20_000  # a longer list of deferred tools gives their names only
 DEFERRED_MARK = "<system-reminder>\n# Deferred tools"
 DEFERRED_REMINDER = """{mark}
 These tools exist, but their definitions are not loaded (to save context). To use one, call \
@@ -10976,10 +11245,13 @@ def announce_deferred(messages):
     for m in messages:
         for b in as_blocks(m["content"]) if m["role"] == "user" else []:
             if b.get("type") == "text" and b.get("text", "").startswith(DEFERRED_MARK):
-                told |= set(re.findall(r"^- (\S+?):", b["text"], re.M))
+                told |= set(re.findall(r"^- ([\w-]+)", b["text"], re.M))
     if not (new := [n for n in hidden if n not in told]):
         return
-    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)
+    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)  # each line: a name, <= 120 more
+    if len(lines) > DEFERRED_REMINDER_CHARS:  # never more than the deferral saves
+        lines = (f"({len(new)} tools: names only, their descriptions would take too long; "
+                 f"tool_search shows them)\n" + "\n".join(f"- {n}" for n in new))
     content = as_blocks(messages[-1]["content"])
     messages[-1]["content"] = content + [{"type": "text", "text": DEFERRED_REMINDER.format(
         mark=DEFERRED_MARK, lines=lines)}]
@@ -10987,17 +11259,32 @@ def announce_deferred(messages):
 
 def search_tools(query, pool):
     """Names for a query, best first: select:a,b by exact (or the server's own) name;
-    otherwise each word scores in the whole name, in the name, in the description."""
+    otherwise each distinct word (the first TOOL_SEARCH_WORDS) scores in the whole name,
+    in the name, in the description."""
     descriptions = {t["name"]: t["description"].lower() for t in TOOLS if t["name"] in pool}
     if query.strip().lower().startswith("select:"):
-        wanted = [w.strip() for w in query.strip()[7:].split(",") if w.strip()]
-        return [n for w in wanted for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
-    words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
+        wanted = list(dict.fromkeys(w.strip() for w in query.strip()[7:].split(",") if w.strip()))
+        return [n for w in wanted[:TOOL_SEARCH_WORDS] for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
+    words = list(dict.fromkeys(w for w in re.split(r"[\s,]+", query.lower()) if w))[:TOOL_SEARCH_WORDS]
     def score(n):
         own = MCP_TOOLS[n]["tool"].lower()
         return sum(10 if w in (n.lower(), own) else 3 if w in n.lower() else 1 if w in descriptions[n]
                    else 0 for w in words)
-    return sorted((n for n in pool if score(n)), key=score, reverse=True)
+    scores = {n: score(n) for n in pool}
+    return sorted((n for n in pool if scores[n]), key=scores.get, reverse=True)
+
+
+def within_budget(hits, state):
+    """The hits whose definitions fit: with what this agent loaded before, at most
+    MCP_FOUND_BUDGET tokens (a tool loaded before costs nothing more)."""
+    defs = {t["name"]: t for t in TOOLS}
+    size, fits = estimate_tokens([defs[n] for n in state.discovered if n in defs]), []
+    for n in hits:
+        cost = 0 if n in state.discovered else estimate_tokens(defs[n])
+        if size + cost <= MCP_FOUND_BUDGET:
+            fits.append(n)
+            size += cost
+    return fits
 
 
 def tool_search(query):
@@ -11006,14 +11293,28 @@ def tool_search(query):
     pool = [n for n in MCP_TOOLS if MCP_TOOLS[n]["deferred"] and n in {t["name"] for t in agent_tools()}]
     if not pool:
         raise ToolError("No tool is deferred for you: every tool you can use is already in your tool list.")
+    if len(query) > TOOL_SEARCH_CHARS:
+        raise ToolError(f"The query is {len(query):,} characters long: search with a few words "
+                        f"(at most {TOOL_SEARCH_CHARS:,} characters), or select:<exact name>.")
     if not (hits := list(dict.fromkeys(search_tools(query, pool)))[:TOOL_SEARCH_LIMIT]):
-        raise ToolError(f"No deferred tool matches {query!r}. Use a word from a name or description "
+        raise ToolError(f"No deferred tool matches {query[:100]!r}. Use a word from a name or description "
                         f"in the deferred-tools reminder, or select:<exact name>.")
-    state.discovered += [n for n in hits if n not in state.discovered]
-    defs = [next(t for t in TOOLS if t["name"] == n) for n in hits]
-    return (f"Loaded {len(hits)} tool definition(s); call them from your next reply on:\n<functions>\n"
-            + "\n".join(f"<function>{json.dumps(d, ensure_ascii=False)}</function>" for d in defs)
-            + "\n</functions>")
+    if not (loaded := within_budget(hits, state)):
+        raise ToolError(f"{', '.join(hits)} would take the definitions you loaded past "
+                        f"{MCP_FOUND_BUDGET:,} tokens, the budget for loaded tools: carry on with the "
+                        f"tools you have.")
+    state.discovered += [n for n in loaded if n not in state.discovered]
+    defs = [next(t for t in TOOLS if t["name"] == n) for n in loaded]
+    rest = [n for n in hits if n not in loaded]
+    return (f"Loaded {len(loaded)} tool definition(s); call them from your next reply on:\n<functions>\n"
+            + "\n".join(f"<function>{tag_safe_json(d)}</function>" for d in defs) + "\n</functions>"
+            + (f"\nNot loaded, past the budget for loaded tools ({MCP_FOUND_BUDGET:,} tokens): "
+               f"{', '.join(rest)}." if rest else ""))
+
+
+def tag_safe_json(value):
+    """JSON in which < and > are escapes (\\u003c): a description cannot close the tags around it."""
+    return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 register("tool_search", (

@@ -156,8 +156,9 @@ def unwritable(request, mod, workspace, monkeypatch):
         def refuse(path):
             if ".agent" in path.parts:
                 raise OSError(errno.EROFS, "Read-only file system", str(path))
-        real_mkdir, real_write = Path.mkdir, Path.write_text
+        real_mkdir, real_write, real_os_mkdir = Path.mkdir, Path.write_text, os.mkdir
         monkeypatch.setattr(Path, "mkdir", lambda p, *a, **k: refuse(p) or real_mkdir(p, *a, **k))
+        monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: refuse(Path(p)) or real_os_mkdir(p, *a, **k))
         monkeypatch.setattr(Path, "write_text",
                             lambda p, *a, **k: refuse(p) or real_write(p, *a, **k))
     return workspace
