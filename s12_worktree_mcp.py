@@ -3666,7 +3666,7 @@ def masked_paths(state):
     deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
             and r["tool"] == "read_file" and r["pattern"]]
     found, seen = [], 0
-    for dirpath, dirnames, filenames in os.walk(project_dir(state)):  # s12: the project's, lanes and all
+    for dirpath, dirnames, filenames in mask_walk(state):  # s12: its workspace, then the project's
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames + dirnames:
             seen += 1
@@ -9538,6 +9538,19 @@ def as_project(path, state):
     return pairs
 
 
+def mask_walk(state):
+    """masked_paths' walk (s07): the agent's own workspace first, then, for an agent
+    in a lane, the rest of the project (the main checkout, other lanes), so the
+    walk's bound, reached in a big project, still leaves the agent's own checkout
+    looked at. The caller prunes dirnames in place, as with os.walk."""
+    yield from os.walk(state.workdir)
+    if (origin := project_dir(state)) == state.workdir:
+        return
+    for dirpath, dirnames, filenames in os.walk(origin):
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d) != state.workdir]
+        yield dirpath, dirnames, filenames
+
+
 def lane_links(lane):
     """The configured shared folders that are links in this lane: never committed."""
     return [n for n in link_names(Path(lane["origin"]))[0] if (lane["path"] / n).is_symlink()]
@@ -10229,7 +10242,8 @@ def close_agent_lane(state, message):
         summary = diffstat(lane, lane.get("base") or fork_point(lane)) if left else ""
     except (ToolError, OSError) as e:
         leave_lane(state)
-        return f"\n[worktree {lane['name']}: {'; '.join(notes + [f'could not be closed ({e})'])}; it stays at {lane['path']}]"
+        notes.append(f"could not be closed ({e})")
+        return f"\n[worktree {lane['name']}: {'; '.join(notes)}; it stays at {lane['path']}]"
     leave_lane(state)
     notes += [nested_note(lane["left_out"])] if lane["left_out"] else []
     if not left and not lane["left_out"]:

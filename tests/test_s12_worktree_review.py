@@ -252,6 +252,22 @@ def test_read_deny_rules_are_judged_in_the_project_from_a_lane_and_for_every_lan
     assert str(repo / ".agent/worktrees/fix/config/prod.yaml") in mod.masked_paths(state)
 
 
+@in_s12
+def test_from_a_lane_its_own_checkout_is_looked_at_first_for_files_to_mask(mod, repo, monkeypatch):
+    """The walk is bounded: a big main checkout must not use it up before the lane."""
+    (repo / "config").mkdir()
+    (repo / "config" / "prod.yaml").write_text("password: hunter2\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "config")
+    for n in range(60):
+        (repo / "a-junk" / f"{n}.txt").parent.mkdir(exist_ok=True)
+        (repo / "a-junk" / f"{n}.txt").write_text("j\n")
+    deny_read(mod, "./config/prod.yaml")
+    mod.worktree_create("fix")
+    monkeypatch.setattr(mod, "MASK_SCAN_LIMIT", 12)
+    assert str(repo / ".agent" / "worktrees" / "fix" / "config" / "prod.yaml") in mod.masked_paths(mod.agent_state())
+
+
 @pytest.fixture
 def root_fs_repo(mod, workspace, monkeypatch):
     """A repository outside /tmp, which the sandbox replaces with a private one: there
