@@ -3734,7 +3734,11 @@ def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writa
     workdir = os.path.realpath(workdir)
     roots = [workdir] + [os.path.realpath(d) for d in writable if os.path.isdir(d)]
     protected = [os.path.realpath(p) for p in protected if os.path.exists(p)]
-    masked = [os.path.realpath(p) for p in masked if os.path.exists(p)]
+    # A path under a masked folder is hidden already, and bwrap could not mount on
+    # it: the folder's tmpfs is read-only (Read(./secrets/**) names both).
+    masked = list(dict.fromkeys(os.path.realpath(p) for p in masked if os.path.exists(p)))
+    folders = [p for p in masked if os.path.isdir(p)]
+    masked = [p for p in masked if not any(p != d and Path(p).is_relative_to(d) for d in folders)]
     argv = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     hidden = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_HIDDEN if os.path.isdir(d)))
     for d in hidden:

@@ -1177,8 +1177,9 @@ AGENT_TOOL_HELP = (
     "<task-notification>: keep working meanwhile; use it only when you do not need the "  # s10
     "answer for your next step. A background agent cannot ask the user for permission.\n"  # s10
     "isolation: \"worktree\" runs it in a git worktree of its own, made from the last commit "  # s12
-    "(your uncommitted changes are not there): it cannot disturb this workspace, and you get "  # s12
-    "its branch and a diffstat to review and merge.\n"  # s12
+    "(your uncommitted changes are not there): its edits land there, not here (with the OS "  # s12
+    "sandbox on, its bash cannot write here either), and you get its branch and a diffstat "  # s12
+    "to review and merge.\n"  # s12
     "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
 
 
@@ -1242,7 +1243,7 @@ def parse_agent_file(path):
 
 def agent_dirs():
     """User level first, project last: a later definition of the same name wins."""
-    return [Path.home() / ".agent" / "agents", agent_state().workdir / ".agent" / "agents"]
+    return [Path.home() / ".agent" / "agents", project_dir(agent_state()) / ".agent" / "agents"]  # s12: the project's
 
 
 def load_agents():
@@ -1493,7 +1494,7 @@ def skill_dirs():
     """Where skills live, lowest precedence first: a later source wins a name."""
     return [("built-in", Path(__file__).parent / "skills"),
             ("user", Path.home() / ".agent" / "skills"),
-            ("project", agent_state().workdir / ".agent" / "skills")]
+            ("project", project_dir(agent_state()) / ".agent" / "skills")]  # s12: the project's
 
 
 def has_tool(spec, name):
@@ -1695,7 +1696,7 @@ def load_trusted():
 
 def is_trusted(rel_path, digest):
     """Did the human say yes to this workspace file with exactly this content?"""
-    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+    return load_trusted().get(str(project_dir(agent_state())), {}).get(project_rel(rel_path)) == digest  # s12
 
 
 def trust(rel_path, digest):
@@ -1703,7 +1704,7 @@ def trust(rel_path, digest):
     so a crash never leaves half a file."""
     path = Path.home() / TRUSTED
     spaces = load_trusted()
-    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    spaces.setdefault(str(project_dir(agent_state())), {})[project_rel(rel_path)] = digest  # s12: the project's
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
@@ -1725,7 +1726,7 @@ def may_run(skill):
     commands = DYNAMIC.findall(skill["body"])
     if skill["source"] != "project" or not commands:
         return True
-    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    rel_path = skill["file"].relative_to(project_dir(agent_state())).as_posix()  # s12: the project's skill
     if is_trusted(rel_path, skill["sha256"]):
         return True
     listed = "".join(f"\n    {c}" for c in commands)
@@ -3562,7 +3563,8 @@ def read_denied(relpath, state):
     path = (state.workdir / relpath).resolve()
     deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
             and r["tool"] == "read_file" and r["pattern"]]
-    return path == own_dotenv() or any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny)
+    return path == own_dotenv() or any(path_rule_matches(r["pattern"], p, ws) for r in deny  # s12: judged
+                                       for p, ws in as_project(path, state))  # s12: in the project too
 
 
 def is_plan_file(path, state):
@@ -3698,12 +3700,13 @@ def masked_paths(state):
     deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
             and r["tool"] == "read_file" and r["pattern"]]
     found, seen = [], 0
-    for dirpath, dirnames, filenames in os.walk(state.workdir):
+    for dirpath, dirnames, filenames in mask_walk(state):  # s12: its workspace, then the project's
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames + dirnames:
             seen += 1
             path = Path(dirpath) / name
-            if any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny):
+            if any(path_rule_matches(r["pattern"], p, ws) for r in deny  # s12: judged
+                   for p, ws in as_project(path, state)):  # s12: in the project too
                 found.append(str(path))
         if seen > MASK_SCAN_LIMIT:
             break
@@ -3774,7 +3777,11 @@ def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writa
     workdir = os.path.realpath(workdir)
     roots = [workdir] + [os.path.realpath(d) for d in writable if os.path.isdir(d)]
     protected = [os.path.realpath(p) for p in protected if os.path.exists(p)]
-    masked = [os.path.realpath(p) for p in masked if os.path.exists(p)]
+    # A path under a masked folder is hidden already, and bwrap could not mount on
+    # it: the folder's tmpfs is read-only (Read(./secrets/**) names both).
+    masked = list(dict.fromkeys(os.path.realpath(p) for p in masked if os.path.exists(p)))
+    folders = [p for p in masked if os.path.isdir(p)]
+    masked = [p for p in masked if not any(p != d and Path(p).is_relative_to(d) for d in folders)]
     argv = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     hidden = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_HIDDEN if os.path.isdir(d)))
     for d in hidden:
@@ -5633,7 +5640,7 @@ def memory_dirs(state):
     """The two folders. The project's counts only when neither .agent nor
     .agent/memory is a link: a clone could point it at HOME, and every read,
     write and the consolidator's write permission would follow."""
-    dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
+    dirs = {"user": Path.home() / ".agent" / "memory", "project": project_dir(state) / ".agent" / "memory"}  # s12
     if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
         warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
         del dirs["project"]
@@ -5749,7 +5756,7 @@ def json_reply(text):
 
 
 def log_memory(line):
-    with contextlib.suppress(OSError), open(agent_state().workdir / ".agent" / "memory.log", "a",
+    with contextlib.suppress(OSError), open(project_dir(agent_state()) / ".agent" / "memory.log", "a",  # s12
                                             encoding="utf-8") as fh:
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
 
@@ -5984,7 +5991,7 @@ def end_memory(state):
 # the last run (the lock file's mtime), DREAM_SESSIONS sessions since, then the
 # lock: .agent/memory/.consolidate-lock holds the PID of the process running it.
 def lock_path(state):
-    return state.workdir / ".agent" / "memory" / ".consolidate-lock"
+    return project_dir(state) / ".agent" / "memory" / ".consolidate-lock"  # s12: the project's
 
 
 def pid_alive(pid):
@@ -6676,7 +6683,7 @@ def runtime_dir():
     """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
     clone can ship it: a link there (even to a folder inside, such as the workspace
     root) is refused, and its .gitignore is made without following a planted link."""
-    ws = agent_state().workdir
+    ws = project_dir(agent_state())  # s12: the project's
     folder = ws / RUNTIME_DIR
     with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
         if leads_inside(ws / AGENT_DIR, ws):  # no folder made through a linked .agent
@@ -6742,9 +6749,10 @@ def background_run(command):
         shell or release_git(state)
         raise ToolError(f"Could not start it: {e}. Check the command, or run it with bash.")
     record = {"id": id, "command": command, "status": "running", "exit_code": None, "pid": p.pid,
-              "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
+              "started": now_stamp(), "finished": None, "log": rel(folder / f"{id}.log"),  # s12: from a lane too
               "note": "", "preview": "", "notified": False, "kind": "command",
               "_proc": p, "_sink": sink, "_shell": shell, "_folder": folder}
+    record["_workdir"] = state.workdir  # s12: where it runs: a lane waits for it before it closes
     record["_thread"] = threading.Thread(target=contextvars.copy_context().run,
                                          args=(watch_background, record), daemon=True)
     with BACKGROUND_LOCK:
@@ -6787,7 +6795,7 @@ def save_status(record):
     """<id>.json, whole (save_task). The command runs as the agent's user: it may have
     moved the folder, even left a link in its place. Then nothing is written there;
     the loop keeps the record either way."""
-    if plain_folder(record["_folder"], agent_state().workdir):
+    if plain_folder(record["_folder"], project_dir(agent_state())):  # s12: runtime_dir's
         with contextlib.suppress(OSError):  # moved or removed just now
             save_task(record["_folder"], public(record))
 
@@ -7022,12 +7030,14 @@ def start_background_agent(client, history, child, settings, name):
     settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
     child.progress = settings["out"]  # its lines too: the terminal is the human's, at any moment
     record = {"id": id, "command": f"agent {name}", "status": "running", "exit_code": None, "pid": None,
-              "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
+              "started": now_stamp(), "finished": None, "log": rel(folder / f"{id}.log"),  # s12: from a lane too
               "note": "", "preview": "", "notified": False, "kind": "agent",
               "_cancel": child.cancel, "_usage": settings["usage"], "_folder": folder,
               "_sink": open(os.dup(fd), "rb")}  # background_check reads this, never the path
     record["_thread"] = threading.Thread(target=contextvars.copy_context().run, daemon=True,
                                          args=(run_background_agent, record, client, history, child, settings))
+    record["_workdir"] = child.workdir  # s12: where it works: a lane waits for it before it closes
+    join_lane(child)  # s12: in its parent's lane, it holds the lane's lock shared until it ends
     with BACKGROUND_LOCK:
         state.background[id] = record
         save_status(record)
@@ -7236,7 +7246,7 @@ def show_notes():
 def schedules_path():
     """.agent/schedules.json of the running agent's workspace; ToolError when a
     planted link would put it outside."""
-    ws = agent_state().workdir
+    ws = project_dir(agent_state())  # s12: the project's
     if not leads_inside(ws / AGENT_DIR, ws):
         raise ToolError(f"{AGENT_DIR} leads outside the workspace (a symbolic link?), so there "
                         f"are no durable schedules. Ask the user to remove it; session-only "
@@ -9157,13 +9167,19 @@ STALE_WORKTREE_AGE = 24 * 3600  # seconds an agent-made lane lies unused before 
                             # (only when nothing in it is uncommitted or unmerged)
 WORKTREE_ACTIONS = ("keep", "remove")  # worktree_closeout's actions
 MAX_WORKTREES = 20          # lanes one project holds at once (each is a full checkout on disk)
+LANE_SETTLE_WAIT = 30       # seconds a closing lane waits for background work in it, then stops it
+LANE_LOCAL_LIMIT = 1_000    # files under a lane's own .agent counted before removing it
 WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
 GIT_TIMEOUT = 120           # seconds for one git command of the manager (a big checkout takes a while)
+GIT_LOCK_RETRY = 0.5        # seconds before the one retry of a git command that met another's index.lock
 GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
              "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
 MANAGER_IDENTITY = ("-c", "user.name=agent worktree manager", "-c", "user.email=agent@localhost")
                             # its commits' author where the repository has no user.email
 POINTER_BYTES = 4_096       # a .git pointer or gitdir file larger than this is not a lane's
+LANE_READY = "agent-ready"  # a file in the lane's admin folder (in the main .git): its set-up is done
+LANE_MAKING = "agent worktree manager: setting up"  # git's lock on a lane while it is made
+GIT_ADDING = "initializing"  # what git's own lock says while `worktree add` runs (LC_ALL=C)
 INCLUDE_FILE_BYTES = 64_000  # a bigger .worktreeinclude is not read
 INCLUDE_MAX_FILES = 500     # ignored files .worktreeinclude may copy into one lane
 INCLUDE_MAX_BYTES = 50_000_000  # bytes they may add up to
@@ -9185,27 +9201,54 @@ def project_dir(state):
     return Path(state.worktree["origin"]) if state.worktree else state.workdir
 
 
+def project_rel(name):
+    """A trusted file's name as the project knows it (s05's trust): relative to the
+    project, also when rel() named it from a lane (an absolute path)."""
+    path, origin = Path(name), project_dir(agent_state())
+    return path.relative_to(origin).as_posix() if path.is_absolute() and path.is_relative_to(origin) else name
+
+
 def git_env():
     """child_env without GIT_* variables: GIT_DIR or GIT_WORK_TREE from the user's
-    shell would point the manager's git somewhere else."""
+    shell would point the manager's git somewhere else. GIT_OPTIONAL_LOCKS=0: its
+    status and diff never take index.lock to refresh the index, so an agent that
+    lists lanes never makes another agent's commit fail."""
     env = {k: v for k, v in child_env().items() if not k.startswith("GIT_")}
-    return env | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    return env | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0"}
 
 
-def git(cwd, *args, lane=None, check=True, quiet=True):
+def git_subcommand(args):
+    """The git command args run, for messages: the first word that is no option and no -c value."""
+    words = iter(args)
+    for word in words:
+        if word == "-c":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return "(no command)"
+
+
+def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     """Run git for the manager (a list, never a shell line) and return its stdout
     (None when it failed and check is off). In a lane it is pinned to the lane's
     admin folder, whatever its .git file says now. quiet: with GIT_QUIET (off only
-    to read the config as it is). ToolError when it fails (check) or cannot run."""
+    to read the config as it is). data: its stdin. Another git holding index.lock
+    (the human's, an agent's in another process) gets one retry. ToolError when it
+    fails (check) or cannot run."""
     pin = [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
-    try:
-        p = subprocess.run(["git", *(GIT_QUIET if quiet else ()), *pin, *args], cwd=cwd, env=git_env(),
-                           stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
-                           errors="replace", timeout=GIT_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ToolError(f"git {args[0]} could not run ({e}). Tell the user.")
+    argv, name = ["git", *(GIT_QUIET if quiet else ()), *pin, *args], git_subcommand(args)
+    for retry in (True, False):
+        try:
+            p = subprocess.run(argv, cwd=cwd, env=git_env(), input=data, capture_output=True,
+                               stdin=subprocess.DEVNULL if data is None else None,
+                               encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ToolError(f"git {name} could not run ({e}). Tell the user.")
+        if not (retry and p.returncode and "index.lock" in p.stderr):
+            break
+        time.sleep(GIT_LOCK_RETRY)
     if check and p.returncode:
-        raise ToolError(f"git {args[0]} failed: {(p.stderr or p.stdout).strip()[:500]}")
+        raise ToolError(f"git {name} failed: {(p.stderr or p.stdout).strip()[:500]}")
     return p.stdout if p.returncode == 0 else None
 
 
@@ -9244,9 +9287,15 @@ def check_lane_name(name):
     if name.startswith("-"):
         raise ToolError(f"{name!r} starts with '-', which git would read as an option: pick a name "
                         f"such as 'fix-parser'.")
-    if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith((".", ".lock")):
+    if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith("."):
         raise ToolError(f"{name!r} is not a worktree name: use 1-64 letters, digits, '.', '_' and "
                         f"'-', starting with a letter or digit, without '..' or '/'.")
+    # Beside the lanes lie <name>.lock and the log, events.jsonl with its events.lock:
+    # a lane named like one of them would be taken for it (case-blind file systems too).
+    if name.lower() == "events" or name.lower().endswith((".lock", ".jsonl")):
+        raise ToolError(f"{name!r} is not a worktree name: 'events' and names ending in .lock or "
+                        f".jsonl are kept for the lanes' locks and their log (events.jsonl, "
+                        f"events.lock). Pick another, such as 'fix-parser'.")
     return name
 
 
@@ -9259,8 +9308,9 @@ def text_file(path):
 def find_lane(origin, name):
     """The lane when .agent/worktrees/<name> is a worktree of this repository (seed:
     复用): its .git pointer names an admin folder in <repository>/worktrees that names
-    this folder back, and HEAD there is a commit. None when the folder does not
-    exist; ToolError for anything else, which is left alone."""
+    this folder back, and HEAD there is a commit. Its "ready" says whether it was
+    made to the end (lane_ready); a half-made one may have no HEAD yet. None when
+    the folder does not exist; ToolError for anything else, which is left alone."""
     common, folder = repository(origin), lanes_dir(origin)
     path = folder / check_lane_name(name)
     if not os.path.lexists(path):
@@ -9275,19 +9325,48 @@ def find_lane(origin, name):
     back = text_file(admin / "gitdir")
     if admin.parent != common / "worktrees" or not back or (path / back).resolve() != path / ".git":
         raise bad
-    lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name}
-    if not (head := git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)):
+    lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name,
+            "ready": lane_ready(admin)}
+    head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)
+    if not head and lane["ready"]:
         raise bad
     ref = (git(path, "symbolic-ref", "-q", "HEAD", lane=lane, check=False) or "").strip()
-    return lane | {"head": head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
+    return lane | {"head": head and head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
+
+
+def lane_ready(admin):
+    """Was the lane made to the end? make_lane writes LANE_READY into its admin
+    folder (in the main .git, which a sandboxed agent cannot write) once it is set
+    up. A lane without it is half made when git's lock says an add or a set-up was
+    under way (git or the manager killed then); without that lock it is a lane from
+    before the marker, used as it is."""
+    if (admin / LANE_READY).exists():
+        return True
+    return text_file(admin / "locked") not in (GIT_ADDING, LANE_MAKING)
+
+
+def half_made(lane):
+    """make_lane's answer to a half-made lane (it holds the lanes' lock): an agent-made
+    one is removed, as nobody worked in it (None: it is made again); one with a
+    name is the user's to remove."""
+    if not AGENT_LANE.fullmatch(lane["name"]):
+        raise ToolError(half_made_text(lane))
+    drop_lane(lane, "half made", locked=True)
+
+
+def half_made_text(lane):
+    return (f"Worktree {lane['name']} was left half made (git or the agent was stopped while making "
+            f"it). Ask the user to remove it: git worktree remove --force --force "
+            f"{WORKTREES_DIR / lane['name']}")
 
 
 def base_commit(origin, base):
-    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD."""
+    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD. A
+    base starting with "-" is refused here, so git never reads one as an option."""
     if base is not None and (str(base).startswith("-") or not str(base).strip()):
         raise ToolError(f"base {base!r} is refused: give a branch, tag or commit id, not an option.")
     rev = str(base) if base is not None else "HEAD"
-    sha = git(origin, "rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    sha = git(origin, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
     if sha:
         return sha.strip()
     if base is None:
@@ -9298,26 +9377,47 @@ def base_commit(origin, base):
 def make_lane(origin, name, base=None):
     """(lane, made): the lane `name`, reused when find_lane accepts it, else added on
     a new branch agent/<name> from base (or on that branch, when it is left from an
-    earlier lane) and set up. Under the lanes' lock: two makers never race."""
+    earlier lane) and set up. A base is for a new lane: one that names another
+    commit than an existing lane's or a kept branch's is refused. Under the lanes'
+    lock: two makers never race. The lane is made locked (git worktree add --lock)
+    and marked ready only once set up, so one left half made by a kill is known."""
     folder = lanes_dir(origin)
     with task_lock(folder):  # s10: the same flock, on .agent/worktrees/.lock
-        if lane := find_lane(origin, name):
-            log_event(origin, "reuse", name, head=lane["head"])
-            return lane, False
+        lane = find_lane(origin, name)
+        if lane and not lane["ready"]:
+            lane = half_made(lane)
+        if lane:
+            same_base(lane["head"], base and base_commit(origin, base), base, f"Worktree {name} exists already",
+                      f"call worktree_create without base to go on in it, or pick another name")
+            return lane | {"reused": True}, False  # logged once entered (enter_lane)
         if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
             raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "
                             f"one first (worktree_list, then worktree_closeout remove).")
         git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
         start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
-        kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
+        kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+        same_base(kept and kept.strip(), base and start, base, f"Branch {branch} is left from an earlier "
+                  f"worktree {name}", f"leave base out to go on from it, pick another name, or ask the "
+                  f"user to delete the branch (git branch -D {branch})")
         new = [] if kept else ["-b", branch]
-        git(origin, "worktree", "add", "-q", *new, "--", str(folder / name), branch if kept else start)
+        path = str(folder / name)
+        git(origin, "worktree", "add", "-q", "--lock", "--reason", LANE_MAKING, *new, "--", path,
+            branch if kept else start)
         lane = find_lane(origin, name)
         if lane is None:
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
         lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)
+        git(origin, "worktree", "unlock", "--", path)
+        with contextlib.suppress(OSError):  # unwritten, it is taken for a lane from before the marker
+            (lane["admin"] / LANE_READY).write_text(now_stamp() + "\n")
         log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
-        return lane, True
+        return lane | {"ready": True}, True
+
+
+def same_base(head, start, base, what, instead):
+    """A base given for a lane or a branch that exists already must be where it is."""
+    if start and head and start != head:
+        raise ToolError(f"{what}, at {head[:12]}, not at base {base!r} ({start[:12]}): {instead}.")
 
 
 def set_up_lane(lane):
@@ -9376,14 +9476,16 @@ def carry_hooks_path(origin, lane):
     hooks = str((origin / raw).resolve())
     git(origin, "config", "extensions.worktreeConfig", "true")  # per-worktree config (git worktree docs)
     git(lane["path"], "config", "--worktree", "core.hooksPath", hooks, lane=lane)
-    return f"core.hooksPath set to {hooks}"
+    return (f"core.hooksPath set to {hooks} (the repository's config now has extensions.worktreeConfig "
+            f"= true, which per-worktree settings need)")
 
 
 def link_names(origin):
     """worktree.symlink_directories from the user, project and local config (seed:
     settings.worktree.symlinkDirectories): (names, notes on entries skipped). An
-    untrusted file may name them too: a link into the project gives a lane's agent
-    nothing to write, only what it could read already."""
+    untrusted file may name them too. A link gives the lane's agent that folder of
+    the project to read (and, without the OS sandbox, to write): link_shared_dirs
+    never links one holding a file the agent may not read."""
     names, notes = [], []
     for path in config_files(origin).values():
         try:
@@ -9400,7 +9502,8 @@ def link_names(origin):
 
 def link_shared_dirs(origin, path):
     """Big folders (node_modules, .venv) shared with the lane as links: each must be a
-    real folder of the project, and the lane must have nothing at that place yet."""
+    real folder of the project holding nothing the agent may not read, and the lane
+    must have nothing at that place yet."""
     names, notes = link_names(origin)
     made = []
     for name in names:
@@ -9408,10 +9511,78 @@ def link_shared_dirs(origin, path):
         if src.is_symlink() or not src.is_dir() or not leads_inside(src, origin) \
                 or os.path.lexists(dst) or not dirs_in(dst.parent, path):
             continue
+        if why := link_hides(src, origin):
+            notes.append(f"did not link {name}: {why}")
+            continue
         with contextlib.suppress(OSError):
             os.symlink(src.resolve(), dst, target_is_directory=True)
             made.append(name)
     return notes + ([f"linked {', '.join(made)}"] if made else [])
+
+
+def link_hides(folder, origin):
+    """Why the project's `folder` may not be linked into a lane ("" when it may): it
+    holds the agent's own .env, or a file a read-deny rule hides, which the lane's
+    agent would reach through the link. A rule anchored elsewhere rules the folder
+    out without a look; only one that could match in it (reaches_into) needs a
+    walk, of at most MASK_SCAN_LIMIT entries: past that the folder is not linked."""
+    state, own = agent_state(), own_dotenv()
+    if own and own.is_relative_to(folder):
+        return f"it holds the agent's own {own.name}"
+    rules = [r["pattern"] for r in state.permissions["rules"] if r["effect"] == "deny"
+             and r["tool"] == "read_file" and r["pattern"] and reaches_into(r["pattern"], folder, origin)]
+    if not rules:
+        return ""
+    inside = (Path(d, n) for d, dirs, files in os.walk(folder) for n in dirs + files)
+    for seen, p in enumerate(itertools.chain([folder], inside)):
+        if seen > MASK_SCAN_LIMIT:
+            return f"more than {MASK_SCAN_LIMIT} entries to check against the read-deny rules"
+        if any(path_rule_matches(pattern, p, origin) for pattern in rules):
+            return f"a read-deny rule hides {p.relative_to(origin).as_posix()}"
+    return ""
+
+
+def reaches_into(pattern, folder, origin):
+    """Could a file rule's pattern (s07: gitignore-style, relative to the workspace,
+    //absolute or ~/ home) match `folder` or anything in it? Its fixed leading part
+    decides: a pattern without a "/" matches at any depth; else the folder must lie
+    under that part, or that part inside the folder."""
+    if pattern.startswith("//"):
+        base, rest = Path("/"), pattern[2:]
+    elif pattern.startswith("~/"):
+        base, rest = Path.home().resolve(), pattern[2:]
+    else:
+        base, rest = origin, pattern.removeprefix("./").removeprefix("/")
+    if "/" not in rest.rstrip("/"):
+        return folder.is_relative_to(base)
+    fixed = list(itertools.takewhile(lambda part: not re.search(r"[*?\[]", part), rest.split("/")))
+    prefix = base.joinpath(*fixed)
+    return folder.is_relative_to(prefix) or prefix.is_relative_to(folder)
+
+
+def as_project(path, state):
+    """(path, workspace) pairs a read-deny rule is judged on (s07's read_denied and
+    masked_paths): the path in the agent's own workspace, and in the project, where
+    the rules were written; a file in any lane is also judged as the project's file
+    at the same place, so Read(./secrets/**) hides secrets/ in every lane too."""
+    origin = project_dir(state)
+    pairs, lanes = [(path, state.workdir), (path, origin)], origin / WORKTREES_DIR
+    if path.is_relative_to(lanes) and len(parts := path.relative_to(lanes).parts) > 1:
+        pairs.append((origin.joinpath(*parts[1:]), origin))
+    return pairs
+
+
+def mask_walk(state):
+    """masked_paths' walk (s07): the agent's own workspace first, then, for an agent
+    in a lane, the rest of the project (the main checkout, other lanes), so the
+    walk's bound, reached in a big project, still leaves the agent's own checkout
+    looked at. The caller prunes dirnames in place, as with os.walk."""
+    yield from os.walk(state.workdir)
+    if (origin := project_dir(state)) == state.workdir:
+        return
+    for dirpath, dirnames, filenames in os.walk(origin):
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d) != state.workdir]
+        yield dirpath, dirnames, filenames
 
 
 def lane_links(lane):
@@ -9444,19 +9615,24 @@ def include_matches(origin):
 
 def copy_included(origin, path):
     """Copy what include_matches() names, each a plain file inside the project, up to
-    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes (the rest is counted)."""
+    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes: a file that would pass the
+    bytes is skipped and the next one tried; the rest is counted. Never a file the
+    agent may not read in the project: its own .env, or one a read-deny rule hides."""
     names, copied, size, left = include_matches(origin), 0, 0, 0
     for i, name in enumerate(names):
         src = origin / name
         try:
-            if src.is_symlink() or src.parent.resolve() != src.parent:
-                continue  # a link, or reached through one
+            if src.is_symlink() or src.parent.resolve() != src.parent or read_denied(src, agent_state()):
+                continue  # a link, reached through one, or not the agent's to read (s07)
             more = src.stat().st_size
         except (OSError, RuntimeError):
             continue
-        if copied >= INCLUDE_MAX_FILES or size + more > INCLUDE_MAX_BYTES:
-            left = len(names) - i
+        if copied >= INCLUDE_MAX_FILES:
+            left += len(names) - i
             break
+        if size + more > INCLUDE_MAX_BYTES:
+            left += 1
+            continue
         if (n := copy_plain(src, path / name, path)) is not None:
             copied, size = copied + 1, size + n
     note = f"copied {copied} ignored file(s) .worktreeinclude selects" if copied else ""
@@ -9468,10 +9644,13 @@ def copy_included(origin, path):
 # An agent enters a lane by pointing its workdir there, with file-read records
 # started fresh (a path read in one checkout says nothing about the other), and
 # holds the lane's flock while it works in it: "in use" is a lock, so a lane its
-# agent left by crashing (even kill -9) is free again. worktree_closeout keep
-# leaves the lane as it is; remove deletes the lane and its branch, and asks the
-# human first when that would lose work: changes not committed, or commits no
-# other branch has. Every step is one line in .agent/worktrees/events.jsonl.
+# agent left by crashing (even kill -9) is free again. The agent holds it shared,
+# and so does a background subagent working in its parent's lane; whoever removes
+# the lane, or checks that nobody is in it, needs it exclusive. worktree_closeout
+# keep leaves the lane as it is; remove deletes the lane and its branch, and asks
+# the human first when that would lose work: changes not committed, commits no
+# other branch has, files only the lane's own .agent holds. Every step is one
+# line in .agent/worktrees/events.jsonl.
 def who(state=None):
     """An agent as the event log names it: a subagent's label, a teammate's name, or main."""
     state = state or agent_state()
@@ -9501,9 +9680,11 @@ def lane_lock_file(lane):
     return Path(lane["path"]).parent / f"{lane['name']}.lock"
 
 
-def lock_lane(lane, touch=True):
-    """The lane's in-use lock, taken (a descriptor) or None when an agent holds it.
-    Its file's time says when the lane was last used (touch: now; stale cleanup reads it)."""
+def lock_lane(lane, touch=True, shared=False):
+    """The lane's in-use lock, taken exclusive (a descriptor), or None when an agent
+    holds it. shared: for the agent entering it, which keeps it shared from then on
+    (flock turns exclusive into shared without letting go). Its file's time says
+    when the lane was last used (touch: now; stale cleanup reads it)."""
     try:
         fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
@@ -9514,18 +9695,44 @@ def lock_lane(lane, touch=True):
     except OSError:
         os.close(fd)
         return None
+    if shared:
+        fcntl.flock(fd, fcntl.LOCK_SH)
     if touch:
         os.utime(fd)
     return fd
+
+
+def share_lock(lane):
+    """The lane's lock taken shared beside the agent in it (a descriptor), or None."""
+    try:
+        fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def join_lane(child):
+    """A background subagent that works in its parent's lane holds the lane's lock
+    shared until it ends (close_child_lane): the lane is in use while it works, even
+    after its parent left, and its parent cannot close it under it."""
+    if child.worktree and child.worktree.get("inherited") and child.worktree.get("lock") is None:
+        child.worktree = child.worktree | {"lock": share_lock(child.worktree)}
 
 
 def enter_lane(state, lane, assigned=False):
     """Make the lane `state`'s workdir (never a chdir): its tools, bash and sandbox
     work there, its file-read records start fresh. assigned: the program gave it
     to this agent (a child, a teammate), and closes it at the agent's end."""
-    fd = lock_lane(lane)
+    fd = lock_lane(lane, shared=True)
     if fd is None:
         raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
+    if lane.pop("reused", False):  # logged now that it is this agent's, not before a refusal
+        log_event(Path(lane["origin"]), "reuse", lane["name"], by=who(state), head=lane["head"])
     state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
     state.workdir, state.files = Path(lane["path"]), {}
     log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))
@@ -9548,10 +9755,29 @@ def excluded(lane):
 
 
 def lane_changes(lane):
-    """Paths changed or new in the lane (git status), its .agent and links aside."""
-    out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=normal",
+    """Paths changed or new in the lane (git status, each new file named), its .agent
+    and links aside. A folder, ending in "/", is a nested repository: a .git of its
+    own inside the lane, which git does not look into (nested_repos)."""
+    out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=all",
               "--ignore-submodules=all", "--", ".", *excluded(lane), lane=lane)
-    return [entry[3:] for entry in out.split("\0") if len(entry) > 3]
+    entries, paths = iter(out.split("\0")), []
+    for entry in entries:
+        if len(entry) > 3:
+            paths.append(entry[3:])
+        if entry[:1] in ("R", "C"):
+            next(entries, None)  # a staged rename: the old path follows, without a status
+    return paths
+
+
+def nested_repos(changes):
+    """The nested repositories among lane_changes: never committed, as git would record
+    each as a gitlink (a submodule), and the human's next git status in the lane would
+    then run what that repository's config says (its fsmonitor)."""
+    return [p.rstrip("/") for p in changes if p.endswith("/")]
+
+
+def nested_note(nested):
+    return "; ".join(f"left out nested repository {p} (a .git inside the lane)" for p in nested)
 
 
 def unmerged(lane):
@@ -9601,13 +9827,24 @@ def restore_pointer(lane):
 def commit_lane(lane, message):
     """The manager commits what an agent changed in its lane: the agent's sandbox
     cannot write the repository's objects, and the manager's git runs no hook
-    (GIT_QUIET), so a hook the agent wrote never runs. .agent and the links stay
-    out. Returns (lane as now, the new commit id or None when nothing changed)."""
+    (GIT_QUIET), so a hook the agent wrote never runs. Exactly the paths
+    lane_changes names are staged: never .agent, the links or a nested repository
+    (nothing to unstage after, which a kill would leave staged), and a gitlink HEAD
+    does not have, staged by the agent's own git, is taken out again. Returns (lane
+    as now, with "left_out": the nested repositories; the new commit id or None
+    when nothing changed)."""
     restore_pointer(lane)
-    if not lane_changes(lane):
+    changes = lane_changes(lane)
+    lane = lane | {"left_out": nested_repos(changes)}
+    if not (work := [p for p in changes if not p.endswith("/")]):
         return lane, None
-    git(lane["path"], "add", "-A", "--", ".", lane=lane)
-    git(lane["path"], "reset", "-q", "--", AGENT_DIR, *lane_links(lane), lane=lane)  # staged, then not
+    git(lane["path"], "--literal-pathspecs", "add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+        lane=lane, data="\0".join(work))
+    if new := new_gitlinks(lane):
+        git(lane["path"], "reset", "-q", "--", *new, lane=lane)
+        lane["left_out"] += [p for p in new if p not in lane["left_out"]]
+    if git(lane["path"], "diff", "--cached", "--quiet", lane=lane, check=False) is not None:
+        return lane, None  # nothing staged after all
     known = git(lane["path"], "config", "--get", "user.email", lane=lane, check=False)
     author = () if known else MANAGER_IDENTITY
     git(lane["path"], *author, "commit", "-q", "--no-verify", "-m", message, lane=lane)
@@ -9616,15 +9853,31 @@ def commit_lane(lane, message):
     return lane, lane["head"]
 
 
-def remove_lane(lane, why):
-    """Delete the lane's folder, its lock file and its branch agent/<name>."""
+def new_gitlinks(lane):
+    """Staged gitlinks (mode 160000) that the lane's HEAD does not have."""
+    def links(out):
+        return {line.split("\t", 1)[1] for line in (out or "").split("\0") if line.startswith("160000 ")}
+    staged = links(git(lane["path"], "ls-files", "-s", "-z", lane=lane))
+    return sorted(staged - links(git(lane["path"], "ls-tree", "-r", "-z", "HEAD", lane=lane)))
+
+
+def remove_lane(lane, why, locked=False):
+    """Delete the lane's folder, its lock file and its branch agent/<name>, under the lanes' lock."""
+    with task_lock(lanes_dir(Path(lane["origin"]))):
+        drop_lane(lane, why, locked)
+
+
+def drop_lane(lane, why, locked=False):
+    """remove_lane's work, for a caller holding the lanes' lock. locked: a half-made
+    lane, whose git lock goes too (a second --force); its branch only when it has
+    nothing another branch lacks (it may be one kept from an earlier lane)."""
     origin = Path(lane["origin"])
-    with task_lock(lanes_dir(origin)):
-        git(origin, "worktree", "remove", "--force", "--", str(lane["path"]))
-        if lane.get("branch") == WORKTREE_BRANCH + lane["name"]:
-            git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
-        with contextlib.suppress(OSError):
-            lane_lock_file(lane).unlink()
+    keep_branch = locked and lane["head"] and unmerged(lane)
+    git(origin, "worktree", "remove", "--force", *(["--force"] if locked else []), "--", str(lane["path"]))
+    if lane.get("branch") == WORKTREE_BRANCH + lane["name"] and not keep_branch:
+        git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
+    with contextlib.suppress(OSError):
+        lane_lock_file(lane).unlink()
     unbind_tasks(origin, lane["name"])
     log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
 
@@ -9634,22 +9887,54 @@ def branch_name(lane):
 
 
 def lane_status(lane):
-    """One line: changes, commits no other branch has, and the diffstat's summary."""
+    """One line: changes, commits no other branch has, the diffstat's summary, and
+    the nested repositories that are never committed."""
     changes, extra = lane_changes(lane), unmerged(lane)
     summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()
     parts = [f"{len(changes)} uncommitted change(s)" if changes else "no uncommitted changes",
              f"{extra} unmerged commit(s)" if extra else "nothing unmerged"]
-    return ", ".join(parts) + (f"; {summary}" if extra else "")
+    nested = nested_repos(changes)
+    return ", ".join(parts) + (f"; {summary}" if extra else "") + (
+        f"; nested repositories (never committed): {', '.join(nested)}" if nested else "")
+
+
+def lane_local(lane):
+    """Files under the lane's own .agent, which no commit takes and removal deletes
+    (plans, saved tool output, transcripts; the project's memory, schedules and
+    the like are kept in the project). The copied config.local.yaml is not one.
+    At most LANE_LOCAL_LIMIT are counted."""
+    folder, found = Path(lane["path"]) / AGENT_DIR, []
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        found += [Path(dirpath, f).relative_to(folder).as_posix() for f in filenames]
+        if len(found) >= LANE_LOCAL_LIMIT:
+            break
+    return [f for f in found if f != "config.local.yaml"][:LANE_LOCAL_LIMIT]
 
 
 def check_free(state):
-    """Only an agent that chose its lane opens and closes lanes."""
+    """Only an agent that chose its lane opens and closes lanes, and a subagent never:
+    it would be left in the lane when it ends. A teammate is the main agent of its
+    own process, and may."""
     if state.worktree and state.worktree.get("assigned"):
         raise ToolError("You work in a worktree made for you: the manager commits and closes it "
                         "when you finish. Just do the task.")
     if state.worktree and state.worktree.get("inherited"):
         raise ToolError(f"Your parent works in worktree {state.worktree['name']}; it opens and "
                         f"closes worktrees, you work where it does.")
+    if state.label:  # a subagent (s04's label; the main agent's is "")
+        raise ToolError("A subagent cannot open or close worktrees. To have work done in a "
+                        "worktree of its own, the agent that starts the subagent passes isolation "
+                        "\"worktree\" on its agent call; do this task where you are.")
+
+
+def apart_text(state):
+    """What keeps a lane's agent in its lane: the OS sandbox, or only its own care."""
+    if sandboxed(state):
+        return "Your bash cannot commit there or write the main workspace."
+    return ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
+            "command inside it, and do not commit there.")
 
 
 def worktree_create(name, base=None):
@@ -9663,11 +9948,11 @@ def worktree_create(name, base=None):
     lane, made = make_lane(project_dir(state), name, base)
     enter_lane(state, lane)
     did = f"Created worktree {name} from {lane['base'][:12]}" if made else \
-        f"Reused worktree {name} (HEAD {lane['head'][:12]}{'; base ignored' if base else ''})"
+        f"Reused worktree {name} (HEAD {lane['head'][:12]})"
     setup = f"; setup: {'; '.join(lane['setup'])}" if made and lane.get("setup") else ""
     return (f"{did} on branch {branch_name(lane)}{setup}. You now work in {lane['path']}: every path "
-            f"and command is relative to it, and files read before must be read again. Your bash "
-            f"cannot commit there; worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
+            f"and command is relative to it, and files read before must be read again. "
+            f"{apart_text(state)} worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
             f"back and keeps it for review (remove deletes it).")
 
 
@@ -9677,6 +9962,8 @@ def lane_line(origin, path, here):
         lane = find_lane(origin, path.name)
     except ToolError:
         return f"{printable(path.name)}  [not a worktree of this repository: left alone]"
+    if not lane["ready"]:
+        return f"{lane['name']}  [half made: git or the agent was stopped while making it]"
     fd = lock_lane(lane, touch=False) if lane["name"] != here else None
     use = "you are here" if lane["name"] == here else "free" if fd is not None else "in use"
     if fd is not None:
@@ -9700,11 +9987,13 @@ def worktree_list():
     return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more)
 
 
-def confirm_loss(lane, changes, extra):
+def confirm_loss(lane, changes, extra, local=()):
     """Removing would lose work: the human says yes or it stays (any agent asks:
     a teammate's question goes to the lead's terminal; a background agent cannot ask)."""
     loss = ", ".join(filter(None, [f"{len(changes)} uncommitted change(s)" if changes else "",
-                                   f"{extra} commit(s) no other branch has" if extra else ""]))
+                                   f"{extra} commit(s) no other branch has" if extra else "",
+                                   f"{len(local)} file(s) under its own {AGENT_DIR} (plans, saved "
+                                   f"output)" if local else ""]))
     answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {branch_name(lane)}? It has "
                                  f"{loss}, which would be lost. [y/N] "))
     if answer.strip().lower() not in ("y", "yes"):
@@ -9733,28 +10022,86 @@ def worktree_closeout(name, action):
                 f"are back in {state.workdir}. Read files again before editing.")
     if lane is None:
         raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
+    if not lane["ready"]:
+        raise ToolError(half_made_text(lane))
+    if inside_it and (running := lane_work(lane)):
+        raise ToolError(f"{', '.join(r['id'] for r in running)} still running in worktree {name}: wait "
+                        f"for its <task-notification>, or background_stop it, then close the worktree.")
+    fd = take_lane(state, lane, inside_it) if inside_it or action == "remove" else None
+    if fd is None and inside_it:
+        raise ToolError(f"A subagent still works in worktree {name}; wait for it or stop it "
+                        f"(background_stop), then close the worktree.")
+    if fd is None and action == "remove":
+        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
+    try:
+        return close_out(state, lane, action, inside_it)
+    finally:
+        if fd is not None and state.worktree and state.worktree["name"] == name:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # still in it (the user said no): its lock again
+            state.worktree["lock"] = fd
+        elif fd is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # when it was last used, for stale cleanup
+            os.close(fd)
+
+
+def take_lane(state, lane, inside_it):
+    """The lane's lock exclusive, for closing it: None when another agent, or a
+    subagent beside this one, works in it. An agent in it trades its shared lock
+    for it (and holds it shared again when it is not alone)."""
+    if not inside_it:
+        return lock_lane(lane, touch=False)
+    if state.worktree.get("lock") is not None:
+        os.close(state.worktree["lock"])
+    fd = lock_lane(lane, touch=False)
+    state.worktree["lock"] = None if fd is not None else share_lock(lane)  # with it, the caller holds it
+    return fd
+
+
+def close_out(state, lane, action, inside_it):
+    """worktree_closeout's keep or remove, with the lane's lock held exclusive when
+    the agent is in it or removes it."""
+    name, back = lane["name"], " You are back in {}; read files again before editing."
     if action == "keep":
         status = lane_status(lane)
         if inside_it:
             leave_lane(state)
-        log_event(origin, "keep", name, status=status)
+        log_event(Path(lane["origin"]), "keep", name, status=status)
         return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {branch_name(lane)}): {status}."
-                + (f" You are back in {state.workdir}; read files again before editing." if inside_it else ""))
-    fd = None if inside_it else lock_lane(lane, touch=False)
-    if not inside_it and fd is None:
-        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
-    try:
-        changes, extra = lane_changes(lane), unmerged(lane)
-        if changes or extra:
-            confirm_loss(lane, changes, extra)
-        if inside_it:
-            leave_lane(state)
-        remove_lane(lane, "worktree_closeout")
-    finally:
-        if fd is not None:
-            os.close(fd)
+                + (back.format(state.workdir) if inside_it else ""))
+    changes, extra, local = lane_changes(lane), unmerged(lane), lane_local(lane)
+    if changes or extra or local:
+        confirm_loss(lane, changes, extra, local)
+    if inside_it:
+        leave_lane(state)
+    remove_lane(lane, "worktree_closeout")
     return f"Removed worktree {name} and branch {branch_name(lane)}." + (
-        f" You are back in {state.workdir}; read files again before editing." if inside_it else "")
+        back.format(state.workdir) if inside_it else "")
+
+
+def lane_work(lane):
+    """Background commands and agents of this session that still run in the lane
+    (their records), but the one calling."""
+    here, me = Path(lane["path"]), threading.current_thread()
+    with BACKGROUND_LOCK:
+        return [r for r in agent_state().background.values() if r["status"] in ("running", "stopping")
+                and r.get("_thread") is not me and Path(r.get("_workdir") or "/").is_relative_to(here)]
+
+
+def settle_lane(lane):
+    """Before a lane is committed and closed: the background commands and agents
+    still running in it are waited for, LANE_SETTLE_WAIT seconds in all, and then
+    stopped, so nothing writes into the lane after its commit or its removal.
+    Notes naming them."""
+    busy, deadline = lane_work(lane), time.monotonic() + LANE_SETTLE_WAIT
+    for record in busy:
+        record["_thread"].join(timeout=max(0.0, deadline - time.monotonic()))
+    late = [r for r in busy if r["status"] in ("running", "stopping")]
+    for record in late:
+        stop_background(record)
+    done = [r["id"] for r in busy if r not in late]
+    return ([f"waited for {', '.join(done)} to end"] if done else []) + (
+        [f"stopped {', '.join(r['id'] for r in late)}, still running after {LANE_SETTLE_WAIT} s"] if late else [])
 
 
 def bind_task(task, worktree):
@@ -9822,9 +10169,10 @@ def remove_if_stale(origin, name):
     if (fd := lock_lane(lane, touch=False)) is None:
         return False  # in use
     try:
-        if lane_changes(lane) or unmerged(lane):
-            return False
-        remove_lane(lane, f"stale: unused for {STALE_WORKTREE_AGE // 3600} h, nothing in it")
+        if lane["ready"] and (lane_changes(lane) or unmerged(lane)):
+            return False  # half made, nobody ever worked in it
+        remove_lane(lane, f"stale: unused for {STALE_WORKTREE_AGE // 3600} h, nothing in it"
+                    + ("" if lane["ready"] else " (half made)"), locked=not lane["ready"])
         return True
     finally:
         os.close(fd)
@@ -9836,9 +10184,13 @@ WORKTREE_HELP = (" Worktrees are separate checkouts of this repository in .agent
 register("worktree_create", (
     "Create a git worktree and move into it: from then on your paths, bash and edits are in "
     "the worktree, the main workspace stays as it is, and files must be read again."
-    + WORKTREE_HELP + " An existing worktree of that name is reused. It starts from base (default: "
-    "the current commit; uncommitted changes are not in it). For work a subagent or teammate "
-    "should do apart, pass isolation \"worktree\" to agent or spawn_teammate instead."),
+    + WORKTREE_HELP + " An existing worktree of that name is reused, and a branch agent/<name> "
+    "left from an earlier one is checked out again. A new one starts from base (default: the "
+    "current commit; uncommitted changes are not in it); a base other than the commit an "
+    "existing worktree or branch is at is refused: leave base out to go on with it. Names "
+    "ending in .lock or .jsonl, and 'events', are taken. For work a subagent or teammate "
+    "should do apart, pass isolation \"worktree\" to agent or spawn_teammate instead (a "
+    "subagent cannot call this tool)."),
     params(["name"], name=("string", "A short slug: letters, digits, '.', '_', '-'; e.g. 'fix-parser'."),
            base=("string", "Branch, tag or commit to start from (default HEAD).")),
     worktree_create)
@@ -9873,11 +10225,13 @@ You work in an isolated git worktree, {path}, on branch {branch}: a separate che
 this repository at its last commit. {inherited}Paths you were given that point into \
 {parent} mean the same files here: use paths relative to your working directory, and read \
 each file again before you edit it. Do not commit: when you finish, your changes are \
-committed on {branch} for review.
+committed on {branch} for review. {apart}
 </worktree>
 
 """
 INHERITED = "The conversation above is the other agent's, in its own checkout. "
+UNSANDBOXED = ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
+               "command inside it.")
 
 
 def lane_for(state, isolation, made_for):
@@ -9905,36 +10259,48 @@ def isolate(child, isolation, settings, prompt, fork=False):
         settings["system"] = settings["system"].replace(f"Working directory: {parent}",
                                                         f"Working directory: {lane['path']}")
     return WORKTREE_NOTICE.format(path=lane["path"], branch=lane["branch"], parent=parent,
-                                  inherited=INHERITED if fork else "") + prompt
+                                  inherited=INHERITED if fork else "",
+                                  apart="" if sandboxed(child) else UNSANDBOXED) + prompt
 
 
 def close_agent_lane(state, message):
-    """An agent-made lane at its agent's end: its changes committed, then removed when
-    nothing is in it (no change, no commit no other branch has). Returns the words
-    for whoever started the agent: the branch and a diffstat, or that it is gone."""
+    """An agent-made lane at its agent's end: what still runs in it waited for or
+    stopped, its changes committed, then removed when nothing is in it (no change,
+    no commit no other branch has, no nested repository). Returns the words for
+    whoever started the agent: the branch and a diffstat, or that it is gone."""
     lane = state.worktree
+    notes = settle_lane(lane)
     try:
         lane, commit = commit_lane(lane, message)
         left = unmerged(lane)
         summary = diffstat(lane, lane.get("base") or fork_point(lane)) if left else ""
     except (ToolError, OSError) as e:
         leave_lane(state)
-        return f"\n[worktree {lane['name']}: could not be closed ({e}); it stays at {lane['path']}]"
+        notes.append(f"could not be closed ({e})")
+        return f"\n[worktree {lane['name']}: {'; '.join(notes)}; it stays at {lane['path']}]"
     leave_lane(state)
-    if not left:
+    notes += [nested_note(lane["left_out"])] if lane["left_out"] else []
+    if not left and not lane["left_out"]:
         with contextlib.suppress(ToolError, OSError):
             remove_lane(lane, "its agent changed nothing")
-        return f"\n[worktree {lane['name']}: no changes; removed]"
+        return f"\n[worktree {lane['name']}: {'; '.join(notes + ['no changes; removed'])}]"
+    kept = f"kept at {WORKTREES_DIR / lane['name']} for review"
+    if not left:
+        return (f"\n[worktree {lane['name']}: {'; '.join(notes + ['nothing committed'])}; {kept}. "
+                f"worktree_closeout {{name: {lane['name']!r}, action: \"remove\"}} deletes it.]")
     did = f"committed {commit[:12]}" if commit else "nothing new to commit"
-    return (f"\n[worktree {lane['name']}: {did}; branch {lane['branch']} has {left} commit(s) no "
-            f"other branch has, kept at {WORKTREES_DIR / lane['name']} for review. Merge it with "
-            f"`git merge {lane['branch']}`, then worktree_closeout {{name: {lane['name']!r}, "
-            f"action: \"remove\"}}.]\n{summary}")
+    return (f"\n[worktree {lane['name']}: {'; '.join(notes + [did])}; branch {lane['branch']} has {left} "
+            f"commit(s) no other branch has, {kept}. Merge it with `git merge {lane['branch']}`, then "
+            f"worktree_closeout {{name: {lane['name']!r}, action: \"remove\"}}.]\n{summary}")
 
 
 def close_child_lane(child):
     """run_subagent's (and a background agent's) end: the child's lane closed; ""
-    for a child without one."""
+    for a child without one. A child in its parent's lane lets go of its share."""
+    if child.worktree and child.worktree.get("inherited") and child.worktree.get("lock") is not None:
+        with contextlib.suppress(OSError):
+            os.close(child.worktree["lock"])
+        child.worktree = child.worktree | {"lock": None}
     if not (child.worktree and child.worktree.get("assigned")):
         return ""
     with acting_as(child):  # its steps, logged and shown as its own
@@ -9978,8 +10344,8 @@ def lane_notice(state):
     lane = state.worktree
     if not lane:
         return ""
-    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=branch_name(lane),
-                                            parent=lane["origin"], inherited="").strip())
+    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=branch_name(lane), parent=lane["origin"],
+                                            inherited="", apart="" if sandboxed(state) else UNSANDBOXED).strip())
 
 
 def checkpoint_lane():
@@ -9992,9 +10358,10 @@ def checkpoint_lane():
     with contextlib.suppress(ToolError, OSError):
         lane, commit = commit_lane(lane, f"{state.team['member']}: work from a teammate's turn")
         state.worktree = lane
+        nested = f"\n{nested_note(lane['left_out'])}" if lane["left_out"] else ""
         if commit:
             post(LEAD, "message", f"[worktree {lane['name']}] committed {commit[:12]} on branch "
-                                  f"{lane['branch']}:\n{diffstat(lane, fork_point(lane))}")
+                                  f"{lane['branch']}:\n{diffstat(lane, fork_point(lane))}{nested}")
 
 
 @contextlib.contextmanager
