@@ -1846,18 +1846,27 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # once per batch. tests/bench_s06_context.py (100 turns, each reading a new
 # 12 KB file; tokens = chars/4; list prices):
 #   policy                                 input tokens  peak context  est. input cost
-#   (a) no management                        17,962,723       353,248  $53.89 (> window)
-#   (b) clear every turn, keep 3, no cache    1,607,650        19,471   $4.82
-#   (c) batches past 50K, keep 3, cache       3,125,131        49,526   $2.48 = 0.52 x (b)
-# (c) sends twice the tokens of (b), but 86% are cache reads. (b) repeats 36% of
-# the previous request, (c) 100% between its 9 batch clears. The budget is a
-# flat optimum (40K: 0.52, 60K: 0.53, 80K: 0.57 of (b)); keeping 2 results
-# gives 0.47-0.48 at 30-50K, keeping 5 0.59-0.66 at 40-80K (but 0.91 at 30K:
-# a budget too tight clears every 2-3 turns). Every file reached the model.
+#   (a) no management                        17,968,076       353,301  $53.90 (> window)
+#   (b) clear every turn, keep 3, no cache    1,613,003        19,524   $4.84
+#   (c) batches past 40K, keep 2, cache       2,493,899        39,390   $2.27 = 0.47 x (b)
+# (c) sends 1.5x the tokens of (b), but 82% are cache reads. (b) repeats 37% of
+# the previous request, (c) 100% between its 12 batch clears. Every file
+# reached the model. The same 100 reads of 14 KB files over 4 prompts in one
+# session: (b) $5.54, (c) $2.58 = 0.47 x (b) (keep 3 past 50K: 0.52).
+# Why keep 2 past 40K (the benchmark's --sweep, both scenarios): a batch
+# rewrites the results it keeps and each later request reads them again, so
+# keeping 2 costs 0.47-0.48 x (b) at 30K, 40K and 50K alike, keeping 3
+# 0.51-0.60, the more the tighter the budget. 40K is the cheapest over 4
+# prompts and ties 30K over one; it keeps more results verbatim than 30K and
+# peaks a fifth lower than 50K. The price: right after a batch only the two
+# newest results are verbatim, and an older one the model still needs is read
+# again (the placeholder says so), a call the benchmark does not count.
 # A batch must also free CLEAR_MIN_SHARE of the budget: when what cannot be
 # cleared (tool inputs, long replies) alone stays over budget, clearing each
 # result as it ages out would break the prefix every turn for a few hundred
-# tokens; it waits for a batch worth a rewrite instead.
+# tokens; it waits for a batch worth a rewrite instead. 0.25 x 40K keeps that
+# at 10K tokens, as before; in the sweep 5K, 10K or 15K changed nothing at
+# keep 2, since every batch of those reads frees far more.
 CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
 SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
@@ -1875,9 +1884,9 @@ PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be 
                             # the budget they become a note to read the file again in parts
 PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
-WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
-KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
-CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
+WORKING_BUDGET = 40_000     # tokens: past this, old tool results are cleared in one batch
+KEEP_RESULTS = 2            # newest tool results a batch clear leaves intact
+CLEAR_MIN_SHARE = 0.25      # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
@@ -1929,6 +1938,23 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
+def open_inside(path, root, flags):
+    """os.open a file the agent writes below root, never through a symbolic link a
+    cloned repository planted: each folder on the way is opened (made when missing)
+    relative to the one before, with O_NOFOLLOW, and so is the file. OSError when one
+    is a link, so nothing is written elsewhere, even if a link is swapped in meanwhile."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.parent.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
@@ -1936,9 +1962,10 @@ def persist_output(block):
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:  # never through a link planted in .agent/ (a cloned repository may ship one)
+        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                  "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as e:
         say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
             f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
@@ -3125,11 +3152,16 @@ def config_files(workdir):
 
 
 def parse_rule(text):
-    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed."""
+    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed,
+    or if it gives a pattern to tools with no input a pattern could match (it would never apply)."""
     m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m or (m[2] is not None and not m[2].strip()):
         raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
-    return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
+    tool = TOOL_ALIASES.get(m[1], m[1])
+    if m[2] is not None and not any(fnmatch_tool(tool, t) for t in ("bash", *PATH_TOOLS, *RULE_FIELDS)):
+        raise ValueError(f"{text!r}: {tool} takes no pattern (only bash, the file tools, load_skill "
+                         f"and agent do); write {m[1]} alone for all its calls")
+    return {"tool": tool, "pattern": m[2] and m[2].strip(), "text": text.strip()}
 
 
 def check_config(path, data):
@@ -3650,7 +3682,11 @@ def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writa
     workdir = os.path.realpath(workdir)
     roots = [workdir] + [os.path.realpath(d) for d in writable if os.path.isdir(d)]
     protected = [os.path.realpath(p) for p in protected if os.path.exists(p)]
-    masked = [os.path.realpath(p) for p in masked if os.path.exists(p)]
+    # A path under a masked folder is hidden already, and bwrap could not mount on
+    # it: the folder's tmpfs is read-only (Read(./secrets/**) names both).
+    masked = list(dict.fromkeys(os.path.realpath(p) for p in masked if os.path.exists(p)))
+    folders = [p for p in masked if os.path.isdir(p)]
+    masked = [p for p in masked if not any(p != d and Path(p).is_relative_to(d) for d in folders)]
     argv = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     hidden = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_HIDDEN if os.path.isdir(d)))
     for d in hidden:

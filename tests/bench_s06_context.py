@@ -24,8 +24,15 @@ estimator for all (characters / 4), so the numbers are comparable:
                    breakpoint is a write; anything after it is plain input.
                    (a) and (b) send no cache: everything is plain input.
 
-Run:  python tests/bench_s06_context.py [--turns 100] [--chapter s06_compact]
-Prints a table and the cost ratio (c)/(b); it never asserts anything.
+A second scenario splits the work over several prompts: 100 reads of
+distinct 14 KB files, 25 per user prompt, four prompts in one session (each
+prompt is a new user turn appended to the same history, each ends on a text
+reply). It compares the peer-style policy, (b) above, with the chapter's
+defaults; --sweep adds candidate settings (KEEP_RESULTS x WORKING_BUDGET x
+CLEAR_MIN_SHARE) on both scenarios, each with its ratio to (b).
+
+Run:  python tests/bench_s06_context.py [--turns 100] [--chapter s06_compact] [--sweep]
+Prints the tables and the cost ratios to (b); it never asserts anything.
 """
 import argparse
 import contextlib
@@ -59,12 +66,16 @@ POLICIES = [
      {"WORKING_BUDGET": 0, "KEEP_RESULTS": 3, **NO_COMPACTION}),
     ("(c) this chapter: batches + cache", True, {}),
 ]
+PROMPTS, PROMPT_FILE_BYTES = 4, 14 * 1024   # the multi-prompt scenario: 4 prompts, 14 KB files
+SWEEP_KEEP = (2, 3)                          # KEEP_RESULTS candidates
+SWEEP_BUDGET = (30_000, 40_000, 50_000)      # WORKING_BUDGET candidates, tokens
+SWEEP_MIN_FREE = (5_000, 10_000, 15_000)     # tokens a batch must free: CLEAR_MIN_SHARE x budget
 
 
-def make_files(workspace, turns):
+def make_files(workspace, turns, file_bytes=FILE_BYTES):
     for i in range(turns):
         lines, size, n = [f"BEGIN-{i:03d}"], 0, 0
-        while size < FILE_BYTES - 80:
+        while size < file_bytes - 80:
             n += 1
             row = f"f{i:03d} row {n:03d}: " + "lorem ipsum dolor sit amet " * 2
             lines.append(row)
@@ -86,21 +97,27 @@ def load(chapter, settings, workspace):
     return mod
 
 
-def replay(chapter, settings, turns):
+def replay(chapter, settings, turns, prompts=1, file_bytes=FILE_BYTES):
+    """The session: `turns` reads split evenly over `prompts` user prompts, each a
+    new user turn in the same history. Returns the logged request bodies."""
     with tempfile.TemporaryDirectory() as tmp, ScriptedAPI() as api:
         workspace = Path(tmp)
-        make_files(workspace, turns)
+        make_files(workspace, turns, file_bytes)
         mod = load(chapter, settings, workspace)
         mod.MAX_TURNS = turns + 10
-        api.script([reply(tool("read_file", {"path": f"f{i:03d}.txt"})) for i in range(turns)]
-                   + [reply("Read them all.")])
         client = anthropic.Anthropic(api_key="bench", base_url=api.url, max_retries=0)
-        history = [{"role": "user", "content": f"Read f000.txt to f{turns - 1:03d}.txt, one a turn."}]
-        quiet = io.StringIO()
-        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            reason = mod.agent_loop(client, history)
-        if reason != "end_turn" or api.invalid() or api.exhausted:
-            sys.exit(f"replay failed: {reason} {api.invalid()[:1]}")
+        history, per = [], turns // prompts
+        for p in range(prompts):
+            first, last = p * per, turns if p == prompts - 1 else (p + 1) * per
+            api.script([reply(tool("read_file", {"path": f"f{i:03d}.txt"}))
+                        for i in range(first, last)] + [reply("Read them all.")])
+            history.append({"role": "user", "content":
+                            f"Read f{first:03d}.txt to f{last - 1:03d}.txt, one a turn."})
+            quiet = io.StringIO()
+            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                reason = mod.agent_loop(client, history)
+            if reason != "end_turn" or api.invalid() or api.exhausted or api.remaining():
+                sys.exit(f"replay failed (prompt {p + 1}): {reason} {api.invalid()[:1]}")
         return [r["body"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
 
 
@@ -140,7 +157,7 @@ def breakpoints(segs):
 def measure(bodies, caching, turns):
     segs = [segments(b) for b in bodies]
     sizes = [sum(len(s) for s, _ in sg) for sg in segs]
-    cost_chars, reads, stable_all, stable_between, clears = 0.0, 0, [], [], 0
+    cost_chars, reads, writes, stable_all, stable_between, clears = 0.0, 0, 0, [], [], 0
     for k, sg in enumerate(segs):
         bps = breakpoints(sg) if caching else []
         read = 0
@@ -156,6 +173,7 @@ def measure(bodies, caching, turns):
             read = max([p for p in bps if p <= shared and p in written], default=0)
         last = bps[-1] if bps else 0
         reads += read
+        writes += max(0, last - read)
         cost_chars += (sizes[k] - last) + READ * read + WRITE * max(0, last - read)
     text = [json.dumps(b, ensure_ascii=False) for b in bodies]
     seen = sum(any(f"BEGIN-{i:03d}" in t and f"END-{i:03d}" in t for t in text) for i in range(turns))
@@ -164,21 +182,18 @@ def measure(bodies, caching, turns):
             "between": (sum(stable_between) / len(stable_between), min(stable_between))
             if stable_between else (0.0, 0.0),
             "clears": clears, "cost": cost_chars / 4 * PRICE_INPUT / 1e6, "seen": seen,
-            "cached": reads / sum(sizes)}
+            "cached": reads / sum(sizes), "reads": reads // 4, "writes": writes // 4}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--turns", type=int, default=100)
-    ap.add_argument("--chapter", default="s06_compact")
-    args = ap.parse_args()
+def one_prompt(chapter, turns):
+    """The first scenario: (a), (b) and (c) over one prompt."""
     rows = []
     for name, caching, settings in POLICIES:
         began = time.monotonic()
-        bodies = replay(args.chapter, settings, args.turns)
-        rows.append((name, measure(bodies, caching, args.turns), time.monotonic() - began))
-    print(f"{args.turns} turns, each reading a different {FILE_BYTES // 1024} KB file "
-          f"({args.chapter}); tokens = characters / 4\n")
+        bodies = replay(chapter, settings, turns)
+        rows.append((name, measure(bodies, caching, turns), time.monotonic() - began))
+    print(f"{turns} turns, each reading a different {FILE_BYTES // 1024} KB file "
+          f"({chapter}); tokens = characters / 4\n")
     head = (f"{'policy':40} {'requests':>8} {'input tok':>10} {'peak ctx':>9} {'stable':>7} "
             f"{'between clears':>15} {'clears':>6} {'cached':>6} {'est. cost':>10} {'files seen':>10}")
     print(head + "\n" + "-" * len(head))
@@ -187,7 +202,7 @@ def main():
         print(f"{name:40} {m['requests']:>8} {m['tokens']:>10,} {m['peak']:>9,} {m['stable']:>7.3f} "
               f"{f'{mean:.3f} (min {low:.3f})':>15} {m['clears']:>6} {m['cached']:>6.0%} "
               f"{'$' + format(m['cost'], '.3f'):>10} "
-              f"{m['seen']:>6}/{args.turns}")
+              f"{m['seen']:>6}/{turns}")
     a, b, c = (m for _, m, _ in rows)
     print(f"\nratio (c)/(b) estimated input cost: {c['cost'] / b['cost']:.2f}   (target <= 0.60)")
     print(f"ratio (c)/(a): {c['cost'] / a['cost']:.2f}; (a) peaks at {a['peak']:,} tokens "
@@ -196,6 +211,59 @@ def main():
           "\nbetween clears = the same over requests where no batch clear happened (target >= 0.99);"
           "\ncached = share of all input tokens that were cache reads")
     print("replay time: " + ", ".join(f"{name[:3]} {t:.1f}s" for name, _, t in rows))
+    return b
+
+
+def candidates():
+    """The sweep: (label, settings) for each KEEP_RESULTS x budget x batch minimum."""
+    for keep in SWEEP_KEEP:
+        for budget in SWEEP_BUDGET:
+            for least in SWEEP_MIN_FREE:
+                yield (f"keep {keep}, {budget // 1000}K, batch >= {least // 1000}K",
+                       {"KEEP_RESULTS": keep, "WORKING_BUDGET": budget,
+                        "CLEAR_MIN_SHARE": least / budget})
+
+
+def compare(title, chapter, turns, prompts, file_bytes, sweep, peer=None, target=""):
+    """Peer policy (b) vs the chapter's defaults (and the sweep), with ratios to (b)."""
+    began = time.monotonic()
+    if peer is None:
+        peer = measure(replay(chapter, POLICIES[1][2], turns, prompts, file_bytes), False, turns)
+    defaults = load(chapter, {}, ROOT)
+    now = (f"defaults: keep {defaults.KEEP_RESULTS}, {defaults.WORKING_BUDGET // 1000}K, batch >= "
+           f"{defaults.CLEAR_MIN_SHARE * defaults.WORKING_BUDGET / 1000:g}K")
+    rows = [("(b) peer: keep 3, clear every turn, no cache", peer),
+            (f"(c) {now}", measure(replay(chapter, {}, turns, prompts, file_bytes), True, turns))]
+    for label, settings in (candidates() if sweep else ()):
+        rows.append((f"    {label}", measure(replay(chapter, settings, turns, prompts, file_bytes),
+                                             True, turns)))
+    print(f"\n{title} ({chapter}); tokens = characters / 4\n")
+    head = (f"{'policy':46} {'input tok':>10} {'peak ctx':>9} {'cache read':>10} {'cache write':>11} "
+            f"{'clears':>6} {'est. cost':>10} {'x (b)':>6} {'files seen':>10}")
+    print(head + "\n" + "-" * len(head))
+    for name, m in rows:
+        print(f"{name:46} {m['tokens']:>10,} {m['peak']:>9,} {m['reads']:>10,} {m['writes']:>11,} "
+              f"{m['clears']:>6} {'$' + format(m['cost'], '.3f'):>10} {m['cost'] / peer['cost']:>6.2f} "
+              f"{m['seen']:>6}/{turns}")
+    print(f"\nratio (c)/(b) estimated input cost: {rows[1][1]['cost'] / peer['cost']:.2f}"
+          f"{target}; replay time {time.monotonic() - began:.0f}s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=100)
+    ap.add_argument("--chapter", default="s06_compact")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also replay the candidate settings on both scenarios (a few minutes)")
+    args = ap.parse_args()
+    peer = one_prompt(args.chapter, args.turns)
+    if args.sweep:
+        compare(f"Sweep, {args.turns} turns in one prompt, {FILE_BYTES // 1024} KB files",
+                args.chapter, args.turns, 1, FILE_BYTES, True, peer)
+    compare(f"{args.turns} reads of different {PROMPT_FILE_BYTES // 1024} KB files over "
+            f"{PROMPTS} prompts ({args.turns // PROMPTS} each) in one session",
+            args.chapter, args.turns, PROMPTS, PROMPT_FILE_BYTES, args.sweep,
+            target="   (target <= 0.55)")
 
 
 if __name__ == "__main__":

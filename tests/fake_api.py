@@ -232,7 +232,9 @@ def _check_text(path: str, value) -> None:
 
 def _schema_ok(schema) -> bool:
     """Whether a (sub)schema passes the draft 2020-12 meta-schema for the
-    keywords tool schemas use: type, properties, required, items.
+    keywords tool schemas use: type, properties, required, items,
+    additionalProperties, anyOf/oneOf/allOf. (s12's schema_problem checks the
+    same keywords: keep the two in step.)
 
     Only what the meta-schema forbids fails here: true/false are schemas, and
     `required` may name a property that `properties` does not list.
@@ -243,7 +245,8 @@ def _schema_ok(schema) -> bool:
         return False
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
-    if kind == [] or not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+    if (kind == [] or not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds)
+            or len(set(kinds)) != len(kinds)):
         return False
     props = schema.get("properties", {})
     if not isinstance(props, dict) or not all(_schema_ok(p) for p in props.values()):
@@ -252,7 +255,11 @@ def _schema_ok(schema) -> bool:
     if (not isinstance(required, list) or not all(isinstance(r, str) for r in required)
             or len(set(required)) != len(required)):
         return False
-    return _schema_ok(schema.get("items", True))
+    for key in ("anyOf", "oneOf", "allOf"):     # non-empty arrays of schemas
+        subs = schema.get(key, [True])
+        if not isinstance(subs, list) or not subs or not all(_schema_ok(s) for s in subs):
+            return False
+    return _schema_ok(schema.get("items", True)) and _schema_ok(schema.get("additionalProperties", True))
 
 
 class _RequestCheck:

@@ -42,7 +42,7 @@ MUTANTS = [
      ["tests/test_limits.py", "tests/test_agent_state.py"], ONLY),
     ("subagent-max-turns", CH, "SUBAGENT_MAX_TURNS = 30 ", "SUBAGENT_MAX_TURNS = 10000 ",
      ["tests/test_limits.py", "tests/test_s04_subagent.py"], ONLY),
-    ("working-budget", CH, "WORKING_BUDGET = 50_000 ", "WORKING_BUDGET = 150_000 ",
+    ("working-budget", CH, "WORKING_BUDGET = 40_000 ", "WORKING_BUDGET = 150_000 ",
      ["tests/test_limits.py", "tests/test_s06_compact.py"], ONLY),
     ("max-tokens", CH, "MAX_TOKENS = 8_000 ", "MAX_TOKENS = 10_000_000 ",
      ["tests/test_limits.py"], ONLY),

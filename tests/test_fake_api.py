@@ -329,6 +329,11 @@ REJECTIONS = {
                                 "input_schema: JSON schema is invalid"),
     "schema required not list": (schema(properties={"x": {}}, required="x"), "input_schema: JSON schema is invalid"),
     "schema required not strings": (schema(required=[1]), "input_schema: JSON schema is invalid"),
+    "schema required twice": (schema(required=["x", "x"]), "input_schema: JSON schema is invalid"),
+    "schema nested anyOf type": (schema(properties={"x": {"anyOf": [{"type": "str"}]}}),
+                                 "input_schema: JSON schema is invalid"),
+    "schema additionalProperties": (schema(additionalProperties={"type": ["string", "string"]}),
+                                    "input_schema: JSON schema is invalid"),
     "schema property key": (schema(properties={"a b": {"type": "string"}}),
                             "tools.0.custom.input_schema.properties: Property keys should match pattern"),
     # the context window, measured on the request itself

@@ -132,12 +132,16 @@ def test_a_tool_list_change_reaches_the_next_request(mod, api, client, servers):
 
 
 @needs_mcp
+@pytest.mark.permissions
 @each
-def test_read_only_hint_makes_calls_run_together_but_still_asks(mod, api, client, servers):
+def test_read_only_hint_makes_calls_run_together_but_still_asks(mod, api, client, servers, monkeypatch):
     servers({"sdk": {"command": PY, "args": [SDK]}})
     assert mod.TOOL_FLAGS["mcp__sdk__slow"] == {"read_only": False, "concurrency_safe": True}
     assert mod.TOOL_FLAGS["mcp__sdk__fail"]["concurrency_safe"] is False
+    asked = []                                  # the default mode, no rules: the human is asked
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "y")
     history = run_turn(mod, api, client, [reply(*[tool("mcp__sdk__slow", {"tag": str(i)}) for i in range(4)])])
+    assert len(asked) == 4 and all("Allow mcp__sdk__slow?" in q for q in asked)   # each call, before any ran
     spans = [tuple(map(float, r["content"].split()[2:])) for r in results(history)]
     assert [r["content"].split()[1] for r in results(history)] == ["0", "1", "2", "3"]   # call order kept
     spans.sort()                                # run one by one, each would start after the last ended
@@ -185,9 +189,9 @@ def test_http_refused_token_and_ended_session(mod, api, client, servers, http_se
     good.http.delete(url, headers=good.request_headers())   # the server forgets the session
     history = run_turn(mod, api, client, [reply(tool("mcp__good__echo", {"text": "a"})),
                                           reply(tool("mcp__good__echo", {"text": "b"}))])
-    gone, again = results(history)
-    assert gone["is_error"] and "ended the session" in gone["content"]
-    assert again["content"] == "echo: b" and up["good"]["restarts"] == 1   # a new session
+    first, again = results(history)
+    assert first["content"] == "echo: a" and again["content"] == "echo: b"   # sent again on a new session
+    assert up["good"]["restarts"] == 0 and up["good"]["transport"] is not good   # which is not a restart
 
 
 # --- the npm reference servers ----------------------------------------------------------

@@ -109,8 +109,8 @@ def test_an_existing_lane_is_reused_when_its_pointer_leads_to_a_valid_head(mod, 
     mod.worktree_create("fix")
     mod.write_file("wip.py", "x = 1\n")
     mod.worktree_closeout("fix", "keep")
-    out = mod.worktree_create("fix", base="main")
-    assert out.startswith("Reused worktree fix") and "base ignored" in out
+    out = mod.worktree_create("fix", base="main")                          # where it is: no refusal
+    assert out.startswith("Reused worktree fix")
     assert (repo / ".agent" / "worktrees" / "fix" / "wip.py").exists()       # the same checkout
     assert [e["event"] for e in events(repo)] == ["create", "enter", "leave", "keep", "reuse", "enter"]
     mod.worktree_closeout("fix", "keep")
@@ -199,7 +199,9 @@ def test_a_linked_worktrees_folder_is_refused(mod, repo, tmp_path):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
-def test_setup_copies_local_config_carries_hooks_links_folders_and_copies_included_files(mod, repo, tmp_path):
+def test_setup_copies_local_config_carries_hooks_links_folders_and_copies_included_files(mod, repo, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(mod, "find_dotenv", lambda *a, **k: "")   # the agent's own .env is never copied
     agent = repo / ".agent"
     agent.mkdir()
     (agent / "config.local.yaml").write_text("permissions: {deny: ['bash(rm *)']}\n")

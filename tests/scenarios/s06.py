@@ -4,9 +4,9 @@ Watch stderr (and --show-requests for what the model received):
 1. `cat app.log` prints ~115 KB, so the model only gets a preview and the path
    (.agent/tool-results/...): the full text stays on disk.
 2. The model reads the saved file in two pages (~13K tokens). Reply 6 then
-   reports 60,000 input tokens, over the 50K working budget, so before the
+   reports 60,000 input tokens, over the 40K working budget, so before the
    next request the chapter clears old tool results in one batch ("[cleared 3
-   old tool result(s) ...]": the preview and both pages; the newest three
+   old tool result(s) ...]": the preview and both pages; the newest two
    results, and results shorter than a placeholder, stay). The model now sees
    "[old tool result cleared ...]" placeholders in their place.
 3. Reply 7 reports 168,500 input tokens (more than 167K = 200K window - 20K
