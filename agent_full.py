@@ -29,6 +29,7 @@ decides what that looks like, so one engine drives a terminal and a script alike
 """
 
 # --- imports ---
+import base64
 import difflib
 import fcntl
 import fnmatch
@@ -45,6 +46,7 @@ import os
 import queue
 import random
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -1164,8 +1166,9 @@ AGENT_TOOL_HELP = (
     "<task-notification>: keep working meanwhile; use it only when you do not need the "  # s10
     "answer for your next step. A background agent cannot ask the user for permission.\n"  # s10
     "isolation: \"worktree\" runs it in a git worktree of its own, made from the last commit "  # s12
-    "(your uncommitted changes are not there): it cannot disturb this workspace, and you get "  # s12
-    "its branch and a diffstat to review and merge.\n"  # s12
+    "(your uncommitted changes are not there): its edits land there, not here (with the OS "  # s12
+    "sandbox on, its bash cannot write here either), and you get its branch and a diffstat "  # s12
+    "to review and merge.\n"  # s12
     "Agent types (agent_type; omit it for a general-purpose agent with your tools):")
 
 
@@ -1231,7 +1234,7 @@ def parse_agent_file(path):
 def agent_dirs():
     """User level first, project last: a later definition of the same name wins."""
     return [claude_dir("agents", "user"), Path.home() / ".agent" / "agents",  # full: ~/.claude/agents,
-            claude_dir("agents", "project"), agent_state().workdir / ".agent" / "agents"]  # full: .claude/agents
+            claude_dir("agents", "project"), project_dir(agent_state()) / ".agent" / "agents"]  # full: .claude/agents
 
 
 def load_agents():
@@ -1484,7 +1487,7 @@ def skill_dirs():
             ("user", claude_dir("skills", "user")),  # full: ~/.claude/skills (full.3)
             ("user", Path.home() / ".agent" / "skills"),
             ("project", claude_dir("skills", "project")),  # full: .claude/skills; ours win a name
-            ("project", agent_state().workdir / ".agent" / "skills")]
+            ("project", project_dir(agent_state()) / ".agent" / "skills")]  # s12: the project's
 
 
 def has_tool(spec, name):
@@ -1688,7 +1691,7 @@ def load_trusted():
 
 def is_trusted(rel_path, digest):
     """Did the human say yes to this workspace file with exactly this content?"""
-    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+    return load_trusted().get(str(project_dir(agent_state())), {}).get(project_rel(rel_path)) == digest  # s12
 
 
 def trust(rel_path, digest):
@@ -1696,7 +1699,7 @@ def trust(rel_path, digest):
     so a crash never leaves half a file."""
     path = Path.home() / TRUSTED
     spaces = load_trusted()
-    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    spaces.setdefault(str(project_dir(agent_state())), {})[project_rel(rel_path)] = digest  # s12: the project's
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
@@ -1718,7 +1721,7 @@ def may_run(skill):
     commands = DYNAMIC.findall(skill["body"])
     if skill["source"] != "project" or not commands:
         return True
-    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    rel_path = skill["file"].relative_to(project_dir(agent_state())).as_posix()  # s12: the project's skill
     if is_trusted(rel_path, skill["sha256"]):
         return True
     listed = "".join(f"\n    {c}" for c in commands)
@@ -1910,18 +1913,27 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # once per batch. tests/bench_s06_context.py (100 turns, each reading a new
 # 12 KB file; tokens = chars/4; list prices):
 #   policy                                 input tokens  peak context  est. input cost
-#   (a) no management                        17,962,723       353,248  $53.89 (> window)
-#   (b) clear every turn, keep 3, no cache    1,607,650        19,471   $4.82
-#   (c) batches past 50K, keep 3, cache       3,125,131        49,526   $2.48 = 0.52 x (b)
-# (c) sends twice the tokens of (b), but 86% are cache reads. (b) repeats 36% of
-# the previous request, (c) 100% between its 9 batch clears. The budget is a
-# flat optimum (40K: 0.52, 60K: 0.53, 80K: 0.57 of (b)); keeping 2 results
-# gives 0.47-0.48 at 30-50K, keeping 5 0.59-0.66 at 40-80K (but 0.91 at 30K:
-# a budget too tight clears every 2-3 turns). Every file reached the model.
+#   (a) no management                        17,968,076       353,301  $53.90 (> window)
+#   (b) clear every turn, keep 3, no cache    1,613,003        19,524   $4.84
+#   (c) batches past 40K, keep 2, cache       2,493,899        39,390   $2.27 = 0.47 x (b)
+# (c) sends 1.5x the tokens of (b), but 82% are cache reads. (b) repeats 37% of
+# the previous request, (c) 100% between its 12 batch clears. Every file
+# reached the model. The same 100 reads of 14 KB files over 4 prompts in one
+# session: (b) $5.54, (c) $2.58 = 0.47 x (b) (keep 3 past 50K: 0.52).
+# Why keep 2 past 40K (the benchmark's --sweep, both scenarios): a batch
+# rewrites the results it keeps and each later request reads them again, so
+# keeping 2 costs 0.47-0.48 x (b) at 30K, 40K and 50K alike, keeping 3
+# 0.51-0.60, the more the tighter the budget. 40K is the cheapest over 4
+# prompts and ties 30K over one; it keeps more results verbatim than 30K and
+# peaks a fifth lower than 50K. The price: right after a batch only the two
+# newest results are verbatim, and an older one the model still needs is read
+# again (the placeholder says so), a call the benchmark does not count.
 # A batch must also free CLEAR_MIN_SHARE of the budget: when what cannot be
 # cleared (tool inputs, long replies) alone stays over budget, clearing each
 # result as it ages out would break the prefix every turn for a few hundred
-# tokens; it waits for a batch worth a rewrite instead.
+# tokens; it waits for a batch worth a rewrite instead. 0.25 x 40K keeps that
+# at 10K tokens, as before; in the sweep 5K, 10K or 15K changed nothing at
+# keep 2, since every batch of those reads frees far more.
 CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
 SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
@@ -1939,9 +1951,9 @@ PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be 
                             # the budget they become a note to read the file again in parts
 PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
-WORKING_BUDGET = 50_000     # tokens: past this, old tool results are cleared in one batch
-KEEP_RESULTS = 3            # newest tool results a batch clear leaves intact
-CLEAR_MIN_SHARE = 0.2       # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
+WORKING_BUDGET = 40_000     # tokens: past this, old tool results are cleared in one batch
+KEEP_RESULTS = 2            # newest tool results a batch clear leaves intact
+CLEAR_MIN_SHARE = 0.25      # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
@@ -1993,6 +2005,23 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
+def open_inside(path, root, flags):
+    """os.open a file the agent writes below root, never through a symbolic link a
+    cloned repository planted: each folder on the way is opened (made when missing)
+    relative to the one before, with O_NOFOLLOW, and so is the file. OSError when one
+    is a link, so nothing is written elsewhere, even if a link is swapped in meanwhile."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.parent.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
@@ -2000,9 +2029,10 @@ def persist_output(block):
     preview = text[:PREVIEW_CHARS]
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:  # never through a link planted in .agent/ (a cloned repository may ship one)
+        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                  "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as e:
         say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
             f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
@@ -3193,13 +3223,18 @@ def config_files(workdir):
 
 
 def parse_rule(text):
-    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed."""
+    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed,
+    or if it gives a pattern to tools with no input a pattern could match (it would never apply)."""
     m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m or (m[2] is not None and not m[2].strip()):
         raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
     if fnmatch_tool(TOOL_ALIASES.get(m[1], m[1]), "background_run"):  # s10: it would never match
         raise ValueError(f"{text!r}: background_run is judged by bash's rules; write bash(...) instead")  # s10
-    return {"tool": TOOL_ALIASES.get(m[1], m[1]), "pattern": m[2] and m[2].strip(), "text": text.strip()}
+    tool = TOOL_ALIASES.get(m[1], m[1])
+    if m[2] is not None and not any(fnmatch_tool(tool, t) for t in ("bash", *PATH_TOOLS, *RULE_FIELDS)):
+        raise ValueError(f"{text!r}: {tool} takes no pattern (only bash, the file tools, load_skill "
+                         f"and agent do); write {m[1]} alone for all its calls")
+    return {"tool": tool, "pattern": m[2] and m[2].strip(), "text": text.strip()}
 
 
 def check_config(path, data):
@@ -3528,7 +3563,8 @@ def read_denied(relpath, state):
     path = (state.workdir / relpath).resolve()
     deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
             and r["tool"] == "read_file" and r["pattern"]]
-    return path == own_dotenv() or any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny)
+    return path == own_dotenv() or any(path_rule_matches(r["pattern"], p, ws) for r in deny  # s12: judged
+                                       for p, ws in as_project(path, state))  # s12: in the project too
 
 
 def is_plan_file(path, state):
@@ -3665,12 +3701,13 @@ def masked_paths(state):
     deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
             and r["tool"] == "read_file" and r["pattern"]]
     found, seen = [], 0
-    for dirpath, dirnames, filenames in os.walk(state.workdir):
+    for dirpath, dirnames, filenames in mask_walk(state):  # s12: its workspace, then the project's
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames + dirnames:
             seen += 1
             path = Path(dirpath) / name
-            if any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny):
+            if any(path_rule_matches(r["pattern"], p, ws) for r in deny  # s12: judged
+                   for p, ws in as_project(path, state)):  # s12: in the project too
                 found.append(str(path))
         if seen > MASK_SCAN_LIMIT:
             break
@@ -3741,7 +3778,11 @@ def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writa
     workdir = os.path.realpath(workdir)
     roots = [workdir] + [os.path.realpath(d) for d in writable if os.path.isdir(d)]
     protected = [os.path.realpath(p) for p in protected if os.path.exists(p)]
-    masked = [os.path.realpath(p) for p in masked if os.path.exists(p)]
+    # A path under a masked folder is hidden already, and bwrap could not mount on
+    # it: the folder's tmpfs is read-only (Read(./secrets/**) names both).
+    masked = list(dict.fromkeys(os.path.realpath(p) for p in masked if os.path.exists(p)))
+    folders = [p for p in masked if os.path.isdir(p)]
+    masked = [p for p in masked if not any(p != d and Path(p).is_relative_to(d) for d in folders)]
     argv = [BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     hidden = list(dict.fromkeys(os.path.realpath(d) for d in SANDBOX_HIDDEN if os.path.isdir(d)))
     for d in hidden:
@@ -5610,7 +5651,7 @@ def memory_dirs(state):
     """The two folders. The project's counts only when neither .agent nor
     .agent/memory is a link: a clone could point it at HOME, and every read,
     write and the consolidator's write permission would follow."""
-    dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
+    dirs = {"user": Path.home() / ".agent" / "memory", "project": project_dir(state) / ".agent" / "memory"}  # s12
     if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
         warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
         del dirs["project"]
@@ -5726,7 +5767,7 @@ def json_reply(text):
 
 
 def log_memory(line):
-    with contextlib.suppress(OSError), open(agent_state().workdir / ".agent" / "memory.log", "a",
+    with contextlib.suppress(OSError), open(project_dir(agent_state()) / ".agent" / "memory.log", "a",  # s12
                                             encoding="utf-8") as fh:
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
 
@@ -5961,7 +6002,7 @@ def end_memory(state):
 # the last run (the lock file's mtime), DREAM_SESSIONS sessions since, then the
 # lock: .agent/memory/.consolidate-lock holds the PID of the process running it.
 def lock_path(state):
-    return state.workdir / ".agent" / "memory" / ".consolidate-lock"
+    return project_dir(state) / ".agent" / "memory" / ".consolidate-lock"  # s12: the project's
 
 
 def pid_alive(pid):
@@ -6653,7 +6694,7 @@ def runtime_dir():
     """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
     clone can ship it: a link there (even to a folder inside, such as the workspace
     root) is refused, and its .gitignore is made without following a planted link."""
-    ws = agent_state().workdir
+    ws = project_dir(agent_state())  # s12: the project's
     folder = ws / RUNTIME_DIR
     with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
         if leads_inside(ws / AGENT_DIR, ws):  # no folder made through a linked .agent
@@ -6719,9 +6760,10 @@ def background_run(command):
         shell or release_git(state)
         raise ToolError(f"Could not start it: {e}. Check the command, or run it with bash.")
     record = {"id": id, "command": command, "status": "running", "exit_code": None, "pid": p.pid,
-              "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
+              "started": now_stamp(), "finished": None, "log": rel(folder / f"{id}.log"),  # s12: from a lane too
               "note": "", "preview": "", "notified": False, "kind": "command",
               "_proc": p, "_sink": sink, "_shell": shell, "_folder": folder}
+    record["_workdir"] = state.workdir  # s12: where it runs: a lane waits for it before it closes
     record["_thread"] = threading.Thread(target=contextvars.copy_context().run,
                                          args=(watch_background, record), daemon=True)
     with BACKGROUND_LOCK:
@@ -6764,7 +6806,7 @@ def save_status(record):
     """<id>.json, whole (save_task). The command runs as the agent's user: it may have
     moved the folder, even left a link in its place. Then nothing is written there;
     the loop keeps the record either way."""
-    if plain_folder(record["_folder"], agent_state().workdir):
+    if plain_folder(record["_folder"], project_dir(agent_state())):  # s12: runtime_dir's
         with contextlib.suppress(OSError):  # moved or removed just now
             save_task(record["_folder"], public(record))
 
@@ -6999,12 +7041,14 @@ def start_background_agent(client, history, child, settings, name):
     settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
     child.progress = settings["out"]  # its lines too: the terminal is the human's, at any moment
     record = {"id": id, "command": f"agent {name}", "status": "running", "exit_code": None, "pid": None,
-              "started": now_stamp(), "finished": None, "log": (RUNTIME_DIR / f"{id}.log").as_posix(),
+              "started": now_stamp(), "finished": None, "log": rel(folder / f"{id}.log"),  # s12: from a lane too
               "note": "", "preview": "", "notified": False, "kind": "agent",
               "_cancel": child.cancel, "_usage": settings["usage"], "_folder": folder,
               "_sink": open(os.dup(fd), "rb")}  # background_check reads this, never the path
     record["_thread"] = threading.Thread(target=contextvars.copy_context().run, daemon=True,
                                          args=(run_background_agent, record, client, history, child, settings))
+    record["_workdir"] = child.workdir  # s12: where it works: a lane waits for it before it closes
+    join_lane(child)  # s12: in its parent's lane, it holds the lane's lock shared until it ends
     with BACKGROUND_LOCK:
         state.background[id] = record
         save_status(record)
@@ -7213,7 +7257,7 @@ def show_notes():
 def schedules_path():
     """.agent/schedules.json of the running agent's workspace; ToolError when a
     planted link would put it outside."""
-    ws = agent_state().workdir
+    ws = project_dir(agent_state())  # s12: the project's
     if not leads_inside(ws / AGENT_DIR, ws):
         raise ToolError(f"{AGENT_DIR} leads outside the workspace (a symbolic link?), so there "
                         f"are no durable schedules. Ask the user to remove it; session-only "
@@ -9134,13 +9178,19 @@ STALE_WORKTREE_AGE = 24 * 3600  # seconds an agent-made lane lies unused before 
                             # (only when nothing in it is uncommitted or unmerged)
 WORKTREE_ACTIONS = ("keep", "remove")  # worktree_closeout's actions
 MAX_WORKTREES = 20          # lanes one project holds at once (each is a full checkout on disk)
+LANE_SETTLE_WAIT = 30       # seconds a closing lane waits for background work in it, then stops it
+LANE_LOCAL_LIMIT = 1_000    # files under a lane's own .agent counted before removing it
 WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
 GIT_TIMEOUT = 120           # seconds for one git command of the manager (a big checkout takes a while)
+GIT_LOCK_RETRY = 0.5        # seconds before the one retry of a git command that met another's index.lock
 GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
              "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
 MANAGER_IDENTITY = ("-c", "user.name=agent worktree manager", "-c", "user.email=agent@localhost")
                             # its commits' author where the repository has no user.email
 POINTER_BYTES = 4_096       # a .git pointer or gitdir file larger than this is not a lane's
+LANE_READY = "agent-ready"  # a file in the lane's admin folder (in the main .git): its set-up is done
+LANE_MAKING = "agent worktree manager: setting up"  # git's lock on a lane while it is made
+GIT_ADDING = "initializing"  # what git's own lock says while `worktree add` runs (LC_ALL=C)
 INCLUDE_FILE_BYTES = 64_000  # a bigger .worktreeinclude is not read
 INCLUDE_MAX_FILES = 500     # ignored files .worktreeinclude may copy into one lane
 INCLUDE_MAX_BYTES = 50_000_000  # bytes they may add up to
@@ -9162,27 +9212,54 @@ def project_dir(state):
     return Path(state.worktree["origin"]) if state.worktree else state.workdir
 
 
+def project_rel(name):
+    """A trusted file's name as the project knows it (s05's trust): relative to the
+    project, also when rel() named it from a lane (an absolute path)."""
+    path, origin = Path(name), project_dir(agent_state())
+    return path.relative_to(origin).as_posix() if path.is_absolute() and path.is_relative_to(origin) else name
+
+
 def git_env():
     """child_env without GIT_* variables: GIT_DIR or GIT_WORK_TREE from the user's
-    shell would point the manager's git somewhere else."""
+    shell would point the manager's git somewhere else. GIT_OPTIONAL_LOCKS=0: its
+    status and diff never take index.lock to refresh the index, so an agent that
+    lists lanes never makes another agent's commit fail."""
     env = {k: v for k, v in child_env().items() if not k.startswith("GIT_")}
-    return env | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    return env | {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0"}
 
 
-def git(cwd, *args, lane=None, check=True, quiet=True):
+def git_subcommand(args):
+    """The git command args run, for messages: the first word that is no option and no -c value."""
+    words = iter(args)
+    for word in words:
+        if word == "-c":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return "(no command)"
+
+
+def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     """Run git for the manager (a list, never a shell line) and return its stdout
     (None when it failed and check is off). In a lane it is pinned to the lane's
     admin folder, whatever its .git file says now. quiet: with GIT_QUIET (off only
-    to read the config as it is). ToolError when it fails (check) or cannot run."""
+    to read the config as it is). data: its stdin. Another git holding index.lock
+    (the human's, an agent's in another process) gets one retry. ToolError when it
+    fails (check) or cannot run."""
     pin = [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
-    try:
-        p = subprocess.run(["git", *(GIT_QUIET if quiet else ()), *pin, *args], cwd=cwd, env=git_env(),
-                           stdin=subprocess.DEVNULL, capture_output=True, encoding="utf-8",
-                           errors="replace", timeout=GIT_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ToolError(f"git {args[0]} could not run ({e}). Tell the user.")
+    argv, name = ["git", *(GIT_QUIET if quiet else ()), *pin, *args], git_subcommand(args)
+    for retry in (True, False):
+        try:
+            p = subprocess.run(argv, cwd=cwd, env=git_env(), input=data, capture_output=True,
+                               stdin=subprocess.DEVNULL if data is None else None,
+                               encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ToolError(f"git {name} could not run ({e}). Tell the user.")
+        if not (retry and p.returncode and "index.lock" in p.stderr):
+            break
+        time.sleep(GIT_LOCK_RETRY)
     if check and p.returncode:
-        raise ToolError(f"git {args[0]} failed: {(p.stderr or p.stdout).strip()[:500]}")
+        raise ToolError(f"git {name} failed: {(p.stderr or p.stdout).strip()[:500]}")
     return p.stdout if p.returncode == 0 else None
 
 
@@ -9221,9 +9298,15 @@ def check_lane_name(name):
     if name.startswith("-"):
         raise ToolError(f"{name!r} starts with '-', which git would read as an option: pick a name "
                         f"such as 'fix-parser'.")
-    if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith((".", ".lock")):
+    if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith("."):
         raise ToolError(f"{name!r} is not a worktree name: use 1-64 letters, digits, '.', '_' and "
                         f"'-', starting with a letter or digit, without '..' or '/'.")
+    # Beside the lanes lie <name>.lock and the log, events.jsonl with its events.lock:
+    # a lane named like one of them would be taken for it (case-blind file systems too).
+    if name.lower() == "events" or name.lower().endswith((".lock", ".jsonl")):
+        raise ToolError(f"{name!r} is not a worktree name: 'events' and names ending in .lock or "
+                        f".jsonl are kept for the lanes' locks and their log (events.jsonl, "
+                        f"events.lock). Pick another, such as 'fix-parser'.")
     return name
 
 
@@ -9236,8 +9319,9 @@ def text_file(path):
 def find_lane(origin, name):
     """The lane when .agent/worktrees/<name> is a worktree of this repository (seed:
     复用): its .git pointer names an admin folder in <repository>/worktrees that names
-    this folder back, and HEAD there is a commit. None when the folder does not
-    exist; ToolError for anything else, which is left alone."""
+    this folder back, and HEAD there is a commit. Its "ready" says whether it was
+    made to the end (lane_ready); a half-made one may have no HEAD yet. None when
+    the folder does not exist; ToolError for anything else, which is left alone."""
     common, folder = repository(origin), lanes_dir(origin)
     path = folder / check_lane_name(name)
     if not os.path.lexists(path):
@@ -9252,19 +9336,48 @@ def find_lane(origin, name):
     back = text_file(admin / "gitdir")
     if admin.parent != common / "worktrees" or not back or (path / back).resolve() != path / ".git":
         raise bad
-    lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name}
-    if not (head := git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)):
+    lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name,
+            "ready": lane_ready(admin)}
+    head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)
+    if not head and lane["ready"]:
         raise bad
     ref = (git(path, "symbolic-ref", "-q", "HEAD", lane=lane, check=False) or "").strip()
-    return lane | {"head": head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
+    return lane | {"head": head and head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
+
+
+def lane_ready(admin):
+    """Was the lane made to the end? make_lane writes LANE_READY into its admin
+    folder (in the main .git, which a sandboxed agent cannot write) once it is set
+    up. A lane without it is half made when git's lock says an add or a set-up was
+    under way (git or the manager killed then); without that lock it is a lane from
+    before the marker, used as it is."""
+    if (admin / LANE_READY).exists():
+        return True
+    return text_file(admin / "locked") not in (GIT_ADDING, LANE_MAKING)
+
+
+def half_made(lane):
+    """make_lane's answer to a half-made lane (it holds the lanes' lock): an agent-made
+    one is removed, as nobody worked in it (None: it is made again); one with a
+    name is the user's to remove."""
+    if not AGENT_LANE.fullmatch(lane["name"]):
+        raise ToolError(half_made_text(lane))
+    drop_lane(lane, "half made", locked=True)
+
+
+def half_made_text(lane):
+    return (f"Worktree {lane['name']} was left half made (git or the agent was stopped while making "
+            f"it). Ask the user to remove it: git worktree remove --force --force "
+            f"{WORKTREES_DIR / lane['name']}")
 
 
 def base_commit(origin, base):
-    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD."""
+    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD. A
+    base starting with "-" is refused here, so git never reads one as an option."""
     if base is not None and (str(base).startswith("-") or not str(base).strip()):
         raise ToolError(f"base {base!r} is refused: give a branch, tag or commit id, not an option.")
     rev = str(base) if base is not None else "HEAD"
-    sha = git(origin, "rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    sha = git(origin, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
     if sha:
         return sha.strip()
     if base is None:
@@ -9275,26 +9388,47 @@ def base_commit(origin, base):
 def make_lane(origin, name, base=None):
     """(lane, made): the lane `name`, reused when find_lane accepts it, else added on
     a new branch agent/<name> from base (or on that branch, when it is left from an
-    earlier lane) and set up. Under the lanes' lock: two makers never race."""
+    earlier lane) and set up. A base is for a new lane: one that names another
+    commit than an existing lane's or a kept branch's is refused. Under the lanes'
+    lock: two makers never race. The lane is made locked (git worktree add --lock)
+    and marked ready only once set up, so one left half made by a kill is known."""
     folder = lanes_dir(origin)
     with task_lock(folder):  # s10: the same flock, on .agent/worktrees/.lock
-        if lane := find_lane(origin, name):
-            log_event(origin, "reuse", name, head=lane["head"])
-            return lane, False
+        lane = find_lane(origin, name)
+        if lane and not lane["ready"]:
+            lane = half_made(lane)
+        if lane:
+            same_base(lane["head"], base and base_commit(origin, base), base, f"Worktree {name} exists already",
+                      f"call worktree_create without base to go on in it, or pick another name")
+            return lane | {"reused": True}, False  # logged once entered (enter_lane)
         if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
             raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "
                             f"one first (worktree_list, then worktree_closeout remove).")
         git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
         start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
-        kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
+        kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+        same_base(kept and kept.strip(), base and start, base, f"Branch {branch} is left from an earlier "
+                  f"worktree {name}", f"leave base out to go on from it, pick another name, or ask the "
+                  f"user to delete the branch (git branch -D {branch})")
         new = [] if kept else ["-b", branch]
-        git(origin, "worktree", "add", "-q", *new, "--", str(folder / name), branch if kept else start)
+        path = str(folder / name)
+        git(origin, "worktree", "add", "-q", "--lock", "--reason", LANE_MAKING, *new, "--", path,
+            branch if kept else start)
         lane = find_lane(origin, name)
         if lane is None:
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
         lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)
+        git(origin, "worktree", "unlock", "--", path)
+        with contextlib.suppress(OSError):  # unwritten, it is taken for a lane from before the marker
+            (lane["admin"] / LANE_READY).write_text(now_stamp() + "\n")
         log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
-        return lane, True
+        return lane | {"ready": True}, True
+
+
+def same_base(head, start, base, what, instead):
+    """A base given for a lane or a branch that exists already must be where it is."""
+    if start and head and start != head:
+        raise ToolError(f"{what}, at {head[:12]}, not at base {base!r} ({start[:12]}): {instead}.")
 
 
 def set_up_lane(lane):
@@ -9353,14 +9487,16 @@ def carry_hooks_path(origin, lane):
     hooks = str((origin / raw).resolve())
     git(origin, "config", "extensions.worktreeConfig", "true")  # per-worktree config (git worktree docs)
     git(lane["path"], "config", "--worktree", "core.hooksPath", hooks, lane=lane)
-    return f"core.hooksPath set to {hooks}"
+    return (f"core.hooksPath set to {hooks} (the repository's config now has extensions.worktreeConfig "
+            f"= true, which per-worktree settings need)")
 
 
 def link_names(origin):
     """worktree.symlink_directories from the user, project and local config (seed:
     settings.worktree.symlinkDirectories): (names, notes on entries skipped). An
-    untrusted file may name them too: a link into the project gives a lane's agent
-    nothing to write, only what it could read already."""
+    untrusted file may name them too. A link gives the lane's agent that folder of
+    the project to read (and, without the OS sandbox, to write): link_shared_dirs
+    never links one holding a file the agent may not read."""
     names, notes = [], []
     for path in config_files(origin).values():
         try:
@@ -9377,7 +9513,8 @@ def link_names(origin):
 
 def link_shared_dirs(origin, path):
     """Big folders (node_modules, .venv) shared with the lane as links: each must be a
-    real folder of the project, and the lane must have nothing at that place yet."""
+    real folder of the project holding nothing the agent may not read, and the lane
+    must have nothing at that place yet."""
     names, notes = link_names(origin)
     made = []
     for name in names:
@@ -9385,10 +9522,78 @@ def link_shared_dirs(origin, path):
         if src.is_symlink() or not src.is_dir() or not leads_inside(src, origin) \
                 or os.path.lexists(dst) or not dirs_in(dst.parent, path):
             continue
+        if why := link_hides(src, origin):
+            notes.append(f"did not link {name}: {why}")
+            continue
         with contextlib.suppress(OSError):
             os.symlink(src.resolve(), dst, target_is_directory=True)
             made.append(name)
     return notes + ([f"linked {', '.join(made)}"] if made else [])
+
+
+def link_hides(folder, origin):
+    """Why the project's `folder` may not be linked into a lane ("" when it may): it
+    holds the agent's own .env, or a file a read-deny rule hides, which the lane's
+    agent would reach through the link. A rule anchored elsewhere rules the folder
+    out without a look; only one that could match in it (reaches_into) needs a
+    walk, of at most MASK_SCAN_LIMIT entries: past that the folder is not linked."""
+    state, own = agent_state(), own_dotenv()
+    if own and own.is_relative_to(folder):
+        return f"it holds the agent's own {own.name}"
+    rules = [r["pattern"] for r in state.permissions["rules"] if r["effect"] == "deny"
+             and r["tool"] == "read_file" and r["pattern"] and reaches_into(r["pattern"], folder, origin)]
+    if not rules:
+        return ""
+    inside = (Path(d, n) for d, dirs, files in os.walk(folder) for n in dirs + files)
+    for seen, p in enumerate(itertools.chain([folder], inside)):
+        if seen > MASK_SCAN_LIMIT:
+            return f"more than {MASK_SCAN_LIMIT} entries to check against the read-deny rules"
+        if any(path_rule_matches(pattern, p, origin) for pattern in rules):
+            return f"a read-deny rule hides {p.relative_to(origin).as_posix()}"
+    return ""
+
+
+def reaches_into(pattern, folder, origin):
+    """Could a file rule's pattern (s07: gitignore-style, relative to the workspace,
+    //absolute or ~/ home) match `folder` or anything in it? Its fixed leading part
+    decides: a pattern without a "/" matches at any depth; else the folder must lie
+    under that part, or that part inside the folder."""
+    if pattern.startswith("//"):
+        base, rest = Path("/"), pattern[2:]
+    elif pattern.startswith("~/"):
+        base, rest = Path.home().resolve(), pattern[2:]
+    else:
+        base, rest = origin, pattern.removeprefix("./").removeprefix("/")
+    if "/" not in rest.rstrip("/"):
+        return folder.is_relative_to(base)
+    fixed = list(itertools.takewhile(lambda part: not re.search(r"[*?\[]", part), rest.split("/")))
+    prefix = base.joinpath(*fixed)
+    return folder.is_relative_to(prefix) or prefix.is_relative_to(folder)
+
+
+def as_project(path, state):
+    """(path, workspace) pairs a read-deny rule is judged on (s07's read_denied and
+    masked_paths): the path in the agent's own workspace, and in the project, where
+    the rules were written; a file in any lane is also judged as the project's file
+    at the same place, so Read(./secrets/**) hides secrets/ in every lane too."""
+    origin = project_dir(state)
+    pairs, lanes = [(path, state.workdir), (path, origin)], origin / WORKTREES_DIR
+    if path.is_relative_to(lanes) and len(parts := path.relative_to(lanes).parts) > 1:
+        pairs.append((origin.joinpath(*parts[1:]), origin))
+    return pairs
+
+
+def mask_walk(state):
+    """masked_paths' walk (s07): the agent's own workspace first, then, for an agent
+    in a lane, the rest of the project (the main checkout, other lanes), so the
+    walk's bound, reached in a big project, still leaves the agent's own checkout
+    looked at. The caller prunes dirnames in place, as with os.walk."""
+    yield from os.walk(state.workdir)
+    if (origin := project_dir(state)) == state.workdir:
+        return
+    for dirpath, dirnames, filenames in os.walk(origin):
+        dirnames[:] = [d for d in dirnames if Path(dirpath, d) != state.workdir]
+        yield dirpath, dirnames, filenames
 
 
 def lane_links(lane):
@@ -9421,19 +9626,24 @@ def include_matches(origin):
 
 def copy_included(origin, path):
     """Copy what include_matches() names, each a plain file inside the project, up to
-    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes (the rest is counted)."""
+    INCLUDE_MAX_FILES files and INCLUDE_MAX_BYTES bytes: a file that would pass the
+    bytes is skipped and the next one tried; the rest is counted. Never a file the
+    agent may not read in the project: its own .env, or one a read-deny rule hides."""
     names, copied, size, left = include_matches(origin), 0, 0, 0
     for i, name in enumerate(names):
         src = origin / name
         try:
-            if src.is_symlink() or src.parent.resolve() != src.parent:
-                continue  # a link, or reached through one
+            if src.is_symlink() or src.parent.resolve() != src.parent or read_denied(src, agent_state()):
+                continue  # a link, reached through one, or not the agent's to read (s07)
             more = src.stat().st_size
         except (OSError, RuntimeError):
             continue
-        if copied >= INCLUDE_MAX_FILES or size + more > INCLUDE_MAX_BYTES:
-            left = len(names) - i
+        if copied >= INCLUDE_MAX_FILES:
+            left += len(names) - i
             break
+        if size + more > INCLUDE_MAX_BYTES:
+            left += 1
+            continue
         if (n := copy_plain(src, path / name, path)) is not None:
             copied, size = copied + 1, size + n
     note = f"copied {copied} ignored file(s) .worktreeinclude selects" if copied else ""
@@ -9445,10 +9655,13 @@ def copy_included(origin, path):
 # An agent enters a lane by pointing its workdir there, with file-read records
 # started fresh (a path read in one checkout says nothing about the other), and
 # holds the lane's flock while it works in it: "in use" is a lock, so a lane its
-# agent left by crashing (even kill -9) is free again. worktree_closeout keep
-# leaves the lane as it is; remove deletes the lane and its branch, and asks the
-# human first when that would lose work: changes not committed, or commits no
-# other branch has. Every step is one line in .agent/worktrees/events.jsonl.
+# agent left by crashing (even kill -9) is free again. The agent holds it shared,
+# and so does a background subagent working in its parent's lane; whoever removes
+# the lane, or checks that nobody is in it, needs it exclusive. worktree_closeout
+# keep leaves the lane as it is; remove deletes the lane and its branch, and asks
+# the human first when that would lose work: changes not committed, commits no
+# other branch has, files only the lane's own .agent holds. Every step is one
+# line in .agent/worktrees/events.jsonl.
 def who(state=None):
     """An agent as the event log names it: a subagent's label, a teammate's name, or main."""
     state = state or agent_state()
@@ -9478,9 +9691,11 @@ def lane_lock_file(lane):
     return Path(lane["path"]).parent / f"{lane['name']}.lock"
 
 
-def lock_lane(lane, touch=True):
-    """The lane's in-use lock, taken (a descriptor) or None when an agent holds it.
-    Its file's time says when the lane was last used (touch: now; stale cleanup reads it)."""
+def lock_lane(lane, touch=True, shared=False):
+    """The lane's in-use lock, taken exclusive (a descriptor), or None when an agent
+    holds it. shared: for the agent entering it, which keeps it shared from then on
+    (flock turns exclusive into shared without letting go). Its file's time says
+    when the lane was last used (touch: now; stale cleanup reads it)."""
     try:
         fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
@@ -9491,18 +9706,44 @@ def lock_lane(lane, touch=True):
     except OSError:
         os.close(fd)
         return None
+    if shared:
+        fcntl.flock(fd, fcntl.LOCK_SH)
     if touch:
         os.utime(fd)
     return fd
+
+
+def share_lock(lane):
+    """The lane's lock taken shared beside the agent in it (a descriptor), or None."""
+    try:
+        fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def join_lane(child):
+    """A background subagent that works in its parent's lane holds the lane's lock
+    shared until it ends (close_child_lane): the lane is in use while it works, even
+    after its parent left, and its parent cannot close it under it."""
+    if child.worktree and child.worktree.get("inherited") and child.worktree.get("lock") is None:
+        child.worktree = child.worktree | {"lock": share_lock(child.worktree)}
 
 
 def enter_lane(state, lane, assigned=False):
     """Make the lane `state`'s workdir (never a chdir): its tools, bash and sandbox
     work there, its file-read records start fresh. assigned: the program gave it
     to this agent (a child, a teammate), and closes it at the agent's end."""
-    fd = lock_lane(lane)
+    fd = lock_lane(lane, shared=True)
     if fd is None:
         raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
+    if lane.pop("reused", False):  # logged now that it is this agent's, not before a refusal
+        log_event(Path(lane["origin"]), "reuse", lane["name"], by=who(state), head=lane["head"])
     state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
     state.workdir, state.files = Path(lane["path"]), {}
     log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))
@@ -9525,10 +9766,29 @@ def excluded(lane):
 
 
 def lane_changes(lane):
-    """Paths changed or new in the lane (git status), its .agent and links aside."""
-    out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=normal",
+    """Paths changed or new in the lane (git status, each new file named), its .agent
+    and links aside. A folder, ending in "/", is a nested repository: a .git of its
+    own inside the lane, which git does not look into (nested_repos)."""
+    out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=all",
               "--ignore-submodules=all", "--", ".", *excluded(lane), lane=lane)
-    return [entry[3:] for entry in out.split("\0") if len(entry) > 3]
+    entries, paths = iter(out.split("\0")), []
+    for entry in entries:
+        if len(entry) > 3:
+            paths.append(entry[3:])
+        if entry[:1] in ("R", "C"):
+            next(entries, None)  # a staged rename: the old path follows, without a status
+    return paths
+
+
+def nested_repos(changes):
+    """The nested repositories among lane_changes: never committed, as git would record
+    each as a gitlink (a submodule), and the human's next git status in the lane would
+    then run what that repository's config says (its fsmonitor)."""
+    return [p.rstrip("/") for p in changes if p.endswith("/")]
+
+
+def nested_note(nested):
+    return "; ".join(f"left out nested repository {p} (a .git inside the lane)" for p in nested)
 
 
 def unmerged(lane):
@@ -9578,13 +9838,24 @@ def restore_pointer(lane):
 def commit_lane(lane, message):
     """The manager commits what an agent changed in its lane: the agent's sandbox
     cannot write the repository's objects, and the manager's git runs no hook
-    (GIT_QUIET), so a hook the agent wrote never runs. .agent and the links stay
-    out. Returns (lane as now, the new commit id or None when nothing changed)."""
+    (GIT_QUIET), so a hook the agent wrote never runs. Exactly the paths
+    lane_changes names are staged: never .agent, the links or a nested repository
+    (nothing to unstage after, which a kill would leave staged), and a gitlink HEAD
+    does not have, staged by the agent's own git, is taken out again. Returns (lane
+    as now, with "left_out": the nested repositories; the new commit id or None
+    when nothing changed)."""
     restore_pointer(lane)
-    if not lane_changes(lane):
+    changes = lane_changes(lane)
+    lane = lane | {"left_out": nested_repos(changes)}
+    if not (work := [p for p in changes if not p.endswith("/")]):
         return lane, None
-    git(lane["path"], "add", "-A", "--", ".", lane=lane)
-    git(lane["path"], "reset", "-q", "--", AGENT_DIR, *lane_links(lane), lane=lane)  # staged, then not
+    git(lane["path"], "--literal-pathspecs", "add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+        lane=lane, data="\0".join(work))
+    if new := new_gitlinks(lane):
+        git(lane["path"], "reset", "-q", "--", *new, lane=lane)
+        lane["left_out"] += [p for p in new if p not in lane["left_out"]]
+    if git(lane["path"], "diff", "--cached", "--quiet", lane=lane, check=False) is not None:
+        return lane, None  # nothing staged after all
     known = git(lane["path"], "config", "--get", "user.email", lane=lane, check=False)
     author = () if known else MANAGER_IDENTITY
     git(lane["path"], *author, "commit", "-q", "--no-verify", "-m", message, lane=lane)
@@ -9593,15 +9864,31 @@ def commit_lane(lane, message):
     return lane, lane["head"]
 
 
-def remove_lane(lane, why):
-    """Delete the lane's folder, its lock file and its branch agent/<name>."""
+def new_gitlinks(lane):
+    """Staged gitlinks (mode 160000) that the lane's HEAD does not have."""
+    def links(out):
+        return {line.split("\t", 1)[1] for line in (out or "").split("\0") if line.startswith("160000 ")}
+    staged = links(git(lane["path"], "ls-files", "-s", "-z", lane=lane))
+    return sorted(staged - links(git(lane["path"], "ls-tree", "-r", "-z", "HEAD", lane=lane)))
+
+
+def remove_lane(lane, why, locked=False):
+    """Delete the lane's folder, its lock file and its branch agent/<name>, under the lanes' lock."""
+    with task_lock(lanes_dir(Path(lane["origin"]))):
+        drop_lane(lane, why, locked)
+
+
+def drop_lane(lane, why, locked=False):
+    """remove_lane's work, for a caller holding the lanes' lock. locked: a half-made
+    lane, whose git lock goes too (a second --force); its branch only when it has
+    nothing another branch lacks (it may be one kept from an earlier lane)."""
     origin = Path(lane["origin"])
-    with task_lock(lanes_dir(origin)):
-        git(origin, "worktree", "remove", "--force", "--", str(lane["path"]))
-        if lane.get("branch") == WORKTREE_BRANCH + lane["name"]:
-            git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
-        with contextlib.suppress(OSError):
-            lane_lock_file(lane).unlink()
+    keep_branch = locked and lane["head"] and unmerged(lane)
+    git(origin, "worktree", "remove", "--force", *(["--force"] if locked else []), "--", str(lane["path"]))
+    if lane.get("branch") == WORKTREE_BRANCH + lane["name"] and not keep_branch:
+        git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
+    with contextlib.suppress(OSError):
+        lane_lock_file(lane).unlink()
     unbind_tasks(origin, lane["name"])
     log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
 
@@ -9611,22 +9898,54 @@ def branch_name(lane):
 
 
 def lane_status(lane):
-    """One line: changes, commits no other branch has, and the diffstat's summary."""
+    """One line: changes, commits no other branch has, the diffstat's summary, and
+    the nested repositories that are never committed."""
     changes, extra = lane_changes(lane), unmerged(lane)
     summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()
     parts = [f"{len(changes)} uncommitted change(s)" if changes else "no uncommitted changes",
              f"{extra} unmerged commit(s)" if extra else "nothing unmerged"]
-    return ", ".join(parts) + (f"; {summary}" if extra else "")
+    nested = nested_repos(changes)
+    return ", ".join(parts) + (f"; {summary}" if extra else "") + (
+        f"; nested repositories (never committed): {', '.join(nested)}" if nested else "")
+
+
+def lane_local(lane):
+    """Files under the lane's own .agent, which no commit takes and removal deletes
+    (plans, saved tool output, transcripts; the project's memory, schedules and
+    the like are kept in the project). The copied config.local.yaml is not one.
+    At most LANE_LOCAL_LIMIT are counted."""
+    folder, found = Path(lane["path"]) / AGENT_DIR, []
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        found += [Path(dirpath, f).relative_to(folder).as_posix() for f in filenames]
+        if len(found) >= LANE_LOCAL_LIMIT:
+            break
+    return [f for f in found if f != "config.local.yaml"][:LANE_LOCAL_LIMIT]
 
 
 def check_free(state):
-    """Only an agent that chose its lane opens and closes lanes."""
+    """Only an agent that chose its lane opens and closes lanes, and a subagent never:
+    it would be left in the lane when it ends. A teammate is the main agent of its
+    own process, and may."""
     if state.worktree and state.worktree.get("assigned"):
         raise ToolError("You work in a worktree made for you: the manager commits and closes it "
                         "when you finish. Just do the task.")
     if state.worktree and state.worktree.get("inherited"):
         raise ToolError(f"Your parent works in worktree {state.worktree['name']}; it opens and "
                         f"closes worktrees, you work where it does.")
+    if state.label:  # a subagent (s04's label; the main agent's is "")
+        raise ToolError("A subagent cannot open or close worktrees. To have work done in a "
+                        "worktree of its own, the agent that starts the subagent passes isolation "
+                        "\"worktree\" on its agent call; do this task where you are.")
+
+
+def apart_text(state):
+    """What keeps a lane's agent in its lane: the OS sandbox, or only its own care."""
+    if sandboxed(state):
+        return "Your bash cannot commit there or write the main workspace."
+    return ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
+            "command inside it, and do not commit there.")
 
 
 def worktree_create(name, base=None):
@@ -9640,11 +9959,11 @@ def worktree_create(name, base=None):
     lane, made = make_lane(project_dir(state), name, base)
     enter_lane(state, lane)
     did = f"Created worktree {name} from {lane['base'][:12]}" if made else \
-        f"Reused worktree {name} (HEAD {lane['head'][:12]}{'; base ignored' if base else ''})"
+        f"Reused worktree {name} (HEAD {lane['head'][:12]})"
     setup = f"; setup: {'; '.join(lane['setup'])}" if made and lane.get("setup") else ""
     return (f"{did} on branch {branch_name(lane)}{setup}. You now work in {lane['path']}: every path "
-            f"and command is relative to it, and files read before must be read again. Your bash "
-            f"cannot commit there; worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
+            f"and command is relative to it, and files read before must be read again. "
+            f"{apart_text(state)} worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
             f"back and keeps it for review (remove deletes it).")
 
 
@@ -9654,6 +9973,8 @@ def lane_line(origin, path, here):
         lane = find_lane(origin, path.name)
     except ToolError:
         return f"{printable(path.name)}  [not a worktree of this repository: left alone]"
+    if not lane["ready"]:
+        return f"{lane['name']}  [half made: git or the agent was stopped while making it]"
     fd = lock_lane(lane, touch=False) if lane["name"] != here else None
     use = "you are here" if lane["name"] == here else "free" if fd is not None else "in use"
     if fd is not None:
@@ -9677,11 +9998,13 @@ def worktree_list():
     return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more)
 
 
-def confirm_loss(lane, changes, extra):
+def confirm_loss(lane, changes, extra, local=()):
     """Removing would lose work: the human says yes or it stays (any agent asks:
     a teammate's question goes to the lead's terminal; a background agent cannot ask)."""
     loss = ", ".join(filter(None, [f"{len(changes)} uncommitted change(s)" if changes else "",
-                                   f"{extra} commit(s) no other branch has" if extra else ""]))
+                                   f"{extra} commit(s) no other branch has" if extra else "",
+                                   f"{len(local)} file(s) under its own {AGENT_DIR} (plans, saved "
+                                   f"output)" if local else ""]))
     answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {branch_name(lane)}? It has "
                                  f"{loss}, which would be lost. [y/N] "))
     if answer.strip().lower() not in ("y", "yes"):
@@ -9710,28 +10033,86 @@ def worktree_closeout(name, action):
                 f"are back in {state.workdir}. Read files again before editing.")
     if lane is None:
         raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
+    if not lane["ready"]:
+        raise ToolError(half_made_text(lane))
+    if inside_it and (running := lane_work(lane)):
+        raise ToolError(f"{', '.join(r['id'] for r in running)} still running in worktree {name}: wait "
+                        f"for its <task-notification>, or background_stop it, then close the worktree.")
+    fd = take_lane(state, lane, inside_it) if inside_it or action == "remove" else None
+    if fd is None and inside_it:
+        raise ToolError(f"A subagent still works in worktree {name}; wait for it or stop it "
+                        f"(background_stop), then close the worktree.")
+    if fd is None and action == "remove":
+        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
+    try:
+        return close_out(state, lane, action, inside_it)
+    finally:
+        if fd is not None and state.worktree and state.worktree["name"] == name:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # still in it (the user said no): its lock again
+            state.worktree["lock"] = fd
+        elif fd is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # when it was last used, for stale cleanup
+            os.close(fd)
+
+
+def take_lane(state, lane, inside_it):
+    """The lane's lock exclusive, for closing it: None when another agent, or a
+    subagent beside this one, works in it. An agent in it trades its shared lock
+    for it (and holds it shared again when it is not alone)."""
+    if not inside_it:
+        return lock_lane(lane, touch=False)
+    if state.worktree.get("lock") is not None:
+        os.close(state.worktree["lock"])
+    fd = lock_lane(lane, touch=False)
+    state.worktree["lock"] = None if fd is not None else share_lock(lane)  # with it, the caller holds it
+    return fd
+
+
+def close_out(state, lane, action, inside_it):
+    """worktree_closeout's keep or remove, with the lane's lock held exclusive when
+    the agent is in it or removes it."""
+    name, back = lane["name"], " You are back in {}; read files again before editing."
     if action == "keep":
         status = lane_status(lane)
         if inside_it:
             leave_lane(state)
-        log_event(origin, "keep", name, status=status)
+        log_event(Path(lane["origin"]), "keep", name, status=status)
         return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {branch_name(lane)}): {status}."
-                + (f" You are back in {state.workdir}; read files again before editing." if inside_it else ""))
-    fd = None if inside_it else lock_lane(lane, touch=False)
-    if not inside_it and fd is None:
-        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
-    try:
-        changes, extra = lane_changes(lane), unmerged(lane)
-        if changes or extra:
-            confirm_loss(lane, changes, extra)
-        if inside_it:
-            leave_lane(state)
-        remove_lane(lane, "worktree_closeout")
-    finally:
-        if fd is not None:
-            os.close(fd)
+                + (back.format(state.workdir) if inside_it else ""))
+    changes, extra, local = lane_changes(lane), unmerged(lane), lane_local(lane)
+    if changes or extra or local:
+        confirm_loss(lane, changes, extra, local)
+    if inside_it:
+        leave_lane(state)
+    remove_lane(lane, "worktree_closeout")
     return f"Removed worktree {name} and branch {branch_name(lane)}." + (
-        f" You are back in {state.workdir}; read files again before editing." if inside_it else "")
+        back.format(state.workdir) if inside_it else "")
+
+
+def lane_work(lane):
+    """Background commands and agents of this session that still run in the lane
+    (their records), but the one calling."""
+    here, me = Path(lane["path"]), threading.current_thread()
+    with BACKGROUND_LOCK:
+        return [r for r in agent_state().background.values() if r["status"] in ("running", "stopping")
+                and r.get("_thread") is not me and Path(r.get("_workdir") or "/").is_relative_to(here)]
+
+
+def settle_lane(lane):
+    """Before a lane is committed and closed: the background commands and agents
+    still running in it are waited for, LANE_SETTLE_WAIT seconds in all, and then
+    stopped, so nothing writes into the lane after its commit or its removal.
+    Notes naming them."""
+    busy, deadline = lane_work(lane), time.monotonic() + LANE_SETTLE_WAIT
+    for record in busy:
+        record["_thread"].join(timeout=max(0.0, deadline - time.monotonic()))
+    late = [r for r in busy if r["status"] in ("running", "stopping")]
+    for record in late:
+        stop_background(record)
+    done = [r["id"] for r in busy if r not in late]
+    return ([f"waited for {', '.join(done)} to end"] if done else []) + (
+        [f"stopped {', '.join(r['id'] for r in late)}, still running after {LANE_SETTLE_WAIT} s"] if late else [])
 
 
 def bind_task(task, worktree):
@@ -9799,9 +10180,10 @@ def remove_if_stale(origin, name):
     if (fd := lock_lane(lane, touch=False)) is None:
         return False  # in use
     try:
-        if lane_changes(lane) or unmerged(lane):
-            return False
-        remove_lane(lane, f"stale: unused for {STALE_WORKTREE_AGE // 3600} h, nothing in it")
+        if lane["ready"] and (lane_changes(lane) or unmerged(lane)):
+            return False  # half made, nobody ever worked in it
+        remove_lane(lane, f"stale: unused for {STALE_WORKTREE_AGE // 3600} h, nothing in it"
+                    + ("" if lane["ready"] else " (half made)"), locked=not lane["ready"])
         return True
     finally:
         os.close(fd)
@@ -9813,9 +10195,13 @@ WORKTREE_HELP = (" Worktrees are separate checkouts of this repository in .agent
 register("worktree_create", (
     "Create a git worktree and move into it: from then on your paths, bash and edits are in "
     "the worktree, the main workspace stays as it is, and files must be read again."
-    + WORKTREE_HELP + " An existing worktree of that name is reused. It starts from base (default: "
-    "the current commit; uncommitted changes are not in it). For work a subagent or teammate "
-    "should do apart, pass isolation \"worktree\" to agent or spawn_teammate instead."),
+    + WORKTREE_HELP + " An existing worktree of that name is reused, and a branch agent/<name> "
+    "left from an earlier one is checked out again. A new one starts from base (default: the "
+    "current commit; uncommitted changes are not in it); a base other than the commit an "
+    "existing worktree or branch is at is refused: leave base out to go on with it. Names "
+    "ending in .lock or .jsonl, and 'events', are taken. For work a subagent or teammate "
+    "should do apart, pass isolation \"worktree\" to agent or spawn_teammate instead (a "
+    "subagent cannot call this tool)."),
     params(["name"], name=("string", "A short slug: letters, digits, '.', '_', '-'; e.g. 'fix-parser'."),
            base=("string", "Branch, tag or commit to start from (default HEAD).")),
     worktree_create)
@@ -9850,11 +10236,13 @@ You work in an isolated git worktree, {path}, on branch {branch}: a separate che
 this repository at its last commit. {inherited}Paths you were given that point into \
 {parent} mean the same files here: use paths relative to your working directory, and read \
 each file again before you edit it. Do not commit: when you finish, your changes are \
-committed on {branch} for review.
+committed on {branch} for review. {apart}
 </worktree>
 
 """
 INHERITED = "The conversation above is the other agent's, in its own checkout. "
+UNSANDBOXED = ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
+               "command inside it.")
 
 
 def lane_for(state, isolation, made_for):
@@ -9882,36 +10270,48 @@ def isolate(child, isolation, settings, prompt, fork=False):
         settings["system"] = settings["system"].replace(f"Working directory: {parent}",
                                                         f"Working directory: {lane['path']}")
     return WORKTREE_NOTICE.format(path=lane["path"], branch=lane["branch"], parent=parent,
-                                  inherited=INHERITED if fork else "") + prompt
+                                  inherited=INHERITED if fork else "",
+                                  apart="" if sandboxed(child) else UNSANDBOXED) + prompt
 
 
 def close_agent_lane(state, message):
-    """An agent-made lane at its agent's end: its changes committed, then removed when
-    nothing is in it (no change, no commit no other branch has). Returns the words
-    for whoever started the agent: the branch and a diffstat, or that it is gone."""
+    """An agent-made lane at its agent's end: what still runs in it waited for or
+    stopped, its changes committed, then removed when nothing is in it (no change,
+    no commit no other branch has, no nested repository). Returns the words for
+    whoever started the agent: the branch and a diffstat, or that it is gone."""
     lane = state.worktree
+    notes = settle_lane(lane)
     try:
         lane, commit = commit_lane(lane, message)
         left = unmerged(lane)
         summary = diffstat(lane, lane.get("base") or fork_point(lane)) if left else ""
     except (ToolError, OSError) as e:
         leave_lane(state)
-        return f"\n[worktree {lane['name']}: could not be closed ({e}); it stays at {lane['path']}]"
+        notes.append(f"could not be closed ({e})")
+        return f"\n[worktree {lane['name']}: {'; '.join(notes)}; it stays at {lane['path']}]"
     leave_lane(state)
-    if not left:
+    notes += [nested_note(lane["left_out"])] if lane["left_out"] else []
+    if not left and not lane["left_out"]:
         with contextlib.suppress(ToolError, OSError):
             remove_lane(lane, "its agent changed nothing")
-        return f"\n[worktree {lane['name']}: no changes; removed]"
+        return f"\n[worktree {lane['name']}: {'; '.join(notes + ['no changes; removed'])}]"
+    kept = f"kept at {WORKTREES_DIR / lane['name']} for review"
+    if not left:
+        return (f"\n[worktree {lane['name']}: {'; '.join(notes + ['nothing committed'])}; {kept}. "
+                f"worktree_closeout {{name: {lane['name']!r}, action: \"remove\"}} deletes it.]")
     did = f"committed {commit[:12]}" if commit else "nothing new to commit"
-    return (f"\n[worktree {lane['name']}: {did}; branch {lane['branch']} has {left} commit(s) no "
-            f"other branch has, kept at {WORKTREES_DIR / lane['name']} for review. Merge it with "
-            f"`git merge {lane['branch']}`, then worktree_closeout {{name: {lane['name']!r}, "
-            f"action: \"remove\"}}.]\n{summary}")
+    return (f"\n[worktree {lane['name']}: {'; '.join(notes + [did])}; branch {lane['branch']} has {left} "
+            f"commit(s) no other branch has, {kept}. Merge it with `git merge {lane['branch']}`, then "
+            f"worktree_closeout {{name: {lane['name']!r}, action: \"remove\"}}.]\n{summary}")
 
 
 def close_child_lane(child):
     """run_subagent's (and a background agent's) end: the child's lane closed; ""
-    for a child without one."""
+    for a child without one. A child in its parent's lane lets go of its share."""
+    if child.worktree and child.worktree.get("inherited") and child.worktree.get("lock") is not None:
+        with contextlib.suppress(OSError):
+            os.close(child.worktree["lock"])
+        child.worktree = child.worktree | {"lock": None}
     if not (child.worktree and child.worktree.get("assigned")):
         return ""
     with acting_as(child):  # its steps, logged and shown as its own
@@ -9955,8 +10355,8 @@ def lane_notice(state):
     lane = state.worktree
     if not lane:
         return ""
-    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=branch_name(lane),
-                                            parent=lane["origin"], inherited="").strip())
+    return ("\n\n" + WORKTREE_NOTICE.format(path=lane["path"], branch=branch_name(lane), parent=lane["origin"],
+                                            inherited="", apart="" if sandboxed(state) else UNSANDBOXED).strip())
 
 
 def checkpoint_lane():
@@ -9969,9 +10369,10 @@ def checkpoint_lane():
     with contextlib.suppress(ToolError, OSError):
         lane, commit = commit_lane(lane, f"{state.team['member']}: work from a teammate's turn")
         state.worktree = lane
+        nested = f"\n{nested_note(lane['left_out'])}" if lane["left_out"] else ""
         if commit:
             post(LEAD, "message", f"[worktree {lane['name']}] committed {commit[:12]} on branch "
-                                  f"{lane['branch']}:\n{diffstat(lane, fork_point(lane))}")
+                                  f"{lane['branch']}:\n{diffstat(lane, fork_point(lane))}{nested}")
 
 
 @contextlib.contextmanager
@@ -10006,6 +10407,15 @@ def worktree_session():
 # ships .mcp.json, so a project's servers start only once the human trusts the
 # file (s07's gate), after a question that shows each command line and the
 # variables it reads: ${GITHUB_TOKEN} in a header sends that secret to the URL.
+# The file is not all that runs: `python srv.py` runs srv.py, which the agent can
+# rewrite (a sandboxed bash may write the workspace). So for a project's server
+# each word of its command line that is a file in the workspace is hashed too,
+# recorded when the human trusts .mcp.json (or, for .agent/config.yaml, which
+# s07 trusts, at the server's first start after that), and compared at every
+# start and restart: a changed file asks again. Not covered: code the server
+# loads on its own (`python -m pkg`, an import, a config file it reads, what
+# npx fetches); a server whose code lives in the workspace is only as safe as
+# the workspace.
 MCP_PROTOCOL = "2025-11-25"  # the revision deployed servers speak (the docstring: 2026-07-28)
 MCP_VERSIONS = (MCP_PROTOCOL, "2025-06-18", "2025-03-26")  # what a server may answer that we speak
 MCP_FILE = ".mcp.json"       # in the workspace: Claude Code's {"mcpServers": {name: {...}}}
@@ -10013,6 +10423,7 @@ MCP_FILE_BYTES = 1_000_000   # a bigger .mcp.json is not read (a clone may ship 
 MCP_LOG_DIR = Path(AGENT_DIR) / "mcp"  # in the workspace: <server>.log, each server's stderr
 MCP_KEYS = {"type", "command", "args", "env", "url", "headers", "defer", "timeout"}
 MCP_TYPES = ("stdio", "http")  # Claude Code's names; "http" is Streamable HTTP
+MCP_KIND_KEYS = {"stdio": {"command", "args", "env"}, "http": {"url", "headers"}}  # the rest: either
 MCP_NAME = re.compile(r"(?=.{1,32}$)[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")  # no "__": tools are
                              # mcp__<server>__<tool>; a file name too (its log)
 MCP_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # ${VAR}, ${VAR:-default}
@@ -10022,15 +10433,22 @@ MCP_CALL_TIMEOUT = 120       # seconds for one request (a server's own timeout: 
 MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
 MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
 MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
+MCP_SEND_WAIT = 5            # seconds a notification or an answer may take to write (a request: its timeout)
 MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
 MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
 MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
 MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
 MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
 MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
-MCP_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # what the API shows
-MCP_IMAGE_CHARS = 7_000_000  # base64 characters of one image (~5 MB, the API's limit)
+MCP_TOOL_TOKENS = 5_000      # tokens of one tool's definition; a bigger one is left out (one line)
+MCP_IMAGE_MAGIC = {"image/png": ((0, b"\x89PNG\r\n\x1a\n"),), "image/jpeg": ((0, b"\xff\xd8\xff"),),
+                   "image/gif": ((0, b"GIF8"),), "image/webp": ((0, b"RIFF"), (8, b"WEBP"))}  # offset, bytes
+MCP_IMAGE_TYPES = tuple(MCP_IMAGE_MAGIC)  # what the API shows
+MCP_IMAGE_CHARS = 5_242_880  # base64 characters of one image: the API's limit (5 MiB of base64)
+MCP_MAX_IMAGES = 5           # images one result carries (5 at the limit stay under a 32 MB request)
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
+SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's
+MCP_SCHEMA_DEPTH = 32        # nesting levels of an inputSchema walked; a deeper one is refused
 MCP_SERVERS = {}             # name -> server record (new_server): the session's connections
 MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
 MCP_LOCK = threading.Lock()  # connect threads and the loop share the records
@@ -10074,10 +10492,13 @@ def parse_server(name, raw):
         raise ValueError("its settings must be a mapping (command and args, or type: http and url)")
     if unknown := sorted(set(map(str, raw)) - MCP_KEYS):
         raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(MCP_KEYS))})")
-    kind = raw.get("type", "http" if "url" in raw else "stdio")
+    kind = server_kind(raw)
     if kind not in MCP_TYPES:
         raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
                          f"the old HTTP+SSE transport is gone)")
+    if stray := sorted(set(map(str, raw)) & (MCP_KIND_KEYS["http" if kind == "stdio" else "stdio"])):
+        raise ValueError(f"{stray[0]!r} does not belong to a {kind} server (the trust question shows "
+                         f"what it runs: one kind, never both)")
     timeout, defer = raw.get("timeout", MCP_CALL_TIMEOUT), raw.get("defer")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MCP_MAX_TIMEOUT:
         raise ValueError(f"timeout must be a number of seconds, above 0 and at most {MCP_MAX_TIMEOUT}")
@@ -10096,31 +10517,47 @@ def parse_server(name, raw):
                    "headers": {k: expand_vars(v) for k, v in str_map(raw.get("headers") or {}, "headers").items()}}
 
 
+def server_kind(raw):
+    """stdio or http, as parse_server reads it (the trust question must show what runs)."""
+    return raw.get("type", "http" if "url" in raw else "stdio")
+
+
+def escaped(value):
+    """A config value on one line: control and invisible characters (newlines, tabs,
+    ESC, bidi marks) as escapes such as \\n, so no value can hide what follows it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
 def server_line(raw, env=True):
     """What one server would run or reach, for the trust question: the command line in
-    full as written (${VAR} unexpanded) and its env, or the URL and the header names."""
+    full as written (${VAR} unexpanded) and its env, or the URL and the header names.
+    Every value is escaped and quoted on its own."""
     raw = raw if isinstance(raw, dict) else {}
-    if "url" in raw:
+    word = lambda v: shlex.quote(escaped(v))
+    if server_kind(raw) != "stdio":
         headers = raw.get("headers") if isinstance(raw.get("headers"), dict) else {}
-        return f"http {raw['url']}" + (f" (headers: {', '.join(map(str, headers))})" if headers else "")
+        return f"http {word(raw.get('url', '(no url)'))}" + (
+            f" (headers: {', '.join(map(word, headers))})" if headers else "")
     args = raw.get("args") if isinstance(raw.get("args"), list) else []
-    line = " ".join(shlex.quote(str(w)) for w in [raw.get("command", "(no command)"), *args])
+    line = " ".join(word(w) for w in [raw.get("command", "(no command)"), *args])
     env = raw.get("env") if isinstance(raw.get("env"), dict) and env else {}
-    return line + "".join(f" {k}={shlex.quote(str(v))}" for k, v in env.items())
+    return line + "".join(f" {word(k)}={word(v)}" for k, v in env.items())
 
 
 def mcp_question(servers):
     """A file's servers for s07's trust question: each command line or URL, and the
-    environment variables it would read (their values would go to the server)."""
+    environment variables its settings name. A command gets the whole environment bash
+    gets (bar the agent's key); a URL gets what its url and headers name."""
     if not isinstance(servers, dict):
         return "has an mcp_servers entry that is not a mapping (it starts nothing)"
     lines = []
     for name, raw in servers.items():
         used = sorted({m[0] for m in MCP_VAR.findall(json.dumps(raw, default=str))})
         reads = f"\n        reads {', '.join('$' + u for u in used)} from your environment" if used else ""
-        lines.append(f"\n    {name}: {server_line(raw)}{reads}")
-    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the "
-                     f"sandbox:{''.join(lines)}\n")
+        lines.append(f"\n    {escaped(name)}: {server_line(raw)}{reads}")
+    return printable(f"starts {len(servers)} MCP server(s) on your machine, outside the sandbox; a "
+                     f"command gets the whole environment bash gets (all your variables but the "
+                     f"agent's API key), a URL the values its settings name:{''.join(lines)}\n")
 
 
 def mcp_trusted(path, servers, state):
@@ -10134,6 +10571,83 @@ def mcp_trusted(path, servers, state):
         yes = answer.strip().lower() in ("y", "yes")
     if yes:
         trust_config(path)
+        record_files(servers if isinstance(servers, dict) else {}, state)
+    return yes
+
+
+def file_key(server_name, file):
+    """A server's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by MCP server {server_name})"
+
+
+def server_files(spec, workdir):
+    """The workspace files a stdio server's command line names: each word that is an
+    existing file inside the workspace (`python srv.py` names srv.py), relative to it."""
+    root, found = workdir.resolve(), []
+    for word in [spec["command"], *spec["args"]] if spec["type"] == "stdio" else []:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # a NUL, a loop, a long name
+            path = (workdir / word).resolve()
+            if path.is_relative_to(root) and path.is_file():
+                found.append(path.relative_to(root).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_files(servers, state):
+    """The human trusted a project file: record the workspace files its servers run."""
+    for name, raw in servers.items():
+        with contextlib.suppress(ValueError):  # a bad entry starts nothing
+            spec = parse_server(str(name), raw)
+            for file in server_files(spec, state.workdir):
+                if digest := file_digest(state.workdir / file):
+                    trust(file_key(name, file), digest)
+
+
+def changed_files(server):
+    """A project server's workspace files whose content is not the one recorded, as
+    (file, key, digest). A file with no record yet is recorded now: this is its first
+    start since the human trusted the config that names it (s07's yes)."""
+    recorded, out = load_trusted().get(str(agent_state().workdir), {}), []
+    for file in server_files(server["spec"], server["workdir"]):
+        key, digest = file_key(server["name"], file), file_digest(server["workdir"] / file)
+        if key not in recorded and digest:
+            trust(key, digest)
+        elif recorded.get(key) != digest:
+            out.append((file, key, digest))
+    return out
+
+
+def files_trusted(server):
+    """May a project's server start with its workspace files as they are now? A file
+    changed since the human trusted it asks again (--trust-workspace says yes; no
+    human, no). The user's own servers are not asked about."""
+    if not server["spec"].get("project") or not (changed := changed_files(server)):
+        return True
+    files = ", ".join(f for f, _, _ in changed)
+    yes = agent_state().permissions.get("trust_all", False)  # --trust-workspace
+    if not yes:
+        answer = ask_human(printable(
+            f"MCP server {server['name']} ({server['source']}) runs {files} from this workspace, "
+            f"which changed since you trusted it (the agent, or a command it ran, may have "
+            f"rewritten it). Start it? [y/N] "))
+        yes = answer.strip().lower() in ("y", "yes")
+    for _, key, digest in changed if yes else []:
+        if digest:
+            trust(key, digest)
+    if not yes:
+        server.update(state="failed", refused=True, error=f"{files} changed since you trusted it: "
+                      f"not started (answer yes at the next start, or --trust-workspace)")
     return yes
 
 
@@ -10161,15 +10675,15 @@ def server_specs(state):
     local one, a later one winning. Config files only count here when s07 let them
     (trusted, or the user's own: load_permissions). A bad entry is one line."""
     files = state.permissions.get("mcp_servers", [])
-    sources = [(f, s) for scope, f, s in files if scope == "user"] + mcp_json(state)
+    sources = [f for f in files if f[0] == "user"] + [("project", *f) for f in mcp_json(state)]
     found = {}
-    for source, servers in sources + [(f, s) for scope, f, s in files if scope != "user"]:
+    for scope, source, servers in sources + [f for f in files if f[0] != "user"]:
         if not isinstance(servers, dict):
             say(f"[{source}: the MCP servers must be a mapping of name: settings; none started]")
             continue
         for name, raw in servers.items():
-            try:
-                found[str(name)] = (parse_server(str(name), raw), source, raw)
+            try:  # a project's server: its workspace files are checked at each start
+                found[str(name)] = (parse_server(str(name), raw) | {"project": scope != "user"}, source, raw)
             except ValueError as e:
                 say(printable(f"[mcp {name} ({source}): {e}; not started]"))
     return found
@@ -10183,7 +10697,10 @@ def server_specs(state):
 # notification handled (tools/list_changed) or skipped, and a line that is not
 # JSON-RPC is logged and skipped: a stray print must not end a session, unless
 # there are many. When stdout ends the server is gone, and every pending
-# request fails at once, not at its timeout.
+# request fails at once, not at its timeout. Writes have a deadline too: a
+# server that stops reading its stdin fills the pipe, and a blocking write
+# would hang the caller (and, through the lock, every later one) for good; so
+# the pipe is non-blocking, and a write that cannot finish in time kills it.
 class McpError(Exception):
     """A request that got no result: an error answer, or no answer in time."""
 
@@ -10194,6 +10711,10 @@ class ServerFailed(McpError):
 
 class NoAnswer(McpError):
     """No answer within the request's timeout; the server was told to cancel it."""
+
+
+class SessionEnded(ServerFailed):
+    """HTTP 404 on our session id: the server forgot the session; a new one may be opened."""
 
 
 def incoming(server, message):
@@ -10221,13 +10742,17 @@ def rpc_result(message):
 
 def open_log(server):
     """The server's log, .agent/mcp/<name>.log (the one before is kept as .log.1); None
-    when the workspace cannot be written, which costs the log and nothing else."""
-    path = server["workdir"] / MCP_LOG_DIR / f"{server['name']}.log"
+    when the workspace cannot be written, or when a cloned repository planted a link on
+    the way (s06's open_inside): that costs the log and nothing else."""
+    root, path = server["workdir"], server["workdir"] / MCP_LOG_DIR / f"{server['name']}.log"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_file() and path.stat().st_size > MCP_LOG_BYTES:
+        fd = open_inside(path, root, flags)
+        if os.fstat(fd).st_size > MCP_LOG_BYTES:  # rename moves a link, never what it points to
+            os.close(fd)
             os.replace(path, path.with_name(path.name + ".1"))
-        log = {"file": open(path, "ab"), "left": MCP_LOG_BYTES, "lock": threading.Lock()}
+            fd = open_inside(path, root, flags)
+        log = {"file": open(fd, "ab"), "left": MCP_LOG_BYTES, "lock": threading.Lock()}
     except OSError:
         return None
     write_log(log, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {server_line(server['raw'], env=False)}\n".encode())
@@ -10266,17 +10791,30 @@ class StdioTransport:
                                          env=child_env() | spec["env"], start_new_session=True)
         except (OSError, ValueError) as e:  # not found, not executable, a NUL in an argument
             raise ServerFailed(f"cannot start {spec['command']}: {getattr(e, 'strerror', None) or e}")
+        os.set_blocking(self.proc.stdin.fileno(), False)  # send() waits with select, up to a deadline
         threading.Thread(target=self.read_loop, daemon=True).start()
         threading.Thread(target=drain_stderr, args=(self.proc.stderr, self.log), daemon=True).start()
 
-    def send(self, message):
-        data = (json.dumps(message, ensure_ascii=False) + "\n").encode()  # json escapes newlines: one line
+    def send(self, message, timeout=MCP_SEND_WAIT):
+        """One line on its stdin within `timeout` seconds. A write that cannot finish in
+        time (it stopped reading) kills the server: the connection is failed, not stuck."""
+        data = memoryview((json.dumps(message, ensure_ascii=False) + "\n").encode())  # one line: json
+        deadline = time.monotonic() + timeout                                      # escapes newlines
+        if not self.lock.acquire(timeout=timeout):  # another write is stuck; it ends at its deadline
+            raise NoAnswer(f"its input stayed blocked for {timeout:g} s")
         try:
-            with self.lock:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
+            fd = self.proc.stdin.fileno()  # ValueError once close() closed it
+            while data:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    self.error = self.error or f"it stopped reading its input (a write waited {timeout:g} s)"
+                    self.kill()  # its output ends too: the reader fails every pending request
+                    raise ServerFailed(self.error)
+                with contextlib.suppress(BlockingIOError):  # the pipe filled up again meanwhile
+                    data = data[os.write(fd, data):]
         except (OSError, ValueError) as e:  # a broken pipe: it has ended
             raise ServerFailed(self.error or f"writing to it failed: {e}")
+        finally:
+            self.lock.release()
 
     def notify(self, method, params=None):
         self.send({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}))
@@ -10285,14 +10823,15 @@ class StdioTransport:
         """After the handshake: nothing to do, the reader thread has been listening since the start."""
 
     def request(self, method, params, timeout):
-        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed."""
-        rid, answer = next(self.ids), queue.Queue(1)
+        """Send, then wait for the answer with this id: a result, McpError, or ServerFailed.
+        Writing and waiting share the timeout."""
+        rid, answer, deadline = next(self.ids), queue.Queue(1), time.monotonic() + timeout
         self.pending[rid] = answer  # registered before the error check: fail() empties the table after
         try:
             if self.error:
                 raise ServerFailed(self.error)
-            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-            message = answer.get(timeout=timeout)
+            self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}, timeout)
+            message = answer.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
@@ -10327,7 +10866,7 @@ class StdioTransport:
         """One stdout line to where it belongs. Returns why the connection must end, or None."""
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             message = None
         if not isinstance(message, dict):
             if line.strip():
@@ -10366,10 +10905,13 @@ class StdioTransport:
                 break
 
     def close(self):
-        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL."""
+        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL. The pipe
+        is closed under the lock, so no write ever goes to a file number reused since."""
         self.error = self.error or "closed"
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
+        if self.lock.acquire(timeout=MCP_CLOSE_WAIT):  # a stuck write: the kill below ends it
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()
+            self.lock.release()
         try:
             self.proc.wait(MCP_CLOSE_WAIT)
         except subprocess.TimeoutExpired:
@@ -10387,18 +10929,22 @@ class StdioTransport:
 # requests and notifications before the response. The session id the server
 # gives with its initialize answer (Mcp-Session-Id) and the version agreed go
 # with every later request; a 404 on that id means the server dropped the
-# session, so the connection counts as failed and the next call starts a new
-# one. Authentication is the configured headers. Between our requests the
-# server talks on a stream of its own, a GET we keep open (a server without
-# one answers 405): its requests are answered with a POST each, its
-# notifications handled as on stdio. The HTTP client is the one the SDK
-# brings (httpx; named httpx2 from SDK 2.x).
+# session (it did nothing with the request), so a new session is opened and the
+# request sent again, without counting as a restart. Any other failure of the
+# connection (refused, reset) fails it: the next call restarts it. Every reply
+# is read against the request's deadline, chunk by chunk, so a server that
+# trickles a byte at a time cannot stretch it. Authentication is the configured
+# headers. Between our requests the server talks on a stream of its own, a GET
+# we keep open (a server without one answers 405): its requests are answered
+# with a POST each, its notifications handled as on stdio. The HTTP client is
+# the one the SDK brings (httpx; named httpx2 from SDK 2.x).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
     def __init__(self, server):
         self.server, self.url, self.headers = server, server["spec"]["url"], server["spec"]["headers"]
         self.error, self.version, self.session, self.ids = None, None, None, itertools.count(1)
+        self.ended = False  # the server ended our session (404): a new one is not a restart
         self.http = httpx.Client(follow_redirects=False, timeout=MCP_CONNECT_TIMEOUT)
 
     def request(self, method, params, timeout):
@@ -10409,14 +10955,22 @@ class HttpTransport:
             self.cancel(rid, f"no answer in {timeout:g} s")
             raise NoAnswer(f"no answer in {timeout:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+        except ServerFailed as e:  # a reply too big, a session refused or ended: the connection is over
+            self.error = self.error or str(e)
+            raise
 
     def notify(self, method, params=None):
         try:
             self.post({"jsonrpc": "2.0", "method": method} | ({"params": params} if params else {}),
                       MCP_CONNECT_TIMEOUT)
         except (httpx.HTTPError, httpx.InvalidURL) as e:
-            raise ServerFailed(f"{type(e).__name__}: {e}")
+            raise self.broken(e)
+
+    def broken(self, e):
+        """httpx failed (refused, reset, a bad URL): the connection is over; the next call restarts it."""
+        self.error = self.error or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return ServerFailed(self.error)
 
     def cancel(self, rid, reason):
         with contextlib.suppress(McpError):
@@ -10466,20 +11020,24 @@ class HttpTransport:
                     self.answer(event)
                 raise McpError("its event stream ended without the answer")
             try:
-                return rpc_result(json.loads(b"".join(capped(reply))))
-            except (ValueError, AttributeError):  # not JSON, or JSON but no object
-                raise McpError(f"its reply ({kind or 'no content type'}) is not a JSON-RPC message")
+                answer = json.loads(b"".join(capped(reply, deadline)))
+            except (ValueError, RecursionError):
+                answer = None
+            if not isinstance(answer, dict) or "method" in answer or answer.get("id") != message["id"]:
+                raise McpError(f"its reply ({kind or 'no content type'}) is not the answer to request "
+                               f"{message['id']}")
+            return rpc_result(answer)
 
     def check_status(self, reply):
         if reply.status_code < 400:
             return
         body = next(reply.iter_bytes(), b"")[:2_000].decode("utf-8", "replace")  # enough to say why
         if reply.status_code == 404 and self.session:
-            self.error = "the server ended the session (HTTP 404); the next call starts a new one"
-        elif reply.status_code in (401, 403):
-            self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
-        else:
+            self.error, self.ended = self.error or "the server ended the session (HTTP 404)", True
+            raise SessionEnded(self.error)
+        if reply.status_code not in (401, 403):
             raise McpError(f"HTTP {reply.status_code}: {' '.join(body.split())[:300]}")
+        self.error = f"HTTP {reply.status_code}: not authorised (check the headers in its config)"
         raise ServerFailed(self.error)
 
     def answer(self, message):
@@ -10498,34 +11056,40 @@ class HttpTransport:
         self.http.close()
 
 
-def capped(reply, limit=MCP_MESSAGE_BYTES):
-    """The body's chunks, at most `limit` bytes in all: ServerFailed past it."""
+def capped(reply, deadline):
+    """The body's chunks, at most MCP_MESSAGE_BYTES in all (ServerFailed past it), each
+    before the request's deadline (httpx's read timeout is per read: a byte every few
+    seconds would never trip it)."""
     seen = 0
     for chunk in reply.iter_bytes():
         seen += len(chunk)
-        if seen > limit:
-            raise ServerFailed(f"it sent a reply over {limit:,} bytes")
+        if seen > MCP_MESSAGE_BYTES:
+            raise ServerFailed(f"it sent a reply over {MCP_MESSAGE_BYTES:,} bytes")
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("no answer before the deadline")
         yield chunk
 
 
 def sse_messages(reply, deadline):
     """The JSON-RPC messages of an event stream: each event's data lines, joined. The
-    buffer holds at most one event (MCP_MESSAGE_BYTES); the deadline is the request's."""
-    buffer, data = bytearray(), []
+    event being read, its unfinished line and its data lines together, stays within
+    MCP_MESSAGE_BYTES (ServerFailed past it); the deadline is the request's."""
+    buffer, data, size = bytearray(), [], 0
     for chunk in reply.iter_bytes():
         buffer += chunk
-        if len(buffer) > MCP_MESSAGE_BYTES:
+        if size + len(buffer) > MCP_MESSAGE_BYTES:
             raise ServerFailed(f"it sent an event over {MCP_MESSAGE_BYTES:,} bytes")
         while (end := buffer.find(b"\n")) >= 0:
             line = bytes(buffer[:end]).rstrip(b"\r").decode("utf-8", "replace")
             del buffer[:end + 1]
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
+                size += end + 1
             elif not line and data:  # a blank line ends the event
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):
                     if isinstance(message := json.loads("\n".join(data)), dict):
                         yield message
-                data = []
+                data, size = [], 0
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("no answer before the deadline")
 
@@ -10546,7 +11110,8 @@ def sse_messages(reply, deadline):
 def new_server(name, spec, source, raw, workdir):
     return {"name": name, "spec": spec, "source": source, "raw": raw, "workdir": workdir,
             "state": "connecting", "error": None, "transport": None, "opening": None, "tools": [], "info": {},
-            "stale": False, "changed": False, "restarts": 0, "closed": False, "lock": threading.Lock()}
+            "stale": False, "changed": False, "restarts": 0, "closed": False, "refused": False,
+            "lock": threading.Lock()}
 
 
 def hello(transport, server):
@@ -10623,12 +11188,15 @@ def start_mcp(wait=None):
     Servers that connected in time are registered before the first prompt."""
     state, wait = agent_state(), MCP_STARTUP_WAIT if wait is None else wait
     specs = server_specs(state)
-    if not specs:
-        return
-    say(f"[mcp: connecting to {len(specs)} server(s): {', '.join(specs)}]")
-    threads = []
-    for name, (spec, source, raw) in specs.items():
+    for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
+        if not files_trusted(server):
+            say(printable(f"[mcp {name}: {server['error']}]"))
+    if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
+        return
+    say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
+    threads = []
+    for server in starting:
         threads.append(threading.Thread(target=contextvars.copy_context().run,
                                         args=(connect_and_say, server, wait), daemon=True))
         threads[-1].start()
@@ -10676,18 +11244,44 @@ def tool_name(server, tool, taken):
 
 
 def schema_problem(schema):
-    """Why an inputSchema cannot go to the API as it is, or None (the request would be refused)."""
+    """Why an inputSchema cannot go to the API as it is, or None. The API checks it
+    against JSON Schema 2020-12's meta-schema, nested schemas too, and refuses the
+    whole request for one bad tool (tests/fake_api.py's _schema_ok checks the same)."""
     if not isinstance(schema, dict) or schema.get("type") != "object":
         return "its inputSchema is not an object schema"
-    props = schema.get("properties", {})
-    if not isinstance(props, dict) or not all(isinstance(p, (dict, bool)) for p in props.values()):
-        return "its inputSchema properties are not a mapping of schemas"
-    if bad := [k for k in props if not PROPERTY_KEY.fullmatch(k)]:
+    if why := subschema_problem(schema, "inputSchema", 0):
+        return why
+    if bad := [k for k in schema.get("properties", {}) if not PROPERTY_KEY.fullmatch(k)]:
         return f"its input field name {bad[0]!r} is not one the API accepts"
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        return "its inputSchema required is not a list of names"
     return None
+
+
+def subschema_problem(schema, where, depth):
+    """One (sub)schema, at `where`: its type and required, then each schema under it in
+    properties, items, additionalProperties and anyOf/oneOf/allOf (true and false are schemas)."""
+    if depth > MCP_SCHEMA_DEPTH:
+        return f"{where} is nested over {MCP_SCHEMA_DEPTH} levels deep"
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{where} is not a schema"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    if kind == [] or not all(isinstance(k, str) and k in SCHEMA_TYPES for k in kinds) or len(set(kinds)) < len(kinds):
+        return f"{where}.type {str(kind)[:60]!r} is not a JSON type (or a list of distinct ones)"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required) \
+            or len(set(required)) < len(required):
+        return f"{where}.required is not a list of distinct names"
+    if not isinstance(props := schema.get("properties", {}), dict):
+        return f"{where}.properties is not a mapping of schemas"
+    subs = [(f"{where}.properties.{k[:40]}", v) for k, v in props.items()]
+    subs += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties") if k in schema]
+    for k in ("anyOf", "oneOf", "allOf"):
+        if k in schema and (not isinstance(schema[k], list) or not schema[k]):
+            return f"{where}.{k} is not a list of schemas"
+        subs += [(f"{where}.{k}.{i}", v) for i, v in enumerate(schema.get(k) or [])]
+    return next((why for w, v in subs if (why := subschema_problem(v, w, depth + 1))), None)
 
 
 def tool_description(tool):
@@ -10709,19 +11303,29 @@ def drop_tools(server_name):
         MCP_TOOLS.pop(name, None)
 
 
+def utf8_clean(value):
+    """A server's JSON with each lone surrogate (JSON may say "\\udc80"; no UTF-8 request
+    can carry it) replaced by "?", in keys and strings alike."""
+    return json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+
+
 def register_tools(server):
     """A server's tools into the registry, in its order, replacing what it had before."""
     drop_tools(server["name"])
-    for tool in server["tools"]:
-        name = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS))
-        if name in TOOL_HANDLERS or (why := schema_problem(tool.get("inputSchema"))):
-            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: "
-                                f"{why if name not in TOOL_HANDLERS else 'a second tool of that name'}]"))
+    for tool in map(utf8_clean, server["tools"]):
+        name, description = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS)), tool_description(tool)
+        why = "a second tool of that name" if name in TOOL_HANDLERS else schema_problem(tool.get("inputSchema"))
+        size = 0 if why else estimate_tokens({"name": name, "description": description,
+                                              "input_schema": tool["inputSchema"]})
+        if size > MCP_TOOL_TOKENS:
+            why = f"its definition is ~{size:,} tokens, over the {MCP_TOOL_TOKENS:,} one tool may take"
+        if why:
+            warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: {why}]"))
             continue
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
-        register(name, tool_description(tool), tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
+        register(name, description, tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
-        first = tool_description(tool).splitlines()[0]
+        first = description.splitlines()[0].replace("<", "&lt;").replace(">", "&gt;")  # data, never a tag
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
                            "line": first if len(first) <= 120 else first[:117] + "..."}
 
@@ -10772,16 +11376,21 @@ def server_up(server):
             return transport
         if server["state"] == "connecting":
             raise ToolError(f"MCP server {server['name']} is still connecting: try again in a moment.")
+        renew = getattr(transport, "ended", False)  # HTTP 404: the server ended the session
         if transport:  # it failed during a call: its reason is the transport's
             server.update(state="failed", error=transport.error, transport=None)
             transport.close()
-        if server["restarts"] >= MCP_MAX_RESTARTS:
+        if server["restarts"] >= MCP_MAX_RESTARTS and not renew:
             raise ToolError(printable(
                 f"MCP server {server['name']} is down ({server['error']}); it was restarted "
                 f"{MCP_MAX_RESTARTS} times already. Carry on without its tools, or ask the user "
                 f"to look at it (/mcp shows it{log_note(server)})."))
-        server["restarts"] += 1
-        say(f"[mcp {server['name']}: restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]")
+        if server["refused"] or not files_trusted(server):  # a restart runs its files again
+            raise ToolError(printable(f"MCP server {server['name']} is not running: {server['error']}. "
+                                      f"Carry on without its tools."))
+        server["restarts"] += 0 if renew else 1
+        say(f"[mcp {server['name']}: " + ("the server ended the session: a new one]" if renew else
+                                          f"restarting ({server['restarts']} of {MCP_MAX_RESTARTS})]"))
         if not connect(server):
             raise ToolError(printable(f"MCP server {server['name']} could not be restarted: "
                                       f"{server['error']}{log_note(server)}."))
@@ -10799,9 +11408,8 @@ def call_mcp_tool(server_name, tool, args):
     server = MCP_SERVERS.get(server_name)
     if server is None:
         raise ToolError(f"MCP server {server_name} is not connected in this session.")
-    transport = server_up(server)
     try:
-        result = transport.request("tools/call", {"name": tool, "arguments": args}, server["spec"]["timeout"])
+        result = call_on(server, {"name": tool, "arguments": args})
     except ServerFailed as e:
         more = MCP_MAX_RESTARTS - server["restarts"]
         raise ToolError(printable(
@@ -10817,19 +11425,32 @@ def call_mcp_tool(server_name, tool, args):
     return call_result(result)
 
 
+def call_on(server, params):
+    """tools/call on the server's connection (server_up). An HTTP session the server
+    ended did nothing with the call: server_up opens a new one, and the call goes again."""
+    try:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+    except SessionEnded:
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+
+
 def call_result(result):
     """A tools/call result as a tool_result's content: the text blocks joined (images as
     image blocks after them), structuredContent as JSON text when no text says it already
     (servers should send both), isError as a ToolError."""
-    texts, images = [], []
+    texts, images, more = [], [], 0
     for block in result.get("content") or []:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
-        elif kind == "image" and block.get("mimeType") in MCP_IMAGE_TYPES \
-                and isinstance(block.get("data"), str) and 0 < len(block["data"]) <= MCP_IMAGE_CHARS:
-            images.append({"type": "image", "source": {"type": "base64", "media_type": block["mimeType"],
-                                                        "data": block["data"]}})
+        elif kind == "image" and (mime := block.get("mimeType")) in MCP_IMAGE_TYPES:
+            if why := image_problem(mime, block.get("data")):
+                texts.append(f"[image content ({mime}), not shown: {why}]")
+            elif len(images) < MCP_MAX_IMAGES:
+                images.append({"type": "image", "source": {"type": "base64", "media_type": mime,
+                                                            "data": block["data"]}})
+            else:
+                more += 1
         elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
             texts.append(str(res["text"]))
         elif kind == "resource_link":
@@ -10838,17 +11459,37 @@ def call_result(result):
             texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
     if (data := result.get("structuredContent")) is not None and not texts:
         texts.append(json.dumps(data, ensure_ascii=False))
+    if more:
+        texts.append(f"[{more} more image(s) not shown: one result carries at most {MCP_MAX_IMAGES}]")
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
     return [{"type": "text", "text": text if text.strip() else "(image)"}] + images if images else text
 
 
+def image_problem(mime, data):
+    """Why an image cannot go to the API as one, or None: its data must be valid base64
+    within the API's limit, and its first bytes those of its type (or the request fails)."""
+    if not isinstance(data, str) or not data:
+        return "it has no data"
+    if len(data) > MCP_IMAGE_CHARS:
+        return f"{len(data):,} base64 characters, over the API's {MCP_IMAGE_CHARS:,}"
+    try:
+        head = base64.b64decode(data, validate=True)[:16]
+    except ValueError:
+        return "its data is not valid base64"
+    if not all(head[at:at + len(magic)] == magic for at, magic in MCP_IMAGE_MAGIC[mime]):
+        return f"its bytes are not a {mime.removeprefix('image/')} image"
+    return None
+
+
 def result_content(content):
-    """run_tool's content: text without lone surrogates, or an MCP tool's block list."""
+    """run_tool's content: text without lone surrogates, or an MCP tool's block list,
+    its text blocks cleaned the same way."""
+    clean = lambda text: str(text).encode("utf-8", "replace").decode("utf-8")
     if isinstance(content, list):
-        return content
-    return str(content or "(empty)").encode("utf-8", "replace").decode("utf-8")
+        return [b | {"text": clean(b["text"])} if b.get("type") == "text" else b for b in content]
+    return clean(content or "(empty)")
 
 
 def blocks_text(content):
@@ -10919,7 +11560,11 @@ command("mcp", "List the MCP servers: transport, state, tool count and where eac
 # so nothing is ever taken back. The mechanism is the agent's, not the API's:
 # the request simply lists fewer tools.
 MCP_DEFER_BUDGET = CONTEXT_WINDOW // 10  # tokens: MCP definitions past this (together) are deferred
+MCP_FOUND_BUDGET = MCP_DEFER_BUDGET  # tokens: the definitions one agent loads, together, at most
 TOOL_SEARCH_LIMIT = 5       # definitions one tool_search returns
+TOOL_SEARCH_WORDS = 20      # distinct words (or select: names) of one query that count
+TOOL_SEARCH_CHARS = 1_000   # characters of one query; a longer one is refused
+DEFERRED_REMINDER_CHARS = 20_000  # a longer list of deferred tools gives their names only
 DEFERRED_MARK = "<system-reminder>\n# Deferred tools"
 DEFERRED_REMINDER = """{mark}
 These tools exist, but their definitions are not loaded (to save context). To use one, call \
@@ -10978,10 +11623,13 @@ def announce_deferred(messages):
     for m in messages:
         for b in as_blocks(m["content"]) if m["role"] == "user" else []:
             if b.get("type") == "text" and b.get("text", "").startswith(DEFERRED_MARK):
-                told |= set(re.findall(r"^- (\S+?):", b["text"], re.M))
+                told |= set(re.findall(r"^- ([\w-]+)", b["text"], re.M))
     if not (new := [n for n in hidden if n not in told]):
         return
-    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)
+    lines = "\n".join(f"- {n}: {MCP_TOOLS[n]['line']}" for n in new)  # each line: a name, <= 120 more
+    if len(lines) > DEFERRED_REMINDER_CHARS:  # never more than the deferral saves
+        lines = (f"({len(new)} tools: names only, their descriptions would take too long; "
+                 f"tool_search shows them)\n" + "\n".join(f"- {n}" for n in new))
     content = as_blocks(messages[-1]["content"])
     messages[-1]["content"] = content + [{"type": "text", "text": DEFERRED_REMINDER.format(
         mark=DEFERRED_MARK, lines=lines)}]
@@ -10989,17 +11637,32 @@ def announce_deferred(messages):
 
 def search_tools(query, pool):
     """Names for a query, best first: select:a,b by exact (or the server's own) name;
-    otherwise each word scores in the whole name, in the name, in the description."""
+    otherwise each distinct word (the first TOOL_SEARCH_WORDS) scores in the whole name,
+    in the name, in the description."""
     descriptions = {t["name"]: t["description"].lower() for t in TOOLS if t["name"] in pool}
     if query.strip().lower().startswith("select:"):
-        wanted = [w.strip() for w in query.strip()[7:].split(",") if w.strip()]
-        return [n for w in wanted for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
-    words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
+        wanted = list(dict.fromkeys(w.strip() for w in query.strip()[7:].split(",") if w.strip()))
+        return [n for w in wanted[:TOOL_SEARCH_WORDS] for n in pool if w in (n, MCP_TOOLS[n]["tool"])]
+    words = list(dict.fromkeys(w for w in re.split(r"[\s,]+", query.lower()) if w))[:TOOL_SEARCH_WORDS]
     def score(n):
         own = MCP_TOOLS[n]["tool"].lower()
         return sum(10 if w in (n.lower(), own) else 3 if w in n.lower() else 1 if w in descriptions[n]
                    else 0 for w in words)
-    return sorted((n for n in pool if score(n)), key=score, reverse=True)
+    scores = {n: score(n) for n in pool}
+    return sorted((n for n in pool if scores[n]), key=scores.get, reverse=True)
+
+
+def within_budget(hits, state):
+    """The hits whose definitions fit: with what this agent loaded before, at most
+    MCP_FOUND_BUDGET tokens (a tool loaded before costs nothing more)."""
+    defs = {t["name"]: t for t in TOOLS}
+    size, fits = estimate_tokens([defs[n] for n in state.discovered if n in defs]), []
+    for n in hits:
+        cost = 0 if n in state.discovered else estimate_tokens(defs[n])
+        if size + cost <= MCP_FOUND_BUDGET:
+            fits.append(n)
+            size += cost
+    return fits
 
 
 def tool_search(query):
@@ -11008,14 +11671,28 @@ def tool_search(query):
     pool = [n for n in MCP_TOOLS if MCP_TOOLS[n]["deferred"] and n in {t["name"] for t in agent_tools()}]
     if not pool:
         raise ToolError("No tool is deferred for you: every tool you can use is already in your tool list.")
+    if len(query) > TOOL_SEARCH_CHARS:
+        raise ToolError(f"The query is {len(query):,} characters long: search with a few words "
+                        f"(at most {TOOL_SEARCH_CHARS:,} characters), or select:<exact name>.")
     if not (hits := list(dict.fromkeys(search_tools(query, pool)))[:TOOL_SEARCH_LIMIT]):
-        raise ToolError(f"No deferred tool matches {query!r}. Use a word from a name or description "
+        raise ToolError(f"No deferred tool matches {query[:100]!r}. Use a word from a name or description "
                         f"in the deferred-tools reminder, or select:<exact name>.")
-    state.discovered += [n for n in hits if n not in state.discovered]
-    defs = [next(t for t in TOOLS if t["name"] == n) for n in hits]
-    return (f"Loaded {len(hits)} tool definition(s); call them from your next reply on:\n<functions>\n"
-            + "\n".join(f"<function>{json.dumps(d, ensure_ascii=False)}</function>" for d in defs)
-            + "\n</functions>")
+    if not (loaded := within_budget(hits, state)):
+        raise ToolError(f"{', '.join(hits)} would take the definitions you loaded past "
+                        f"{MCP_FOUND_BUDGET:,} tokens, the budget for loaded tools: carry on with the "
+                        f"tools you have.")
+    state.discovered += [n for n in loaded if n not in state.discovered]
+    defs = [next(t for t in TOOLS if t["name"] == n) for n in loaded]
+    rest = [n for n in hits if n not in loaded]
+    return (f"Loaded {len(loaded)} tool definition(s); call them from your next reply on:\n<functions>\n"
+            + "\n".join(f"<function>{tag_safe_json(d)}</function>" for d in defs) + "\n</functions>"
+            + (f"\nNot loaded, past the budget for loaded tools ({MCP_FOUND_BUDGET:,} tokens): "
+               f"{', '.join(rest)}." if rest else ""))
+
+
+def tag_safe_json(value):
+    """JSON in which < and > are escapes (\\u003c): a description cannot close the tags around it."""
+    return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 register("tool_search", (
@@ -11450,7 +12127,7 @@ def settings_files(workdir):
 
 def claude_dir(kind, scope):
     """~/.claude/<kind> (scope user) or .claude/<kind> in the workspace (skills, agents)."""
-    return (Path.home() if scope == "user" else agent_state().workdir) / CLAUDE_DIR / kind
+    return (Path.home() if scope == "user" else project_dir(agent_state())) / CLAUDE_DIR / kind
 
 
 def claude_base(path):
