@@ -9388,7 +9388,7 @@ def make_lane(origin, name, base=None):
             lane = half_made(lane)
         if lane:
             same_base(lane["head"], base and base_commit(origin, base), base, f"Worktree {name} exists already",
-                      f"call worktree_create without base to go on in it, or pick another name")
+                      "call worktree_create without base to go on in it, or pick another name")
             return lane | {"reused": True}, False  # logged once entered (enter_lane)
         if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
             raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "

@@ -7,7 +7,6 @@ for code paths the first tests could not tell apart from broken ones.
 Like test_s12_worktrees.py, every test runs real git on a real repository (`repo`).
 One test is the carried s07 sandbox fix, on s07 and every later file.
 """
-import fcntl
 import json
 import os
 import shutil
@@ -15,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -26,51 +24,8 @@ from fake_api import reply, tool
 S12 = chapters_from("s12")
 in_s12 = pytest.mark.parametrize("mod", S12, indirect=True)
 
-IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
-APP = "def parse(text):\n    return text.split(',')\n"
-
-
-def git(where, *args, check=True, env=None):
-    """git as the test (the human) runs it: stdout, stripped."""
-    p = subprocess.run(["git", *IDENTITY, *args], cwd=where, capture_output=True, text=True, env=env)
-    assert p.returncode == 0 or not check, p.stderr
-    return p.stdout.strip()
-
-
-@pytest.fixture
-def repo(mod, workspace):
-    """The workspace as a repository on main with one commit: app.py and a .gitignore."""
-    git(workspace, "init", "-q", "-b", "main")
-    (workspace / "app.py").write_text(APP)
-    (workspace / ".gitignore").write_text(".agent/\n.env\nnode_modules/\n")
-    git(workspace, "add", "-A")
-    git(workspace, "commit", "-q", "-m", "first")
-    return workspace
-
-
-def lanes(workspace):
-    folder = workspace / ".agent" / "worktrees"
-    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
-
-
-def events(workspace):
-    path = workspace / ".agent" / "worktrees" / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def refused(mod, handler, *args, **kwargs):
-    with pytest.raises(mod.ToolError) as e:
-        handler(*args, **kwargs)
-    return str(e.value)
-
-
-def call(mod, name, args):
-    """One tool call through run_tool, as the loop makes it."""
-    return mod.run_tool(types.SimpleNamespace(id="toolu_1", name=name, input=args))
-
-
-def results(body):
-    return [b for b in body["messages"][-1]["content"] if b.get("type") == "tool_result"]
+from test_s12_worktrees import APP, events, git, lanes, refused, results  # noqa: E402
+from test_s12_worktrees import repo  # noqa: E402,F401 (a fixture: pytest finds it by name)
 
 
 def deny_read(mod, pattern, state=None):

@@ -27,9 +27,9 @@ IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
 APP = "def parse(text):\n    return text.split(',')\n"
 
 
-def git(where, *args, check=True):
+def git(where, *args, check=True, env=None):
     """git as the test (the human) runs it: stdout, stripped."""
-    p = subprocess.run(["git", *IDENTITY, *args], cwd=where, capture_output=True, text=True)
+    p = subprocess.run(["git", *IDENTITY, *args], cwd=where, capture_output=True, text=True, env=env)
     assert p.returncode == 0 or not check, p.stderr
     return p.stdout.strip()
 
@@ -56,7 +56,7 @@ def branches(workspace):
 
 def events(workspace):
     path = workspace / ".agent" / "worktrees" / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def refused(mod, handler, *args, **kwargs):
