@@ -12780,8 +12780,15 @@ def exit_command(args, ctx):
     raise SystemExit(0)  # not an Exception: handle_slash lets it through; the sessions close
 
 
-def bg_command(args, ctx):
-    print(background_check(args.strip() or None))
+def tool_command(tool_fn, *args):
+    """A command that shows what a tool returns; the tool's refusal is one line for the human."""
+    def run(words, ctx):
+        try:
+            print(tool_fn(*args, *([words.strip()] if words.strip() else [])))
+        except ToolError as e:
+            ctx["error"] = str(e)
+            say(str(e))
+    return run
 
 
 def show_agents(args, ctx):
@@ -12796,10 +12803,10 @@ command("context", "Show what fills the context window, by part", show_context)
 command("cost", "Show the session's cost so far", show_cost)
 command("model", "Show the model, or switch to another: /model NAME", model_command, arg_hint="[NAME]")
 command("sessions", "List the saved sessions of this directory", lambda a, ctx: resume_command("", ctx))
-command("tasks", "Show the task board", lambda a, ctx: print(task_list()))
-command("bg", "List background commands and agents, or show one: /bg ID", bg_command, arg_hint="[ID]")
-command("schedules", "List the scheduled prompts", lambda a, ctx: print(schedule_list()))
-command("worktrees", "List the worktrees (lanes) of this project", lambda a, ctx: print(worktree_list()))
+command("tasks", "Show the task board", tool_command(task_list))
+command("bg", "List background commands and agents, or show one: /bg ID", tool_command(background_check), arg_hint="[ID]")
+command("schedules", "List the scheduled prompts", tool_command(schedule_list))
+command("worktrees", "List the worktrees (lanes) of this project", tool_command(worktree_list))
 command("agents", "List the agent types subagents can be started as", show_agents)
 command("init", "Ask the model to study the repository and write an AGENTS.md",
         lambda a, ctx: INIT_PROMPT + (f"\n\nAlso: {a}" if a else ""), arg_hint="[NOTES]", kind="prompt")
