@@ -300,15 +300,15 @@ def test_the_interactive_ui_in_a_real_terminal(mod, api, workspace, tmp_path):
         reply("# Heading\n\nSome **bold** text."),
         reply("slow " * 800, delay=0.05),  # ~17 s of streaming: cancelled long before its end
         reply("After the cancel."),
-        tool("bash", {"command": "echo one > out1.txt"}),
-        tool("bash", {"command": "echo two > out2.txt"}),
+        reply(tool("write_file", {"path": "out.txt", "content": "one\n"})),
+        reply(tool("write_file", {"path": "out.txt", "content": "two\n"})),
         reply("Both done."),
     ])
     command = " ".join([f"{k}={v!r}" for k, v in env.items()] + [sys.executable, str(ROOT / "agent_full.py")])
     assert tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "50", "-c", str(workspace),
                 f"env -i {command}").returncode == 0
     try:
-        wait_for(name, lambda s: "agent_full >>" in s, "prompt")
+        wait_for(name, lambda s: "agent >>" in s, "prompt")
         tmux("send-keys", "-t", name, "hello", "Enter")
         text = wait_for(name, lambda s: "bold text" in s, "answer")
         assert "**bold**" not in text and "# Heading" not in text  # rendered Markdown
@@ -322,12 +322,14 @@ def test_the_interactive_ui_in_a_real_terminal(mod, api, workspace, tmp_path):
         wait_for(name, lambda s: "interrupted" in s, "cancel")
         tmux("send-keys", "-t", name, "again", "Enter")
         wait_for(name, lambda s: "After the cancel." in s, "the next answer")
-        tmux("send-keys", "-t", name, "write two files", "Enter")
+        tmux("send-keys", "-t", name, "write the file twice", "Enter")
         wait_for(name, lambda s: "the agent asks" in s, "the permission question")
         tmux("send-keys", "-t", name, "a", "Enter")
         text = wait_for(name, lambda s: "Both done." in s, "the last answer")
-        assert text.count("the agent asks") == 1  # the second bash call was not asked about
-        assert (workspace / "out1.txt").exists() and (workspace / "out2.txt").exists()
+        assert text.count("the agent asks") == 1  # the second write was not asked about
+        assert (workspace / "out.txt").read_text() == "two\n"
+        assert "+one" in text and "+two" in text  # the writes as diffs
+        assert "thinking" not in text  # the spinner left no trace
         tmux("send-keys", "-t", name, "C-d")
     finally:
         tmux("kill-session", "-t", name)
