@@ -12641,6 +12641,18 @@ def path_candidates(partial, workdir):
     return [f"{folder}/{n}" if folder else n for n in names[:50]]
 
 
+IDLE_WORK = object()  # LineEditor's prompt left for work that came while it waited
+
+
+def idle_work():
+    """Work for the idle REPL (s10, s11): the checker's lines, a due job, the lead's inbox to look at."""
+    state = agent_state()
+    with SCHEDULE_LOCK:
+        due = bool(state.schedules["due"] or state.schedules["notes"])
+    team = state.team
+    return due or bool(team and team["member"] == LEAD and time.monotonic() - team.get("looked", 0) >= IDLE_POLL)
+
+
 class LineEditor:
     """prompt_toolkit at a terminal. Enter sends; Esc+Enter, or a line ending in a
     backslash, goes on to a new line. Ctrl+C clears the line, and at an empty
@@ -12656,10 +12668,16 @@ class LineEditor:
         self.interrupts = 0
 
     def read(self, prompt):
-        """The next prompt for the REPL, @path files attached; EOFError quits."""
+        """The next prompt for the REPL, @path files attached; EOFError quits. A due
+        job (s10) or the lead's inbox (s11) is looked at while the prompt is empty."""
         while True:
+            if turn := scheduled_turn() or team_turn():
+                return turn
             try:
-                line = self.session.prompt(prompt)
+                self.session.app.erase_when_done = False  # a line typed stays on the screen
+                line = self.session.prompt(prompt, pre_run=self.watch)
+                if line is IDLE_WORK:
+                    continue
             except KeyboardInterrupt:
                 self.interrupts += 1
                 if self.interrupts >= 2:
@@ -12672,6 +12690,22 @@ class LineEditor:
                     getattr(ui, "waiting", lambda: None)()
                 return attach_mentions(line)
             return line
+
+    def watch(self):
+        """While the prompt waits: leave it (IDLE_WORK) when there is idle work and
+        nothing typed, so the REPL runs it as s10's wait_for_line did."""
+        import asyncio
+        from prompt_toolkit.application import get_app
+        app = get_app()
+
+        async def poll():
+            while True:
+                await asyncio.sleep(INPUT_POLL)
+                if not app.current_buffer.text and idle_work():
+                    app.erase_when_done = True  # the prompt comes back after the work
+                    app.exit(result=IDLE_WORK)
+                    return
+        app.create_background_task(poll())
 
     def ask(self, prompt):
         """A question's answer: no history, no completion."""

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -189,6 +190,24 @@ def test_the_line_editor_keeps_history_and_ctrl_c_twice_quits(mod, workspace, mo
         with pytest.raises(EOFError):
             editor.read("> ")
     assert "look at @f.txt" in (workspace.parent / "home" / ".agent" / "history").read_text()
+
+
+def test_a_job_that_falls_due_while_the_prompt_waits_runs(mod, workspace, monkeypatch):
+    from prompt_toolkit.application import create_app_session
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+    monkeypatch.setattr(mod, "INPUT_POLL", 0.01)
+    fired = []
+    monkeypatch.setattr(mod, "fire_job", lambda key, now: fired.append(key) or
+                        {"id": "j1", "cron": "* * * * *", "prompt": "the job's prompt"})
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        editor = mod.LineEditor()
+        due = mod.agent_state().schedules["due"]  # the checker thread's queue
+        timer = threading.Timer(0.2, lambda: due.append(("j1", "x")))
+        timer.start()
+        turn = editor.read("> ")  # nothing typed: the job comes in instead
+        timer.join()
+    assert fired and "the job's prompt" in turn and turn.startswith("<scheduled-prompt id=j1>")
 
 
 # --- slash commands ---------------------------------------------------------------------------
