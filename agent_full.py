@@ -8,12 +8,16 @@ agent_full.py = s12_worktree_mcp.py + the front end (section `# --- full: ... --
 New since s12 (full.1, events): EVENTS, emit, PlainText, TextEvents, report_call,
 prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-json,
 --max-turns, --model, --allowed-tools, --disallowed-tools, --append-system-prompt:
-start_front_end, run_headless, Headless.
+start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, LineEditor,
+completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
+/context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
          PlainText: the chapters' own terminal output (answer on stdout)
          Headless:  text | json | stream-json on stdout, progress on stderr
+         RichUI:    Markdown answers, tool panels, diffs, a spinner, a status line
+                    (a colour terminal only; NO_COLOR or a pipe: PlainText)
 
 Run:
     python agent_full.py                       # interactive
@@ -12685,7 +12689,7 @@ class LineEditor:
                 print("(Ctrl+C again to quit, or type on)", file=sys.stderr)
                 continue
             self.interrupts = 0
-            if line.strip() and not line.startswith("/"):
+            if line.strip() not in ("", "q", "exit") and not line.startswith("/"):  # a prompt for the model
                 if ui := FRONT_END.get("current"):
                     getattr(ui, "waiting", lambda: None)()
                 return attach_mentions(line)
