@@ -12664,10 +12664,15 @@ class LineEditor:
 
     def __init__(self):
         from prompt_toolkit import PromptSession  # imported here: plain runs never pay for it
-        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
         path = Path.home() / HISTORY_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.session = PromptSession(history=FileHistory(str(path)), completer=SlashCompleter(),
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            history = FileHistory(str(path))
+        except OSError as e:  # a read-only home: this session's history only
+            say(f"[input history not saved: {e}]")
+            history = InMemoryHistory()
+        self.session = PromptSession(history=history, completer=SlashCompleter(),
                                      key_bindings=editor_keys(), complete_while_typing=False)
         self.interrupts = 0
 

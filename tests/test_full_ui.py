@@ -192,6 +192,19 @@ def test_the_line_editor_keeps_history_and_ctrl_c_twice_quits(mod, workspace, mo
     assert "look at @f.txt" in (workspace.parent / "home" / ".agent" / "history").read_text()
 
 
+def test_a_home_that_cannot_hold_the_history_is_one_line(mod, workspace, monkeypatch, capsys):
+    from prompt_toolkit.application import create_app_session
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+    home = workspace.parent / "home"
+    (home / ".agent").write_text("a file where the folder would go")
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        editor = mod.LineEditor()
+        pipe.send_text("still works\r")
+        assert editor.read("> ") == "still works"
+    assert "input history not saved" in capsys.readouterr().err
+
+
 def test_a_job_that_falls_due_while_the_prompt_waits_runs(mod, workspace, monkeypatch):
     from prompt_toolkit.application import create_app_session
     from prompt_toolkit.input import create_pipe_input
