@@ -8,12 +8,16 @@ agent_full.py = s12_worktree_mcp.py + the front end (section `# --- full: ... --
 New since s12 (full.1, events): EVENTS, emit, PlainText, TextEvents, report_call,
 prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-json,
 --max-turns, --model, --allowed-tools, --disallowed-tools, --append-system-prompt:
-start_front_end, run_headless, Headless.
+start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, LineEditor,
+completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
+/context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
          PlainText: the chapters' own terminal output (answer on stdout)
          Headless:  text | json | stream-json on stdout, progress on stderr
+         RichUI:    Markdown answers, tool panels, diffs, a spinner, a status line
+                    (a colour terminal only; NO_COLOR or a pipe: PlainText)
 
 Run:
     python agent_full.py                       # interactive
@@ -7695,7 +7699,7 @@ def schedule_session():
     checker = threading.Thread(target=contextvars.copy_context().run, args=(run_checker, stop), daemon=True)
     s["checker"] = stop
     checker.start()
-    if has_fileno(stdin):
+    if has_fileno(stdin) and not FRONT_END.get("editor"):  # full: prompt_toolkit reads the terminal itself
         sys.stdin = StdinLines(stdin)
     try:
         yield
@@ -11943,7 +11947,7 @@ def start_front_end(argv):
     if not headless and (formats or options["rules"] or options["append"]):
         raise ValueError("--output-format, --allowed-tools, --disallowed-tools and --append-system-prompt "
                          "work with -p (a headless run) only")
-    FRONT_END["current"] = Headless(fmt) if headless else PlainText()
+    FRONT_END["current"] = Headless(fmt) if headless else interactive_front_end()  # full.4: RichUI at a terminal
     return argv, options if headless else None
 
 
@@ -12406,6 +12410,451 @@ def claude_agent_meta(path, meta):
     return out
 
 
+# --- full.4: the interactive UI ---
+# A human at a colour terminal gets RichUI instead of PlainText: the answer as
+# Markdown, re-rendered live while it streams; each tool call as a small panel
+# with the head of its result (an edit as a coloured diff); a spinner while the
+# model is thinking; a status line after each reply. It reads only the events.
+# Input at a terminal goes through prompt_toolkit (LineEditor): history in
+# ~/.agent/history, Tab completion, @path mentions, multi-line input. With
+# NO_COLOR, or stdout or stdin not a terminal, everything stays as PlainText and
+# the chapters' read_line, so pipes and scripts see the chapters' bytes.
+RESULT_PREVIEW_LINES = 6  # lines of a tool result shown in its panel
+DIFF_PREVIEW_LINES = 40  # lines of an edit's diff shown; the rest is counted
+LIVE_REFRESH = 8  # re-renders per second of a streaming answer (Markdown parses all of it)
+HISTORY_FILE = ".agent/history"  # under ~: the prompts typed, for the up arrow
+MENTION_CAP = 100_000  # bytes of a file an @path attaches; the model can read_file the rest
+MENTION = re.compile(r"(?<!\S)@(\S+)")  # @path at a word start, not user@host
+
+
+def wants_rich(stream):
+    """A colour terminal: RichUI. NO_COLOR (any value, no-color.org) or a pipe: plain."""
+    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+def interactive_front_end():
+    """start_front_end's choice without -p: RichUI for a human, else the chapters' text."""
+    if not wants_rich(sys.stdout):
+        return PlainText()
+    if wants_rich(sys.stdin):
+        FRONT_END["editor"] = LineEditor()
+    return RichUI()
+
+
+def edit_diff(name, args):
+    """An edit as diff lines ('+', '-', '@@'), or [] for calls that are not edits."""
+    if name == "edit_file" and isinstance(args.get("old_string"), str):
+        return list(difflib.unified_diff(str(args["old_string"]).splitlines(),
+                                         str(args.get("new_string", "")).splitlines(), lineterm=""))[2:]
+    if name == "write_file" and isinstance(args.get("content"), str):
+        return ["+" + line for line in args["content"].splitlines()]
+    return []
+
+
+def diff_text(lines):
+    text = Text()
+    for line in lines[:DIFF_PREVIEW_LINES]:
+        style = "green" if line.startswith("+") else "red" if line.startswith("-") else "cyan"
+        text.append(printable(line) + "\n", style=style)
+    if len(lines) > DIFF_PREVIEW_LINES:
+        text.append(f"... {len(lines) - DIFF_PREVIEW_LINES} more lines", style="dim")
+    text.rstrip()
+    return text
+
+
+def call_title(name, args):
+    """'bash  ls -la': the tool and its main argument, one line."""
+    main = next((args[k] for k in ("command", "path", "pattern", "query", "description", "prompt")
+                 if isinstance(args.get(k), str)), json.dumps(args, ensure_ascii=False))
+    return printable(f"{name}  {' '.join(str(main).split())}"[:100])
+
+
+def result_text(content, is_error):
+    lines = str(blocks_text(content)).strip().splitlines() or ["(empty)"]
+    text = Text("\n".join(printable(line)[:200] for line in lines[:RESULT_PREVIEW_LINES]),
+                style="red" if is_error else "")
+    if len(lines) > RESULT_PREVIEW_LINES:
+        text.append(f"\n... {len(lines) - RESULT_PREVIEW_LINES} more lines", style="dim")
+    return text
+
+
+def status_line(event, totals):
+    """model | context % | tokens | cost | cache hit rate | mode | background, teammates."""
+    sent = totals["input_tokens"] + totals["cache_read_input_tokens"] + totals["cache_creation_input_tokens"]
+    parts = [event["model"], f"context {event['context'] / event['window']:.0%} "
+             f"({event['context']:,}/{event['window']:,})",
+             f"tokens {sent:,} in, {totals['output_tokens']:,} out", f"${event['cost']:.4f}",
+             f"cache {totals['cache_read_input_tokens'] / sent:.0%}" if sent else "cache -",
+             f"mode {event['mode']}"]
+    parts += [f"{event['background']} background"] * bool(event["background"])
+    parts += [f"{event['teammates']} teammates"] * bool(event["teammates"])
+    return " | ".join(parts)
+
+
+class LiveAnswer:
+    """The streaming answer as Live shows it: parsed at each refresh, not at each delta."""
+
+    def __init__(self, ui):
+        self.ui = ui
+
+    def __rich__(self):
+        from rich.markdown import Markdown
+        from rich.spinner import Spinner
+        return Markdown(self.ui.answer) if self.ui.answer else Spinner("dots", " thinking", style="dim")
+
+
+class RichUI:
+    """The interactive front end. One Live region at a time: the spinner, then the
+    answer growing in it; any other output stops it first, so lines never interleave."""
+
+    def __init__(self, console=None):
+        self.console = console or Console(highlight=False)
+        self.lock, self.live, self.answer, self.calls = threading.RLock(), None, "", {}
+        self.totals = dict.fromkeys(USAGE_KEYS, 0)
+
+    def handle(self, event):
+        with self.lock:
+            if event["kind"] in (EVENTS.reply, EVENTS.question) or not event["label"]:
+                handler = getattr(self, "on_" + event["kind"], None)
+                return handler(event) if handler else None
+            if (line := plain_line(event)) is not None:  # a subagent's progress: dim, with its name
+                self.print(Text(printable(f"  [{event['label']}] {line.strip()}"), style="dim"))
+        return None
+
+    def waiting(self):
+        """A prompt went to the model: the spinner, until its text or a tool call comes."""
+        with self.lock:
+            self.answer = ""
+            if self.live is None:
+                from rich.live import Live
+                self.live = Live(LiveAnswer(self), console=self.console, refresh_per_second=LIVE_REFRESH,
+                                 transient=False)
+                self.live.start()
+
+    def stop(self):
+        if self.live is not None:
+            self.live.transient = not self.answer  # a spinner goes; an answer stays on the screen
+            self.live.stop()
+            self.live = None
+        self.answer = ""
+
+    def print(self, *renderables):
+        self.stop()
+        self.console.print(*renderables)
+
+    def on_text(self, event):
+        if self.live is None:
+            self.waiting()
+        self.answer += event["text"]
+
+    def on_reply(self, event):
+        for k in USAGE_KEYS:  # every agent's tokens, as the session pays for them
+            self.totals[k] += event["usage"][k]
+        if not event["label"]:
+            self.stop()
+
+    def on_status(self, event):
+        self.print(Text(status_line(event, self.totals), style="dim"))
+
+    def on_tool_start(self, event):
+        self.stop()
+        self.calls[event["id"]] = (event["name"], event["input"])
+
+    def on_tool_end(self, event):
+        from rich.panel import Panel
+        name, args = self.calls.pop(event["id"], ("tool", {}))
+        diff = [] if event["is_error"] else edit_diff(name, args)
+        body = diff_text(diff) if diff else result_text(event["content"], event["is_error"])
+        self.print(Panel(body, title=call_title(name, args), title_align="left", expand=True,
+                         border_style="red" if event["is_error"] else "blue"))
+        if not self.calls:
+            self.waiting()  # the results go back to the model
+
+    def on_denial(self, event):
+        self.print(Text(printable(f"  denied ({event['layer']}): {event['reason']}"), style="yellow"))
+
+    def on_notice(self, event):
+        self.print(Text(printable(event["text"]), style="dim"))
+
+    def on_error(self, event):
+        self.print(Text(printable(event["text"]), style="bold red"))
+
+    def on_turn_end(self, event):
+        self.stop()
+
+    def on_question(self, event):
+        """A clear prompt: the question in a yellow panel, the answer on its own line.
+        End of input answers no; Ctrl+C cancels the turn, as at the chapters' prompt."""
+        from rich.panel import Panel
+        question = printable(event["text"]).rstrip()
+        self.print(Panel(Text(question), title="the agent asks", title_align="left", border_style="yellow"))
+        try:
+            return read_answer("answer> ")
+        except EOFError:
+            return "no"
+
+
+def read_answer(prompt):
+    """A question's answer: through the line editor at a terminal, else input()."""
+    editor = FRONT_END.get("editor")
+    return editor.ask(prompt) if editor else input(prompt)
+
+
+def mention_block(word, workdir):
+    """@path -> the file's content as a block for the prompt, or None (no such file)."""
+    path = (workdir / word.rstrip(".,;:!?)")).resolve()
+    if not path.is_file() or not path.is_relative_to(workdir.resolve()):
+        return None
+    with path.open("rb") as f:
+        data = f.read(MENTION_CAP + 1)
+    more = f"\n[... cut at {MENTION_CAP:,} bytes: read_file has the rest]" if len(data) > MENTION_CAP else ""
+    text = data[:MENTION_CAP].decode("utf-8", errors="replace")
+    return f'<file path="{rel(path)}">\n{text}{more}\n</file>'
+
+
+def attach_mentions(line):
+    """The typed line, then one block per @path it names (a file in the workdir)."""
+    workdir = agent_state().workdir
+    words = dict.fromkeys(m[1] for m in MENTION.finditer(line))
+    blocks = [b for w in words if (b := mention_block(w, workdir)) is not None]
+    return "\n\n".join([line, *blocks])
+
+
+def completions(text, workdir):
+    """Tab at the end of `text`: [(candidate, how many characters it replaces)].
+    A first word /... completes commands and skills; @... and a slash command's
+    argument complete paths under the workdir."""
+    if text.startswith("/") and " " not in text:
+        return [("/" + name, len(text)) for name in sorted(all_commands()) if name.startswith(text[1:])]
+    word = text.split(" ")[-1]
+    if word.startswith("@"):
+        return [("@" + p, len(word)) for p in path_candidates(word[1:], workdir)]
+    if text.startswith("/") and word:
+        return [(p, len(word)) for p in path_candidates(word, workdir)]
+    return []
+
+
+def path_candidates(partial, workdir):
+    """Entries under the workdir starting with `partial` (folders end in /), at most 50."""
+    folder, _, stem = partial.rpartition("/")
+    base = (workdir / folder).resolve() if folder else workdir
+    if not base.is_dir() or not base.is_relative_to(workdir.resolve()):
+        return []
+    names = sorted(p.name + "/" * p.is_dir() for p in itertools.islice(base.iterdir(), 2000)
+                   if p.name.startswith(stem) and (stem.startswith(".") or not p.name.startswith(".")))
+    return [f"{folder}/{n}" if folder else n for n in names[:50]]
+
+
+IDLE_WORK = object()  # LineEditor's prompt left for work that came while it waited
+
+
+def idle_work():
+    """Work for the idle REPL (s10, s11): the checker's lines, a due job, the lead's inbox to look at."""
+    state = agent_state()
+    with SCHEDULE_LOCK:
+        due = bool(state.schedules["due"] or state.schedules["notes"])
+    team = state.team
+    return due or bool(team and team["member"] == LEAD and time.monotonic() - team.get("looked", 0) >= IDLE_POLL)
+
+
+class LineEditor:
+    """prompt_toolkit at a terminal. Enter sends; Esc+Enter, or a line ending in a
+    backslash, goes on to a new line. Ctrl+C clears the line, and at an empty
+    prompt twice in a row quits; Ctrl+D at an empty prompt quits."""
+
+    def __init__(self):
+        from prompt_toolkit import PromptSession  # imported here: plain runs never pay for it
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+        path = Path.home() / HISTORY_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            history = FileHistory(str(path))
+        except OSError as e:  # a read-only home: this session's history only
+            say(f"[input history not saved: {e}]")
+            history = InMemoryHistory()
+        self.session = PromptSession(history=history, completer=SlashCompleter(),
+                                     key_bindings=editor_keys(), complete_while_typing=False)
+        self.interrupts = 0
+
+    def read(self, prompt):
+        """The next prompt for the REPL, @path files attached; EOFError quits. A due
+        job (s10) or the lead's inbox (s11) is looked at while the prompt is empty."""
+        while True:
+            if turn := scheduled_turn() or team_turn():
+                return turn
+            try:
+                self.session.app.erase_when_done = False  # a line typed stays on the screen
+                line = self.session.prompt(prompt, pre_run=self.watch)
+                if line is IDLE_WORK:
+                    continue
+            except KeyboardInterrupt:
+                self.interrupts += 1
+                if self.interrupts >= 2:
+                    raise EOFError
+                print("(Ctrl+C again to quit, or type on)", file=sys.stderr)
+                continue
+            self.interrupts = 0
+            if line.strip() not in ("", "q", "exit") and not line.startswith("/"):  # a prompt for the model
+                if ui := FRONT_END.get("current"):
+                    getattr(ui, "waiting", lambda: None)()
+                return attach_mentions(line)
+            return line
+
+    def watch(self):
+        """While the prompt waits: leave it (IDLE_WORK) when there is idle work and
+        nothing typed, so the REPL runs it as s10's wait_for_line did."""
+        import asyncio
+        from prompt_toolkit.application import get_app
+        app = get_app()
+
+        async def poll():
+            while True:
+                await asyncio.sleep(INPUT_POLL)
+                if not app.current_buffer.text and idle_work():
+                    app.erase_when_done = True  # the prompt comes back after the work
+                    app.exit(result=IDLE_WORK)
+                    return
+        app.create_background_task(poll())
+
+    def ask(self, prompt):
+        """A question's answer: no history, no completion."""
+        from prompt_toolkit import prompt as ask
+        return ask(prompt)
+
+
+def editor_keys():
+    from prompt_toolkit.key_binding import KeyBindings
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")
+    def _(event):
+        event.current_buffer.insert_text("\n")
+
+    @keys.add("enter")
+    def _(event):
+        buffer = event.current_buffer
+        if buffer.complete_state and buffer.complete_state.current_completion:
+            buffer.apply_completion(buffer.complete_state.current_completion)
+        elif buffer.text.endswith("\\"):
+            buffer.delete_before_cursor(1)
+            buffer.insert_text("\n")
+        else:
+            buffer.validate_and_handle()
+    return keys
+
+
+def SlashCompleter():
+    """completions() as a prompt_toolkit Completer."""
+    from prompt_toolkit.completion import Completer, Completion
+
+    class Slash(Completer):
+        def get_completions(self, document, complete_event):
+            for text, replaced in completions(document.text_before_cursor, agent_state().workdir):
+                yield Completion(text, start_position=-replaced)
+    return Slash()
+
+# --- full.5: slash commands ---
+# Every mechanism has a command; the chapters registered most of theirs (help,
+# skills, compact, plan, mode, permissions, hooks, memory, forget, resume, team,
+# mcp). These are the rest. Each shows what a tool would tell the model, or
+# changes the session the way its flag would at start-up.
+INIT_PROMPT = (
+    "Study this repository and write an AGENTS.md at its root for an agent that will work in it "
+    "later: what the project is, how it is laid out, how to set it up, build it, run the tests "
+    "and lint it (the exact commands, tried where it is safe), the conventions the code follows, "
+    "and anything surprising. Read the README, the build and CI files and a sample of the code "
+    "first. Keep it short (under 150 lines) and factual; if an AGENTS.md or CLAUDE.md exists, "
+    "improve it instead of starting over.")
+CONTEXT_BAR = 30  # characters of /context's bar for the whole window
+
+
+def message_parts(messages):
+    """Estimated tokens of the history by kind: user text, assistant text, tool calls,
+    tool results, thinking."""
+    parts = dict.fromkeys(("user text", "assistant text", "tool calls", "tool results", "thinking"), 0)
+    for m in shown_messages(messages):
+        for b in as_blocks(m["content"]):
+            kind = {"tool_use": "tool calls", "tool_result": "tool results", "thinking": "thinking",
+                    "redacted_thinking": "thinking"}.get(b.get("type"), f"{m['role']} text")
+            parts[kind] += estimate_tokens(b)
+    return parts
+
+
+def show_context(args, ctx):
+    """/context: what fills the window, by part (estimates, ~4 characters a token)."""
+    parts = {"system prompt": estimate_tokens(system_prompt()),
+             "tools": estimate_tokens(request_tools(agent_tools()))} | message_parts(ctx["history"])
+    used = sum(parts.values())
+    known = context_tokens(ctx["history"])
+    print(f"context: ~{used:,} of {CONTEXT_WINDOW:,} tokens ({used / CONTEXT_WINDOW:.0%})"
+          + (f"; the last request: {known:,}" if known is not None else ""))
+    for name, tokens in parts.items():
+        bar = "#" * round(CONTEXT_BAR * tokens / CONTEXT_WINDOW)
+        print(f"  {name:<15} {tokens:>9,}  {tokens / max(used, 1):>4.0%}  {bar}")
+
+
+def show_cost(args, ctx):
+    """/cost: the session's bill so far (the main agent and its helpers)."""
+    state = agent_state()
+    calls = [m["_usage"]["tokens"] for m in ctx["history"] if "_usage" in m]
+    print(f"session cost ~${state.session['cost']:.4f} (prices: ${PRICE_INPUT}/M input, "
+          f"${PRICE_OUTPUT}/M output); {len(calls)} model calls in this history")
+
+
+def model_command(args, ctx):
+    """/model [NAME]: show the model, or use NAME from the next call on."""
+    if args:
+        os.environ["MODEL_ID"] = args.strip()  # model_id() reads it, as --model sets it
+        say(f"[model: {model_id()}]")
+    else:
+        print(f"model: {model_id()}")
+
+
+def clear_command(args, ctx):
+    """/clear: an empty conversation in a new session file (the old one can be resumed)."""
+    state = agent_state()
+    ctx["history"][:] = []
+    state.files.clear()
+    state.record = new_session(state)
+    say(f"[conversation cleared; new session {session_id(state)}]")
+
+
+def exit_command(args, ctx):
+    raise SystemExit(0)  # not an Exception: handle_slash lets it through; the sessions close
+
+
+def tool_command(tool_fn, *args):
+    """A command that shows what a tool returns; the tool's refusal is one line for the human."""
+    def run(words, ctx):
+        try:
+            print(tool_fn(*args, *([words.strip()] if words.strip() else [])))
+        except ToolError as e:
+            ctx["error"] = str(e)
+            say(str(e))
+    return run
+
+
+def show_agents(args, ctx):
+    agents = load_agents()
+    width = max(map(len, agents))
+    for name, spec in sorted(agents.items()):
+        print(printable(f"  {name:<{width}}  {clip_row(spec.get('description', ''))}"))
+
+
+command("clear", "Start an empty conversation (a new session; the old one stays resumable)", clear_command)
+command("context", "Show what fills the context window, by part", show_context)
+command("cost", "Show the session's cost so far", show_cost)
+command("model", "Show the model, or switch to another: /model NAME", model_command, arg_hint="[NAME]")
+command("sessions", "List the saved sessions of this directory", lambda a, ctx: resume_command("", ctx))
+command("tasks", "Show the task board", tool_command(task_list))
+command("bg", "List background commands and agents, or show one: /bg ID", tool_command(background_check), arg_hint="[ID]")
+command("schedules", "List the scheduled prompts", tool_command(schedule_list))
+command("worktrees", "List the worktrees (lanes) of this project", tool_command(worktree_list))
+command("agents", "List the agent types subagents can be started as", show_agents)
+command("init", "Ask the model to study the repository and write an AGENTS.md",
+        lambda a, ctx: INIT_PROMPT + (f"\n\nAlso: {a}" if a else ""), arg_hint="[NOTES]", kind="prompt")
+command("exit", "Quit", exit_command, aliases=("quit",))
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -12573,6 +13022,8 @@ def read_line(prompt):
         return wait_for_line(prompt)  # s10: a line waiting first, else a job that is due
     if turn := scheduled_turn():  # s10: the agent is idle here: a due job goes first
         return turn  # s10
+    if editor := FRONT_END.get("editor"):  # full: prompt_toolkit at a terminal
+        return editor.read(prompt)  # full
     if sys.stdin is None:  # started with stdin closed (<&-): that is the end of input
         raise EOFError
     if sys.stdin.isatty():
