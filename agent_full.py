@@ -28,6 +28,32 @@ Try:
     python agent_full.py -p --continue "and now the tests"   # the same session
     python agent_full.py -p --allowed-tools "Bash(git log:*) read_file" "summarise the log"
 
+Where each chapter's mechanism lives (each defined here, as in its chapter file;
+`diff sNN_*.py` against the one before shows it arriving):
+    s01 the loop         agent_loop, call_model, run_tools, run_bash, check_dangerous, repl, main
+    s02 tools            register, safe_path, read_file, write_file, edit_file, glob_files,
+                         grep, run_parallel, normalize_messages
+    s03 the plan         todo_write, plan_reminder, show_plan
+    s04 subagents        load_agents, run_subagent, run_child, child_tools, fork_messages
+    s05 skills           discover_skills, load_skill, render_skill, ask_human, trust, handle_slash
+    s06 context          persist_large_results, clear_old_results, estimate_tokens, compact,
+                         manage_context, call_with_recovery, LineWatch
+    s07 permissions      lex, split_pipelines, parse_rule, load_permissions, decide, permit,
+                         ask_permission, sandbox_argv, set_mode
+    s08 hooks            parse_hook, read_hooks, run_hook, fire, pre_tool_hooks, after_tool,
+                         stop_hooks, hook_session
+    s09 memory           assemble_prompt, load_instructions, sync_session, resume,
+                         write_memory, extract_memories, recall, maybe_consolidate
+    s10 tasks            task_create, task_update, task_list, background_run, run_background_agent,
+                         parse_cron, next_fire, schedule_create, fire_job
+    s11 teams            create_team, post, take_inbox, claim_task, claim_next, spawn_teammate,
+                         teammate_loop, ask_lead, release_dead, stop_teammates
+    s12 worktrees, MCP   make_lane, set_up_lane, commit_lane, worktree_create, isolate;
+                         parse_server, StdioTransport, HttpTransport, connect, call_mcp_tool,
+                         plan_deferral, tool_search
+    full front end       emit, PlainText, Headless, run_headless, read_settings, claude_rule,
+                         claude_hooks, RichUI, LineEditor, completions, attach_mentions
+
 Key insight: the loop never prints; it says what happened, and a front end
 decides what that looks like, so one engine drives a terminal and a script alike.
 """
