@@ -11903,6 +11903,24 @@ STDIN_PROMPT_CAP = 1_000_000  # characters of a prompt read from stdin; a bigger
 RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
               "--disallowed-tools": ("deny", "--disallowedTools")}
 RESULT_SUBTYPES = {"end_turn": "success", "max_turns": "error_max_turns"}  # else error_during_execution
+USAGE = """usage: python agent_full.py [flags] [PROMPT | /command]
+
+  (no prompt)                 the interactive UI; /help lists the slash commands
+  PROMPT                      one task, then exit
+  -p, --print [PROMPT]        headless: one task (or stdin), nobody asked
+  --output-format FORMAT      with -p: text (default), json or stream-json
+  --max-turns N               model calls per user turn
+  --model NAME                the model (else MODEL_ID, else the default)
+  --permission-mode MODE      default, acceptEdits, plan or bypassPermissions
+  --allowed-tools RULES       with -p: allow rules, e.g. "Bash(git log:*) Read"
+  --disallowed-tools RULES    with -p: deny rules
+  --append-system-prompt TEXT with -p: added to the system prompt
+  --continue, --resume ID     go on with the last session, or with session ID
+  --worktree NAME             work in the git worktree .agent/worktrees/NAME
+  --trust-workspace           trust this project's config, hooks and servers for this run
+
+Environment: ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN), ANTHROPIC_BASE_URL, MODEL_ID,
+also read from .env. No key: python tests/demo.py agent runs offline."""
 
 
 def take_flag(argv, names, value=True):
@@ -13082,6 +13100,9 @@ def no_key_message():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):  # full: the flags, with or without a key
+        print(USAGE)
+        return 0
     client = make_client()
     if client is None and not (argv and argv[0].startswith("/")):  # s05: /help needs no key
         print(no_key_message(), file=sys.stderr)

@@ -7,7 +7,10 @@ a few runs check them in a subprocess.
 """
 import io
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -16,6 +19,7 @@ from conftest import message_bodies, run_chapter, run_turn
 from fake_api import error, reply, tool
 
 pytestmark = pytest.mark.parametrize("mod", ["agent_full"], indirect=True)
+ROOT = Path(__file__).resolve().parents[1]
 
 # --- the shapes -----------------------------------------------------------------------------
 
@@ -370,3 +374,23 @@ def test_as_a_process_stdout_is_json_only_and_failure_exits_1(mod, api, workspac
                     env={"HOME": str(workspace.parent / "home")})
     assert r.returncode == 1 and json_lines(r.stdout)[0]["subtype"] == "error_during_execution"
     assert "Traceback" not in r.stderr
+
+
+def test_help_lists_every_flag_main_takes_without_a_key(mod, capsys):
+    assert mod.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("-p", "--output-format", "--max-turns", "--model", "--permission-mode", "--allowed-tools",
+                 "--disallowed-tools", "--append-system-prompt", "--continue", "--resume", "--worktree",
+                 "--trust-workspace", "tests/demo.py agent"):
+        assert flag in out, flag
+
+
+@pytest.mark.e2e("agent_full")
+def test_the_no_key_line_names_a_demo_that_runs(mod, tmp_path):
+    """agent_full's no-key line says `python tests/demo.py agent`: that demo exists and passes."""
+    done = run_chapter("agent_full", cwd=tmp_path)
+    assert done.returncode == 2 and "demo.py agent" in done.stderr
+    demo = subprocess.run([sys.executable, str(ROOT / "tests" / "demo.py"), "agent"], capture_output=True,
+                          text=True, timeout=300, env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")})
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert "demo agent: ok" in demo.stdout
