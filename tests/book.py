@@ -569,7 +569,8 @@ def pager(files, k, built):
 
 def linkify(escaped):
     """Web addresses a docstring contains, as links (text the author wrote, never a resource)."""
-    return re.sub(r"https?://[^\s<>&\"']+", lambda m: f'<a href="{m[0]}">{m[0]}</a>', escaped)
+    return re.sub(r"https?://[^\s<>&\"']*[^\s<>&\"'.,;:!?)]", lambda m: f'<a href="{m[0]}">{m[0]}</a>',
+                  escaped)
 
 
 def diff_section(name, k, files):
