@@ -72,19 +72,34 @@ def source_lines(text):
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def docstring(text):
-    """The module docstring exactly as written (no dedent, no trimming): the first
-    token after the comments, read by tokenize, so the file is not parsed whole."""
+def docstring_token(text):
+    """The module docstring's token: the first one after the comments, read by
+    tokenize, so the file is not parsed whole; None if the file has none."""
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.STRING:
-                value = ast.literal_eval(tok.string)
-                return value if isinstance(value, str) else ""
+                return tok
             if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING):
-                return ""
-    except (tokenize.TokenError, SyntaxError, ValueError):
+                return None
+    except (tokenize.TokenError, SyntaxError):
         pass
-    return ""
+    return None
+
+
+def docstring(text):
+    """The module docstring exactly as written (no dedent, no trimming)."""
+    tok = docstring_token(text)
+    try:
+        value = ast.literal_eval(tok.string) if tok else ""
+    except (SyntaxError, ValueError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def docstring_end(text):
+    """The last line (1-based) of the module docstring, 0 without one."""
+    tok = docstring_token(text)
+    return tok.end[0] if tok else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -302,42 +317,79 @@ COLGROUP = ('<colgroup><col class="c-num"><col class="c-code"><col class="c-num"
             '<col class="c-code"></colgroup>')
 
 
+def hunk_html(n, rows, sides, start, tag, label):
+    """One hunk: a header that sticks while it is on screen, then its rows; with
+    the hook lines among them, [(new index, text)]."""
+    old, new, old_toks, new_toks = sides
+    i_n = sum(i is not None for _, i, _ in rows)
+    j_n = sum(j is not None for _, _, j in rows)
+    head = f"@@ -{start[0] + 1},{i_n} +{start[1] + 1},{j_n} @@"
+    body, hooks = [], []
+    for r, (kind, i, j) in enumerate(rows):
+        if kind in ("wadd", "wdel") and (r == 0 or rows[r - 1][0] != kind):
+            body.append(wide_note(rows, r))
+        is_hook = kind in ("add", "chg", "wadd") and bool(tag.search(new[j]))
+        if is_hook:
+            hooks.append((j, new[j].strip()))
+        body.append(row_html(kind, i, j, old, new, old_toks, new_toks, is_hook))
+    return (head, hooks, f'<div class="hunk" id="h{n}"><div class="hunk-head"><span class="at">'
+            f'{head}</span> <span class="where">{html.escape(label)}</span></div>'
+            f'<table>{COLGROUP}<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def split_at_docstring(found, old_end, new_end):
+    """Hunks with a hunk that runs on past the docstrings cut in two there, so the
+    docstring's part can start folded on its own."""
+    out = []
+    for rows in found:
+        cut = next((r for r, (_, i, j) in enumerate(rows)
+                    if (i is None or i >= old_end) and (j is None or j >= new_end)), len(rows))
+        parts = [rows[:cut], rows[cut:]]
+        if all(any(kind != "same" for kind, _, _ in part) for part in parts):
+            out += parts
+        else:
+            out.append(rows)
+    return out
+
+
+def in_docstring(rows, old_end, new_end):
+    """Whether every change of a hunk is inside the two docstrings (1-based ends)."""
+    return all((i is None or i < old_end) and (j is None or j < new_end)
+               for kind, i, j in rows if kind != "same")
+
+
 def diff_html(name, prev_path, path):
-    """The side-by-side diff of prev_path -> path, and a list of its hook lines."""
-    _, old, old_toks = analysed(prev_path)
+    """The side-by-side diff of prev_path -> path, its hunk headers and its hook lines.
+    A hunk that changes only the docstring (rewritten for every chapter, shown in
+    full above it) starts folded, so the diff opens on the code."""
+    old_text, old, old_toks = analysed(prev_path)
     new_text, new, new_toks = analysed(path)
-    spans, tag = outline(new_text), hook_tag(name)
+    sides, spans, tag = (old, new, old_toks, new_toks), outline(new_text), hook_tag(name)
+    doc_ends = docstring_end(old_text), docstring_end(new_text)
     parts, heads, hooks, last_i, last_j = [], [], [], 0, 0
-    added = removed = 0
-    for n, rows in enumerate(hunks(old, new), 1):
-        i0 = next(i for _, i, _ in rows if i is not None) if any(i is not None for _, i, _ in rows) else last_i
-        j0 = next(j for _, _, j in rows if j is not None) if any(j is not None for _, _, j in rows) else last_j
+    found_hunks = split_at_docstring(hunks(old, new), *doc_ends)
+    for n, rows in enumerate(found_hunks, 1):
+        i0 = next((i for _, i, _ in rows if i is not None), last_i)
+        j0 = next((j for _, _, j in rows if j is not None), last_j)
         parts.append(fold(i0 - last_i, last_i, last_j))
-        i_n = sum(i is not None for _, i, _ in rows)
-        j_n = sum(j is not None for _, _, j in rows)
-        first = next(j if j is not None else j0 for kind, _, j in rows if kind != "same")
-        label = where(new, spans, first)
-        head = f"@@ -{i0 + 1},{i_n} +{j0 + 1},{j_n} @@"
+        label = where(new, spans, next(j0 if j is None else j for kind, _, j in rows if kind != "same"))
+        head, found, block = hunk_html(n, rows, sides, (i0, j0), tag, label)
+        if in_docstring(rows, *doc_ends):
+            changed = sum(kind != "same" for kind, _, _ in rows)
+            block = (f'<details class="doc-hunk"><summary>{head} the docstring: {changed} rows '
+                     f'changed. It is rewritten for every chapter and shown in full above; '
+                     f'open to see its diff</summary>{block}</details>')
+        parts.append(block)
         heads.append((n, head, label))
-        body = []
-        for r, (kind, i, j) in enumerate(rows):
-            if kind in ("wadd", "wdel") and (r == 0 or rows[r - 1][0] != kind):
-                body.append(wide_note(rows, r))
-            is_hook = kind in ("add", "chg", "wadd") and bool(tag.search(new[j]))
-            if is_hook:
-                hooks.append((j, new[j].strip()))
-            added += j is not None and kind != "same"
-            removed += i is not None and kind != "same"
-            body.append(row_html(kind, i, j, old, new, old_toks, new_toks, is_hook))
-        parts.append(f'<div class="hunk" id="h{n}"><div class="hunk-head"><span class="at">'
-                     f'{head}</span> <span class="where">{html.escape(label)}</span></div>'
-                     f'<table>{COLGROUP}<tbody>{"".join(body)}</tbody></table></div>')
-        last_i, last_j = i0 + i_n, j0 + j_n
+        hooks += found
+        last_i = i0 + sum(i is not None for _, i, _ in rows)
+        last_j = j0 + sum(j is not None for _, _, j in rows)
     parts.append(fold(len(old) - last_i, last_i, last_j))
-    if not heads:
-        parts = ['<div class="fold">the two files are identical</div>']
-    return {"html": "".join(parts), "heads": heads, "hooks": hooks, "added": added,
-            "removed": removed, "old": prev_path.name, "new": path.name}
+    changed = [(i, j) for rows in found_hunks for kind, i, j in rows if kind != "same"]
+    return {"html": "".join(parts) if heads else '<div class="fold">the two files are identical</div>',
+            "heads": heads, "hooks": hooks, "old": prev_path.name, "new": path.name,
+            "added": sum(j is not None for _, j in changed),
+            "removed": sum(i is not None for i, _ in changed)}
 
 
 def listing_html(path):
@@ -407,7 +459,7 @@ LINE_KINDS = [   # (pattern, css class) for a transcript line; the first match w
     (re.compile(r"demo \S+: FAILED|.*Traceback \(most recent call last\)"), "t-fail"),
     (re.compile(r"(\s*\[[^\]]*\])* *> \S"), "t-tool"),
     (re.compile(r"\s*(\[[^\]]*\] *)*\s*error: "), "t-err"),
-    (re.compile(r"permission needed|Allow .*\? \["), "t-ask"),
+    (re.compile(r"permission needed|Allow .*\? \[|.*\? \[y/N\]"), "t-ask"),
     (re.compile(r"\s*(\[[^\]]*\] *)*\[(context|subagent|worktree|inbox|mcp|permission mode)\b"), "t-meta"),
 ]
 
@@ -479,7 +531,7 @@ details.hunks ol { columns: 2 30em; margin: 0.4rem 0; padding-left: 2.4em; font-
 .diff col.c-num { width: 4.6em; }
 .diff td { padding: 0 10px; vertical-align: top; }
 .diff td.num { text-align: right; color: var(--faint); user-select: none; font-size: 12px; }
-.diff td.code { white-space: pre-wrap; overflow-wrap: anywhere; padding-left: calc(10px + 4ch);
+.diff td.code { tab-size: 4; white-space: pre-wrap; overflow-wrap: anywhere; padding-left: calc(10px + 4ch);
   text-indent: -4ch; }   /* a wrapped line goes on indented under its start */
 .diff td.code.left { border-right: 1px solid var(--line); }
 .diff td.add { background: var(--add); }
@@ -498,13 +550,17 @@ details.hunks ol { columns: 2 30em; margin: 0.4rem 0; padding-left: 2.4em; font-
 .hunk-head .where { color: #0b4a8b; font-weight: 600; margin-left: 0.6em; }
 .fold { background: var(--soft); color: var(--muted); text-align: center; padding: 4px 12px;
   font: italic 12.5px var(--sans); }
+details.doc-hunk > summary { cursor: pointer; background: var(--hunk); color: #3b4b5c; padding: 4px 12px;
+  font: 12px var(--mono); border-bottom: 1px solid #b6e3ff; }
+details.doc-hunk[open] > summary { border-bottom: 0; }
 .fold .range { color: var(--faint); font-style: normal; margin-left: 0.4em; }
 .diff > .fold:last-child { border-radius: 0 0 6px 6px; }
 .listing td.code { border: 0; }
 .run { margin: 0.2rem 0 0.7rem; }
 .note { color: var(--muted); font-size: 0.92rem; max-width: 60rem; }
 pre.term { background: #fbfcfd; border: 1px solid var(--line); border-radius: 6px; padding: 14px 20px;
-  font: 13px/1.55 var(--mono); white-space: pre-wrap; overflow-wrap: anywhere; max-width: 128ch; margin: 0.6rem 0; }
+  font: 13px/1.55 var(--mono); white-space: pre-wrap; overflow-wrap: anywhere; max-width: 128ch; margin: 0.6rem 0;
+  tab-size: 4; }
 .t-head { font-weight: 700; }
 .t-label { font-weight: 700; color: var(--muted); }
 .t-cmd { color: #0550ae; font-weight: 600; }

@@ -198,12 +198,13 @@ def test_chromium_renders_the_index_and_a_chapter_page(built, tmp_path):
 
     page = dump_dom(browser, built / "s02.html", tmp_path / "profile")
     assert "s02_tools.py - a tool system" in page.having("pre", "doc")[0]   # the docstring
-    old = book.source_lines((ROOT / "s01_agent_loop.py").read_text(encoding="utf-8"))
-    new = book.source_lines((ROOT / "s02_tools.py").read_text(encoding="utf-8"))
-    chg = [(i, j) for rows in book.hunks(old, new) for kind, i, j in rows if kind == "chg"]
-    i, j = next((i, j) for i, j in chg if old[i].strip() and new[j].strip())
-    assert old[i] in page.having("td", "code", "del", "left")       # both sides of a changed line
+    before = (ROOT / "s01_agent_loop.py").read_text(encoding="utf-8")
+    old, new = book.source_lines(before), book.source_lines((ROOT / "s02_tools.py").read_text(encoding="utf-8"))
+    i, j = next((i, j) for rows in book.hunks(old, new) for kind, i, j in rows   # a changed code line
+                if kind == "chg" and i >= book.docstring_end(before) and old[i].strip())
+    assert old[i] in page.having("td", "code", "del", "left")       # both sides of it
     assert new[j] in page.having("td", "code", "add", "right")
+    assert page.having("details", "doc-hunk")                       # the docstring's part, folded
     assert "def safe_path(p):" in page.having("td", "code", "add")   # an added line, s02's sandbox
     assert "def" in page.having("span", "k") and "import" in page.having("span", "kn")  # highlighted
     assert page.having("div", "hunk-head") and page.having("div", "fold")
