@@ -677,10 +677,12 @@ def demo_section(name, demo):
     return (f'<h2 id="demo">Offline demo <span class="sub">recorded by running it</span></h2>\n'
             f'<p class="run">Reproduce it: <code>{cmd}</code> '
             f'(add <code>--show-requests</code> to see what the model received). No key, no network.</p>\n'
-            f'<p class="note">stdout and stderr together, as a terminal shows them; the temporary '
-            f'folder is written <code>$TMPDIR</code>, its random part <code>XXXXXXXX</code>, the '
-            f'scripted server\'s port <code>PORT</code> and the run time <code>N.N s</code>.</p>\n'
-            f'{status}<pre class="term">{transcript_html(text)}</pre>')
+            f'<p class="note">stdout and stderr together, as a terminal shows them (the demo passes '
+            f'the chapter\'s stdout on as it streams, so on a busy machine a stderr line can land '
+            f'inside a line of the answer, in a terminal as here). The temporary folder is written '
+            f'<code>$TMPDIR</code>, its random part <code>XXXXXXXX</code>, the scripted server\'s '
+            f'port <code>PORT</code> and the run time <code>N.N s</code>.</p>\n'
+            f'{status}<pre class="term">\n{transcript_html(text)}</pre>')
 
 
 def exercises_section(name, out):
@@ -689,7 +691,8 @@ def exercises_section(name, out):
         return '<h2 id="exercises">Exercises</h2>\n<p class="note">No exercises yet.</p>'
     return (f'<h2 id="exercises">Exercises</h2>\n<p>Extend the mechanism you just read: '
             f'<a href="{href(path, out)}">exercises/{name}.md</a> (the goal, the functions to '
-            f'touch, a hint, and the command that checks your copy).</p>')
+            f'touch, a hint, and the command that checks your copy, such as '
+            f'<code>python tests/exercise.py {name}.1 my_copy.py</code>).</p>')
 
 
 def chapter_page(k, files, rows, built, out, diff, demo):
@@ -705,7 +708,7 @@ def chapter_page(k, files, rows, built, out, diff, demo):
             f'{"The code" if k == 0 else "The diff"}</a></li><li><a href="#demo">Offline demo</a>'
             f'</li><li><a href="#exercises">Exercises</a></li></ul>\n'
             f'<h2 id="doc">The docstring <span class="sub">what is new, a diagram, how to run it, '
-            f'what to try</span></h2>\n<pre class="doc">{linkify(html.escape(doc, quote=False))}</pre>\n'
+            f'what to try</span></h2>\n<pre class="doc">\n{linkify(html.escape(doc, quote=False))}</pre>\n'
             f'{diff}\n{demo_section(name, demo)}\n'
             f'{exercises_section(name, out)}\n'
             f'<p class="meta" style="margin-top:2rem">{pager(files, k, built)}</p>')

@@ -197,9 +197,11 @@ def test_chromium_renders_the_index_and_a_chapter_page(built, tmp_path):
     assert ("a", {"href": "s02.html"}, "s02") in index.found
 
     page = dump_dom(browser, built / "s02.html", tmp_path / "profile")
-    assert "s02_tools.py - a tool system" in page.having("pre", "doc")[0]   # the docstring
+    s02 = (ROOT / "s02_tools.py").read_text(encoding="utf-8")
+    assert page.having("pre", "doc") == [book.docstring(s02)]      # the docstring, exactly
+    assert "s02_tools.py - a tool system" in book.docstring(s02)
     before = (ROOT / "s01_agent_loop.py").read_text(encoding="utf-8")
-    old, new = book.source_lines(before), book.source_lines((ROOT / "s02_tools.py").read_text(encoding="utf-8"))
+    old, new = book.source_lines(before), book.source_lines(s02)
     i, j = next((i, j) for rows in book.hunks(old, new) for kind, i, j in rows   # a changed code line
                 if kind == "chg" and i >= book.docstring_end(before) and old[i].strip())
     assert old[i] in page.having("td", "code", "del", "left")       # both sides of it
