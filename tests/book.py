@@ -492,7 +492,8 @@ code, pre, kbd { font-family: var(--mono); }
 code { font-size: 0.88em; background: var(--soft); border: 1px solid var(--line); border-radius: 4px;
   padding: 0 0.3em; }
 header.top { background: var(--soft); border-bottom: 1px solid var(--line); }
-header.top .in, main, footer .in { max-width: 1680px; margin: 0 auto; padding-left: 28px; padding-right: 28px; }
+header.top .in, main, footer .in { max-width: 1680px; margin: 0 auto; padding-left: 28px;
+  padding-right: 28px; }
 header.top .in { display: flex; gap: 1.5em; align-items: baseline; padding-top: 10px; padding-bottom: 10px;
   font-size: 0.92rem; }
 header.top .book { font-weight: 600; color: var(--fg); margin-right: auto; }
@@ -559,8 +560,8 @@ details.doc-hunk[open] > summary { border-bottom: 0; }
 .run { margin: 0.2rem 0 0.7rem; }
 .note { color: var(--muted); font-size: 0.92rem; max-width: 60rem; }
 pre.term { background: #fbfcfd; border: 1px solid var(--line); border-radius: 6px; padding: 14px 20px;
-  font: 13px/1.55 var(--mono); white-space: pre-wrap; overflow-wrap: anywhere; max-width: 128ch; margin: 0.6rem 0;
-  tab-size: 4; }
+  font: 13px/1.55 var(--mono); white-space: pre-wrap; overflow-wrap: anywhere; max-width: 128ch;
+  margin: 0.6rem 0; tab-size: 4; }
 .t-head { font-weight: 700; }
 .t-label { font-weight: 700; color: var(--muted); }
 .t-cmd { color: #0550ae; font-weight: 600; }
@@ -603,7 +604,8 @@ def page(title, body, nav=""):
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f'<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n'
-            f'<header class="top"><div class="in"><a class="book" href="index.html">{TITLE}: the chapter book</a>'
+            f'<header class="top"><div class="in">'
+            f'<a class="book" href="index.html">{TITLE}: the chapter book</a>'
             f'{nav}</div></header>\n<main>\n{body}\n</main>\n'
             f'<footer><div class="in">Generated from the chapter files by <code>python tests/book.py</code>; '
             f'rebuild it after any change. It opens from disk: no server, no script, no network.'
@@ -727,7 +729,8 @@ def index_page(files, rows, built):
                    f'<td>{html.escape(r["what"])}</td><td class="n">{r["lines"]:,}</td>'
                    f'<td class="n">+{r["added"]:,}<div class="bar" title="{r["added"]:,} lines added">'
                    f'<span style="width:{width:.1f}%"></span></div></td></tr>')
-    first = f'<a href="{rows[0]["name"]}.html">{rows[0]["name"]}</a>' if rows and rows[0]["name"] in built else "s01"
+    start = rows[0]["name"] if rows else "s01"
+    first = f'<a href="{start}.html">{start}</a>' if start in built else start
     body = (f'<h1>{TITLE}</h1>\n<div class="prose"><p class="lead">The chapter book: every chapter '
             f'file as a page, generated from the code.</p>\n<p>Each chapter file is the previous one '
             f'plus one mechanism. A page holds what to read for it, in order: the chapter\'s '

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -183,10 +182,11 @@ def dump_dom(browser, page, profile):
     return Elements(r.stdout)
 
 
-def test_chromium_renders_the_index_and_a_chapter_page(built, tmp_path):
+def test_chromium_renders_the_index_and_a_chapter_page(request, tmp_path):
     browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
     if browser is None:
         pytest.skip("no chromium binary on PATH (.ci/run installs Debian's chromium package)")
+    built = request.getfixturevalue("built")   # only now: the build records two demos
     index = dump_dom(browser, built / "index.html", tmp_path / "profile")
     rows = index.having("tr")
     for r in book.table(book.chapters()):   # the chapter table, with every chapter's counts
