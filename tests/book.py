@@ -4,7 +4,7 @@
     python tests/book.py                        # every chapter, into book/ (git-ignored)
     python tests/book.py --chapters s01 s02     # only those pages, and the index
     python tests/book.py --no-demos             # without recording the demos (fast)
-    python tests/book.py --out /tmp/book        # somewhere else
+    python tests/book.py --out ../book          # somewhere else
 
 Each chapter page holds the chapter's docstring (its diagram kept exactly), the
 diff from the previous chapter side by side (pygments' Python lexer colours each
@@ -414,13 +414,18 @@ def normalise(text, tmp):
     text = re.sub(r"[^\n]*\r", "", text)   # a line rewritten in place: its last version
     for path in sorted({str(tmp), os.path.realpath(tmp)}, key=len, reverse=True):
         text = text.replace(path, "$TMPDIR")
-    text = re.sub(r"(\$TMPDIR/agent-demo-s\d\d-(?:home-)?)[A-Za-z0-9_]{8}", r"\1XXXXXXXX", text)
+    text = re.sub(r"(\$TMPDIR/agent-demo-(?:s\d\d|agent)-(?:home-)?)[A-Za-z0-9_]{8}", r"\1XXXXXXXX", text)
     text = re.sub(r"(http://(?:127\.0\.0\.1|localhost)):\d+", r"\1:PORT", text)
     return re.sub(r"(scripted replies used, )\d+(?:\.\d+)? s\b", r"\1N.N s", text)
 
 
+def demo_name(name):
+    """What tests/demo.py calls a chapter: 'agent' runs agent_full.py (its file name's start)."""
+    return "agent" if name == "agent_full" else name
+
+
 def demo_command(name):
-    return f"python tests/demo.py {name}"
+    return f"python tests/demo.py {demo_name(name)}"
 
 
 def record_demo(name, scratch):
@@ -431,7 +436,7 @@ def record_demo(name, scratch):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "TMUX"))}
     env |= {"HOME": str(tmp), "TMPDIR": str(tmp), "NO_COLOR": "1"}
     try:
-        r = subprocess.run([sys.executable, str(TESTS / "demo.py"), name], cwd=tmp, env=env,
+        r = subprocess.run([sys.executable, str(TESTS / "demo.py"), demo_name(name)], cwd=tmp, env=env,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=DEMO_TIMEOUT)
         code, out = r.returncode, r.stdout
@@ -442,7 +447,7 @@ def record_demo(name, scratch):
 
 def record_demos(names, jobs=JOBS):
     """{name: (status, transcript)} for the chapters that have a demo scenario."""
-    names = [n for n in names if (TESTS / "scenarios" / f"{n}.py").exists()]
+    names = [n for n in names if (TESTS / "scenarios" / f"{demo_name(n)}.py").exists()]
     with tempfile.TemporaryDirectory(prefix="agent-book-") as scratch:
         with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
             done = dict(zip(names, pool.map(lambda n: record_demo(n, scratch), names)))
@@ -663,11 +668,13 @@ def diff_section(name, k, files):
 
 def demo_section(name, demo):
     cmd = demo_command(name)
-    if name == "agent_full":
-        return ('<h2 id="demo">Offline demo</h2>\n<p class="note">agent_full has no scripted demo '
-                'of its own: <code>python tests/demo.py s12</code> runs the chapter it extends, and '
-                'its tests (<code>tests/test_full_*.py</code>) drive it against the same scripted model. '
-                'Try <code>python agent_full.py -p "task"</code> with a key.</p>')
+    scenario = f"tests/scenarios/{demo_name(name)}.py"
+    if demo is None and not (ROOT / scenario).exists():
+        extra = (' <code>python tests/demo.py s12</code> runs the chapter it extends, and its tests '
+                 '(<code>tests/test_full_*.py</code>) drive it against the same scripted model.'
+                 if name == "agent_full" else "")
+        return (f'<h2 id="demo">Offline demo</h2>\n<p class="note">No scripted demo yet '
+                f'(<code>{scenario}</code>).{extra}</p>')
     if demo is None:
         return (f'<h2 id="demo">Offline demo</h2>\n<p class="note">Not recorded in this build '
                 f'(built with <code>--no-demos</code>, or the chapter has no scenario). '
