@@ -23,7 +23,7 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 Run:
     python s07_permissions.py                        # REPL, prompt "s07 >> "
     python s07_permissions.py --permission-mode plan "how would you add a --json flag?"
-    printf 'n\n' | python s07_permissions.py "make x.txt"   # the answer comes from the pipe
+    echo n | python s07_permissions.py "make x.txt"          # the answer comes from the pipe
     python tests/demo.py s07                         # offline, no key: scripted model
 
 Try:
