@@ -141,6 +141,55 @@ def needs_the_variable(x):
                                                     f"{seen}: nothing may change")
 
 
+# s06.3: the plan survives compaction ---------------------------------------------
+SUMMARY = "<analysis>draft</analysis>\n<summary>1. Primary request: SUMMARY-TEXT</summary>"
+NEAR = {"input_tokens": 168_000}                # past AUTO_COMPACT_AT: the next call compacts first
+
+
+def plan(*statuses):
+    names = ("Write the parser", "Test the parser", "Document it")
+    return tool("todo_write", {"items": [{"content": c, "status": st} for c, st in zip(names, statuses)]})
+
+
+def head_text(x):
+    """The text of the first message of the last request: the summary message."""
+    first = x.bodies()[-1]["messages"][0]
+    blocks = first["content"] if isinstance(first["content"], list) else [{"type": "text", "text": first["content"]}]
+    return "\n".join(b.get("text", "") for b in blocks)
+
+
+def compacted(x):
+    assert any(b.get("tool_choice") == {"type": "none"} for b in x.bodies()), "no compaction happened"
+    assert "SUMMARY-TEXT" in head_text(x), "the request after the compaction does not start with the summary"
+
+
+def plan_after_auto(x):
+    x.patch(x.mod, "KEEP_TAIL_MESSAGES", 2)
+    turn(x, [reply(plan("in_progress", "pending", "pending")), reply(plan("completed", "in_progress", "pending")),
+             reply(tool("bash", {"command": "echo parsed"}), usage=NEAR), reply(SUMMARY)])
+    compacted(x)
+    missing = [line for line in x.mod.plan_lines() if line not in head_text(x)]
+    assert not missing, (f"after an auto-compaction the summary message does not hold the plan's "
+                         f"checklist (plan_text() or plan_lines()); missing {missing[0]!r}")
+
+
+def plan_after_requested(x):
+    x.patch(x.mod, "KEEP_TAIL_MESSAGES", 2)
+    turn(x, [reply(plan("in_progress", "pending", "pending")), reply(tool("compact", {})), reply(SUMMARY)])
+    compacted(x)
+    assert all(line in head_text(x) for line in x.mod.plan_lines()), (
+        "after a compaction the model asked for (the compact tool), the summary message does not hold the plan")
+
+
+def no_plan_no_text(x):
+    x.patch(x.mod, "KEEP_TAIL_MESSAGES", 2)
+    turn(x, [reply(tool("todo_write", {"items": []})), reply(tool("bash", {"command": "echo hi"}), usage=NEAR),
+             reply(SUMMARY)])
+    compacted(x)
+    assert "plan" not in head_text(x).lower(), ("with an empty plan the summary message still mentions a plan: "
+                                                f"{head_text(x)[-300:]!r}")
+
+
 EXERCISES = {
     1: ("never clear the read of a file being edited", [
         ("a read_file result stays whole in a batch clear when the file was edited after that read",
@@ -176,5 +225,16 @@ EXERCISES = {
         ("without AGENT_FALLBACK_MODEL nothing changes",
          "No variable, no switch: the retries stay on the main model.",
          needs_the_variable),
+    ]),
+    3: ("the plan survives compaction", [
+        ("after an auto-compaction the summary message holds the current plan's checklist",
+         "compact() builds the summary message (`head`): add a text block with plan_text() to it.",
+         plan_after_auto),
+        ("so does a compaction the model asked for with the compact tool",
+         "Every compaction goes through compact(); put it there, not in manage_context().",
+         plan_after_requested),
+        ("with no plan, or an empty one, the summary message says nothing about a plan",
+         "Only when plan()['items'] is not empty.",
+         no_plan_no_text),
     ]),
 }
