@@ -116,6 +116,48 @@ def old_forms_still(x):
         f"$0 and $ARGUMENTS no longer work: {results[1]['content'][:300]!r}"
 
 
+# s05.3: /clear -------------------------------------------------------------------
+def session(x, steps, *lines):
+    """The REPL over typed lines; returns its stdout."""
+    x.api.script(steps)
+    code, out, err = x.main([], stdin="".join(line + "\n" for line in lines))
+    assert code == 0, f"the REPL exited {code}: {err.strip()[-300:]!r}"
+    return out
+
+
+def clear_empties(x):
+    session(x, [reply("One."), reply("Two.")], "first question", "/clear", "second question")
+    bodies = x.bodies()
+    assert len(bodies) == 2, f"{len(bodies)} model calls for two prompts and a /clear, not 2: /clear is local"
+    sent = bodies[1]["messages"]
+    assert len(sent) == 1 and "second question" in json.dumps(sent[0]), \
+        f"after /clear the next request still carries the old conversation: {json.dumps(sent)[:300]}"
+
+
+def clear_plan(x):
+    plan = {"items": [{"content": "Write the parser", "status": "in_progress"}]}
+    session(x, [reply(tool("todo_write", plan)), reply("Planned."), reply("Fresh.")],
+            "make a plan", "/clear", "something else")
+    assert x.mod.agent_state().plan["items"] == [], "after /clear the old plan is still the agent's plan"
+
+
+def clear_reads(x):
+    (x.ws / "a.txt").write_text("one\n")
+    session(x, [reply(tool("read_file", {"path": "a.txt"})), reply("Read."),
+                reply(tool("edit_file", {"path": "a.txt", "old_string": "one", "new_string": "two"})),
+                reply("Edited.")], "read a.txt", "/clear", "change one to two in a.txt")
+    last = x.bodies()[-1]["messages"][-1]["content"]
+    result = next(b for b in last if b.get("type") == "tool_result")
+    assert result.get("is_error") and (x.ws / "a.txt").read_text() == "one\n", \
+        ("after /clear the model no longer has a.txt in its context, yet an edit without a new read was "
+         "allowed: forget the file-read records too")
+
+
+def clear_in_help(x):
+    code, out, err = x.main(["/help"])
+    assert "/clear" in out, f"/help does not list /clear: {out[:300]!r}"
+
+
 EXERCISES = {
     1: ("a skill is loaded once per conversation", [
         ("loading the same skill twice with the same arguments sends the body once",
@@ -148,5 +190,19 @@ EXERCISES = {
         ("$0 and $ARGUMENTS still work, and a body using a named placeholder gets no ARGUMENTS: line appended",
          "substitute() appends the arguments when the body has no placeholder: named ones count as placeholders.",
          old_forms_still),
+    ]),
+    3: ("a /clear command", [
+        ("after /clear the next prompt starts a new conversation, and /clear itself never reaches the model",
+         "A local command's handler gets ctx['history']: empty that list in place (history.clear()).",
+         clear_empties),
+        ("the plan goes too",
+         "The plan is on agent_state(): give it a fresh, empty one.",
+         clear_plan),
+        ("so do the file-read records: a file read before /clear must be read again before an edit",
+         "agent_state().files is what check_fresh() consults.",
+         clear_reads),
+        ("/help lists /clear",
+         "Register it with command(name, description, handler): /help reads the registry.",
+         clear_in_help),
     ]),
 }
