@@ -124,7 +124,7 @@ def multi_offered(x):
     app(x)
     results = turn(x, read_then(tool("multi_edit", edits(("alpha = 1", "alpha = 10")))))
     props = schema(x, "multi_edit").get("properties", {})
-    assert props.get("path", {}).get("type") == "string", f"multi_edit's schema has no string field 'path'"
+    assert props.get("path", {}).get("type") == "string", "multi_edit's schema has no string field 'path'"
     items = props.get("edits", {})
     assert items.get("type") == "array", f"multi_edit's 'edits' is not an array: {items}"
     fields = items.get("items", {}).get("properties", {})
