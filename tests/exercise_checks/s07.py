@@ -112,6 +112,9 @@ def others_still_run_and_yes_pushes(x):
     assert pushed(remotes["origin"]), f"after a yes the branch was not pushed: {result and result['content']!r}"
     asked, err, _ = run_bypass(x, "git push upstream main", "n", mode="acceptEdits")
     assert asked, "git push asked in bypassPermissions but not in acceptEdits"
+    (Path.home() / ".agent" / "config.yaml").write_text("sandbox: {enabled: true}\n")
+    asked, err, _ = run_bypass(x, "git push upstream main", "n", mode="acceptEdits")
+    assert asked, "with the sandbox on, git push ran without a question (the sandbox's auto-allow came first)"
 
 
 # s07.2: yes for this session ---------------------------------------------------------
@@ -197,8 +200,9 @@ EXERCISES = {
          "Look at every subcommand (command_parts), not at the start of the line; with no remote "
          "named, show origin.",
          bare_push_and_compound),
-        ("other commands run as before; a yes pushes; acceptEdits asks too",
-         "Only git push may ask: leave the other commands to the rules and the mode's table.",
+        ("other commands run as before; a yes pushes; acceptEdits and the sandbox ask too",
+         "Only git push may ask, and before the sandbox's auto-allow (an ask rule is checked there); "
+         "leave the other commands to the rules and the mode's table.",
          others_still_run_and_yes_pushes),
     ]),
     2: ("an answer that allows a call for this session only", [
