@@ -150,6 +150,79 @@ def five_fields_unchanged(x):
     assert schedule(x, "0 0 * *").get("is_error"), "four fields were accepted"
 
 
+# s10.3: task priorities --------------------------------------------------------------
+def create(x, *tasks):
+    """task_create for each (subject, priority or None, more fields), in one turn; the results."""
+    steps = [reply(tool("task_create", {"subject": subject} | ({"priority": p} if p else {}) | more))
+             for subject, p, *rest in tasks for more in [rest[0] if rest else {}]]
+    results = x.tool_results(turn(x, steps))
+    for r in results:
+        assert not r.get("is_error"), f"task_create was refused: {r['content'][:300]!r}"
+    return results
+
+
+def listed(x):
+    """The task ids in task_list's order."""
+    result = call(x, "task_list", {})
+    assert not result.get("is_error"), f"task_list failed: {result['content'][:300]!r}"
+    return re.findall(r"^#(\d+) \[", result["content"], re.M)
+
+
+def priority_offered(x):
+    turn(x, [], prompt="hello")
+    tools = {t["name"]: t for t in x.bodies()[0]["tools"]}
+    for name in ("task_create", "task_update"):
+        prop = tools[name]["input_schema"].get("properties", {}).get("priority")
+        assert prop and prop.get("type") == "string" and set(prop.get("enum", [])) == {"high", "normal", "low"}, \
+            f"{name} has no priority field with the values high, normal, low: {prop}"
+        assert "priority" not in tools[name]["input_schema"].get("required", []), f"{name}'s priority must be optional"
+
+
+def listed_by_priority(x):
+    create(x, ("write the parser", None), ("tidy the docs", "low"), ("fix the crash", "high"),
+           ("add the tests", "normal"), ("release", "high", {"blocked_by": ["1"]}))
+    order = listed(x)
+    assert order[:4] == ["3", "1", "4", "2"], \
+        f"ready tasks #1 normal, #2 low, #3 high, #4 normal are listed as {order[:4]}, not 3, 1, 4, 2"
+    assert order[4:] == ["5"], f"the blocked high task #5 must still come after the ready ones: {order}"
+
+
+def update_and_get(x):
+    create(x, ("write the parser", None), ("tidy the docs", None))
+    result = call(x, "task_update", {"id": "2", "priority": "high"})
+    assert not result.get("is_error"), f"task_update priority high was refused: {result['content'][:300]!r}"
+    assert listed(x) == ["2", "1"], "after task_update priority high, #2 is not listed first"
+    shown = call(x, "task_get", {"id": "2"})["content"]
+    assert re.search(r"priority:? high", shown), f"task_get does not show priority: high: {shown[:300]!r}"
+    shown = call(x, "task_get", {"id": "1"})["content"]
+    assert re.search(r"priority:? normal", shown), f"a task made without one is not shown as normal: {shown[:300]!r}"
+
+
+def bad_priority_refused(x):
+    result = call(x, "task_create", {"subject": "ship it", "priority": "urgent"})
+    assert result.get("is_error"), f"priority urgent was accepted: {result['content'][:200]!r}"
+    assert "high" in result["content"], f"the refusal does not name the priorities there are: {result['content'][:200]!r}"
+    assert not listed(x), "a task was created with priority urgent"
+    create(x, ("write the parser", "low"))
+    result = call(x, "task_update", {"id": "1", "priority": "urgent"})
+    assert result.get("is_error"), f"task_update priority urgent was accepted: {result['content'][:200]!r}"
+    assert re.search(r"priority:? low", call(x, "task_get", {"id": "1"})["content"]), \
+        "a refused update changed the priority"
+
+
+def files_without_or_with_a_bad_priority(x):
+    folder = x.ws / ".agent" / "tasks"
+    folder.mkdir(parents=True)
+    for id, priority in (("1", None), ("2", 7)):  # one from before priorities, one a clone planted
+        task = {"id": id, "subject": f"old task {id}", "description": "", "status": "pending", "owner": "",
+                "blocked_by": [], "blocks": [], "created": "2030-01-01T00:00:00", "updated": "2030-01-01T00:00:00"}
+        (folder / f"{id}.json").write_text(json.dumps(task | ({"priority": priority} if priority else {})))
+    create(x, ("tidy the docs", "low"), ("fix the crash", "high"))
+    order = listed(x)
+    assert order == ["4", "1", "2", "3"], \
+        f"#1 (no priority) and #2 (priority 7) must count as normal: listed {order}, not 4, 1, 2, 3"
+
+
 EXERCISES = {
     1: ("a timeout for one background command", [
         ("background_run offers an optional timeout, a number of seconds",
@@ -183,5 +256,22 @@ EXERCISES = {
         ("five-field expressions work as before",
          "Expand only a whole expression that is one macro; leave the rest to the field parser.",
          five_fields_unchanged),
+    ]),
+    3: ("task priorities", [
+        ("task_create and task_update take an optional priority: high, normal or low",
+         "Add priority to both schemas, with an enum; the functions take it as a keyword.",
+         priority_offered),
+        ("task_list shows each kind high first, then normal, then low, by id within",
+         "task_list() sorts by (kind, id): put the priority's rank between them.",
+         listed_by_priority),
+        ("task_update changes it; task_get shows it (normal when none was given)",
+         "Keep it in the task's file like owner; task_get() prints one more fact.",
+         update_and_get),
+        ("an unknown priority is refused, and nothing is created or changed",
+         "check_input() checks a field's type, not its enum: refuse the value yourself, before the change.",
+         bad_priority_refused),
+        ("a task file with no priority, or a bad one, counts as normal",
+         "A clone may ship any file: read a task's priority with a default, never trust it.",
+         files_without_or_with_a_bad_priority),
     ]),
 }
