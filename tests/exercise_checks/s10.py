@@ -24,133 +24,7 @@ def call(x, name, args):
     return x.tool_results(history)[0]
 
 
-# s10.1: a timeout for one background command -------------------------------------
-WAIT = 5                    # seconds the checker waits for a background command to end
-
-
-def started(x):
-    return list(x.state.background.values())
-
-
-def ended(x, record):
-    """Wait until the watcher recorded the end; a command still running after WAIT
-    seconds is stopped (so nothing outlives the point) and fails the point."""
-    deadline = time.monotonic() + WAIT
-    while record["status"] in ("running", "stopping") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    late = [r for r in started(x) if r["status"] == "running"]
-    for r in late:
-        with contextlib.redirect_stderr(io.StringIO()):
-            x.mod.stop_background(r)
-    assert not late, f"{late[0]['command']!r} was still running after {WAIT} s"
-    return record
-
-
-def background(x, args):
-    result = call(x, "background_run", args)
-    assert not result.get("is_error"), f"background_run {args} was refused: {result['content'][:300]!r}"
-    assert started(x), "background_run returned, but no background command was recorded"
-    return ended(x, started(x)[-1])
-
-
-def notification_text(x):
-    """The <task-notification> a request carried: the one right after the call (a quick
-    command may have ended by then), else the next turn's."""
-    turn(x, [], prompt="what happened?")
-    sent = json.dumps([b["messages"][-1] for b in x.bodies()], ensure_ascii=False)
-    assert "<task-notification>" in sent, "no request carried a <task-notification>"
-    return sent
-
-
-def schema_offers_timeout(x):
-    turn(x, [], prompt="hello")
-    tools = {t["name"]: t for t in x.bodies()[0]["tools"]}
-    prop = tools["background_run"]["input_schema"].get("properties", {}).get("timeout")
-    assert prop, "background_run's schema has no timeout field"
-    assert prop.get("type") == "number", f"timeout has type {prop.get('type')!r}, not number (0.5 s must be allowed)"
-    assert "timeout" not in tools["background_run"]["input_schema"].get("required", []), "timeout must be optional"
-
-
-def stopped_at_its_timeout(x):
-    record = background(x, {"command": "sleep 30", "timeout": 0.5})
-    assert record["status"] == "failed", f"after its 0.5 s timeout the command's status is {record['status']!r}"
-    notes = re.findall(r"<note>(.*?)</note>", notification_text(x))
-    assert any("timed out" in n and "0.5" in n for n in notes), \
-        f"the notification's note does not say it timed out after its own 0.5 s: {notes}"
-
-
-def ends_in_time(x):
-    record = background(x, {"command": "echo hi", "timeout": 5})
-    assert record["status"] == "completed" and record["exit_code"] == 0, \
-        f"echo hi with a 5 s timeout ended {record['status']!r} (exit {record['exit_code']})"
-    assert "<status>completed</status>" in notification_text(x), "its notification does not say completed"
-
-
-def bad_timeouts_refused(x):
-    for value in (0, -1, 100_000, True):
-        result = call(x, "background_run", {"command": "echo hi", "timeout": value})
-        assert result.get("is_error"), f"timeout {json.dumps(value)} was accepted: {result['content'][:200]!r}"
-        assert not started(x), f"timeout {json.dumps(value)} was refused, but the command was started"
-
-
-# s10.2: cron macros ------------------------------------------------------------------
-NOW = datetime.datetime(2030, 1, 2, 10, 15)  # a Wednesday
-MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
-          "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
-
-
-def at_now(x):
-    x.patch(x.mod, "local_now", lambda: NOW)
-
-
-def schedule(x, cron, **more):
-    return call(x, "schedule_create", {"cron": cron, "prompt": "run the tests", **more})
-
-
-def daily_is_accepted(x):
-    at_now(x)
-    result = schedule(x, "@daily")
-    assert not result.get("is_error"), f"@daily was refused: {result['content'][:300]!r}"
-    assert "2030-01-03 00:00" in result["content"], \
-        f"@daily, created 2030-01-02 10:15, does not first run at 2030-01-03 00:00: {result['content'][:300]!r}"
-
-
-def each_macro_is_its_fields(x):
-    for when in (NOW, datetime.datetime(2030, 12, 31, 23, 59), datetime.datetime(2031, 2, 28, 0, 0)):
-        for macro, fields in MACROS.items():
-            try:
-                got = x.mod.next_fire(macro, when)
-            except ValueError as e:
-                raise AssertionError(f"next_fire({macro!r}) refused it: {e}")
-            want = x.mod.next_fire(fields, when)
-            assert got == want, f"after {when:%Y-%m-%d %H:%M}, {macro} fires at {got}, {fields!r} at {want}"
-
-
-def listed_with_next_run(x):
-    at_now(x)
-    assert not schedule(x, "@weekly").get("is_error"), "@weekly was refused"
-    listing = call(x, "schedule_list", {})["content"]
-    assert "@weekly" in listing and "next 2030-01-06 00:00" in listing, \
-        f"schedule_list does not show the @weekly job with its next run, Sunday 00:00: {listing[:400]!r}"
-
-
-def unknown_macros_refused(x):
-    at_now(x)
-    for bad in ("@often", "@reboot", "@daily 5", "@"):
-        result = schedule(x, bad)
-        assert result.get("is_error"), f"{bad!r} was accepted"
-    assert "@hourly" in result["content"], f"the refusal does not list the macros there are: {result['content'][:300]!r}"
-
-
-def five_fields_unchanged(x):
-    at_now(x)
-    result = schedule(x, "*/15 9-17 * * mon-fri")
-    assert not result.get("is_error") and "2030-01-02 10:30" in result["content"], \
-        f"'*/15 9-17 * * mon-fri' no longer works as before: {result['content'][:300]!r}"
-    assert schedule(x, "0 0 * *").get("is_error"), "four fields were accepted"
-
-
-# s10.3: task priorities --------------------------------------------------------------
+# s10.1: task priorities --------------------------------------------------------------
 def create(x, *tasks):
     """task_create for each (subject, priority or None, more fields), in one turn; the results."""
     steps = [reply(tool("task_create", {"subject": subject} | ({"priority": p} if p else {}) | more))
@@ -223,21 +97,149 @@ def files_without_or_with_a_bad_priority(x):
         f"#1 (no priority) and #2 (priority 7) must count as normal: listed {order}, not 4, 1, 2, 3"
 
 
+# s10.2: cron macros ------------------------------------------------------------------
+NOW = datetime.datetime(2030, 1, 2, 10, 15)  # a Wednesday
+MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+          "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+def at_now(x):
+    x.patch(x.mod, "local_now", lambda: NOW)
+
+
+def schedule(x, cron, **more):
+    return call(x, "schedule_create", {"cron": cron, "prompt": "run the tests", **more})
+
+
+def daily_is_accepted(x):
+    at_now(x)
+    result = schedule(x, "@daily")
+    assert not result.get("is_error"), f"@daily was refused: {result['content'][:300]!r}"
+    assert "2030-01-03 00:00" in result["content"], \
+        f"@daily, created 2030-01-02 10:15, does not first run at 2030-01-03 00:00: {result['content'][:300]!r}"
+
+
+def each_macro_is_its_fields(x):
+    for when in (NOW, datetime.datetime(2030, 12, 31, 23, 59), datetime.datetime(2031, 2, 28, 0, 0)):
+        for macro, fields in MACROS.items():
+            try:
+                got = x.mod.next_fire(macro, when)
+            except ValueError as e:
+                raise AssertionError(f"next_fire({macro!r}) refused it: {e}")
+            want = x.mod.next_fire(fields, when)
+            assert got == want, f"after {when:%Y-%m-%d %H:%M}, {macro} fires at {got}, {fields!r} at {want}"
+
+
+def listed_with_next_run(x):
+    at_now(x)
+    assert not schedule(x, "@weekly").get("is_error"), "@weekly was refused"
+    listing = call(x, "schedule_list", {})["content"]
+    assert "@weekly" in listing and "next 2030-01-06 00:00" in listing, \
+        f"schedule_list does not show the @weekly job with its next run, Sunday 00:00: {listing[:400]!r}"
+
+
+def unknown_macros_refused(x):
+    at_now(x)
+    for bad in ("@often", "@reboot", "@daily 5", "@"):
+        result = schedule(x, bad)
+        assert result.get("is_error"), f"{bad!r} was accepted"
+    assert "@hourly" in result["content"], f"the refusal does not list the macros there are: {result['content'][:300]!r}"
+
+
+def five_fields_unchanged(x):
+    at_now(x)
+    result = schedule(x, "*/15 9-17 * * mon-fri")
+    assert not result.get("is_error") and "2030-01-02 10:30" in result["content"], \
+        f"'*/15 9-17 * * mon-fri' no longer works as before: {result['content'][:300]!r}"
+    assert schedule(x, "0 0 * *").get("is_error"), "four fields were accepted"
+
+
+# s10.3: a timeout for one background command -------------------------------------
+WAIT = 5                    # seconds the checker waits for a background command to end
+
+
+def started(x):
+    return list(x.state.background.values())
+
+
+def ended(x, record):
+    """Wait until the watcher recorded the end; a command still running after WAIT
+    seconds is stopped (so nothing outlives the point) and fails the point."""
+    deadline = time.monotonic() + WAIT
+    while record["status"] in ("running", "stopping") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    late = [r for r in started(x) if r["status"] == "running"]
+    for r in late:
+        with contextlib.redirect_stderr(io.StringIO()):
+            x.mod.stop_background(r)
+    assert not late, f"{late[0]['command']!r} was still running after {WAIT} s"
+    return record
+
+
+def background(x, args):
+    result = call(x, "background_run", args)
+    assert not result.get("is_error"), f"background_run {args} was refused: {result['content'][:300]!r}"
+    assert started(x), "background_run returned, but no background command was recorded"
+    return ended(x, started(x)[-1])
+
+
+def notification_text(x):
+    """The <task-notification> a request carried: the one right after the call (a quick
+    command may have ended by then), else the next turn's."""
+    turn(x, [], prompt="what happened?")
+    sent = json.dumps([b["messages"][-1] for b in x.bodies()], ensure_ascii=False)
+    assert "<task-notification>" in sent, "no request carried a <task-notification>"
+    return sent
+
+
+def schema_offers_timeout(x):
+    turn(x, [], prompt="hello")
+    tools = {t["name"]: t for t in x.bodies()[0]["tools"]}
+    prop = tools["background_run"]["input_schema"].get("properties", {}).get("timeout")
+    assert prop, "background_run's schema has no timeout field"
+    assert prop.get("type") == "number", f"timeout has type {prop.get('type')!r}, not number (0.5 s must be allowed)"
+    assert "timeout" not in tools["background_run"]["input_schema"].get("required", []), "timeout must be optional"
+
+
+def stopped_at_its_timeout(x):
+    record = background(x, {"command": "sleep 30", "timeout": 0.5})
+    assert record["status"] == "failed", f"after its 0.5 s timeout the command's status is {record['status']!r}"
+    notes = re.findall(r"<note>(.*?)</note>", notification_text(x))
+    assert any("timed out" in n and "0.5" in n for n in notes), \
+        f"the notification's note does not say it timed out after its own 0.5 s: {notes}"
+
+
+def ends_in_time(x):
+    record = background(x, {"command": "echo hi", "timeout": 5})
+    assert record["status"] == "completed" and record["exit_code"] == 0, \
+        f"echo hi with a 5 s timeout ended {record['status']!r} (exit {record['exit_code']})"
+    assert "<status>completed</status>" in notification_text(x), "its notification does not say completed"
+
+
+def bad_timeouts_refused(x):
+    for value in (0, -1, 100_000, True):
+        result = call(x, "background_run", {"command": "echo hi", "timeout": value})
+        assert result.get("is_error"), f"timeout {json.dumps(value)} was accepted: {result['content'][:200]!r}"
+        assert not started(x), f"timeout {json.dumps(value)} was refused, but the command was started"
+
+
 EXERCISES = {
-    1: ("a timeout for one background command", [
-        ("background_run offers an optional timeout, a number of seconds",
-         "Add timeout to background_run's params() (type number) and to the function's arguments.",
-         schema_offers_timeout),
-        ("sleep 30 with timeout 0.5 is stopped; its notification says it timed out after 0.5 s",
-         "The watcher passes BACKGROUND_TIMEOUT to watch_command(): keep the command's own on its "
-         "record, use it there, and in the note watch_background() writes.",
-         stopped_at_its_timeout),
-        ("a command that ends in time completes as before",
-         "Only the limit changes: the rest of watch_background() stays as it is.",
-         ends_in_time),
-        ("0, -1, more than the 30 minutes, and true are refused before anything starts",
-         "Check the value first, as parse_hook() checks a hook's timeout (a bool is an int in Python).",
-         bad_timeouts_refused),
+    1: ("task priorities", [
+        ("task_create and task_update take an optional priority: high, normal or low",
+         "Add priority to both schemas, with an enum; the functions take it as a keyword.",
+         priority_offered),
+        ("task_list shows each kind high first, then normal, then low, by id within",
+         "task_list() sorts by (kind, id): put the priority's rank between them.",
+         listed_by_priority),
+        ("task_update changes it; task_get shows it (normal when none was given)",
+         "Keep it in the task's file like owner; task_get() prints one more fact.",
+         update_and_get),
+        ("an unknown priority is refused, and nothing is created or changed",
+         "check_input() checks a field's type, not its enum: refuse the value yourself, before the change.",
+         bad_priority_refused),
+        ("a task file with no priority, or a bad one, counts as normal",
+         "A clone may ship any file: read a task's priority with a default, never trust it.",
+         files_without_or_with_a_bad_priority),
     ]),
     2: ("cron macros: @daily, @hourly and the others", [
         ("schedule_create accepts @daily; it first runs at the next midnight",
@@ -257,21 +259,19 @@ EXERCISES = {
          "Expand only a whole expression that is one macro; leave the rest to the field parser.",
          five_fields_unchanged),
     ]),
-    3: ("task priorities", [
-        ("task_create and task_update take an optional priority: high, normal or low",
-         "Add priority to both schemas, with an enum; the functions take it as a keyword.",
-         priority_offered),
-        ("task_list shows each kind high first, then normal, then low, by id within",
-         "task_list() sorts by (kind, id): put the priority's rank between them.",
-         listed_by_priority),
-        ("task_update changes it; task_get shows it (normal when none was given)",
-         "Keep it in the task's file like owner; task_get() prints one more fact.",
-         update_and_get),
-        ("an unknown priority is refused, and nothing is created or changed",
-         "check_input() checks a field's type, not its enum: refuse the value yourself, before the change.",
-         bad_priority_refused),
-        ("a task file with no priority, or a bad one, counts as normal",
-         "A clone may ship any file: read a task's priority with a default, never trust it.",
-         files_without_or_with_a_bad_priority),
+    3: ("a timeout for one background command", [
+        ("background_run offers an optional timeout, a number of seconds",
+         "Add timeout to background_run's params() (type number) and to the function's arguments.",
+         schema_offers_timeout),
+        ("sleep 30 with timeout 0.5 is stopped; its notification says it timed out after 0.5 s",
+         "The watcher passes BACKGROUND_TIMEOUT to watch_command(): keep the command's own on its "
+         "record, use it there, and in the note watch_background() writes.",
+         stopped_at_its_timeout),
+        ("a command that ends in time completes as before",
+         "Only the limit changes: the rest of watch_background() stays as it is.",
+         ends_in_time),
+        ("0, -1, more than the 30 minutes, and true are refused before anything starts",
+         "Check the value first, as parse_hook() checks a hook's timeout (a bool is an int in Python).",
+         bad_timeouts_refused),
     ]),
 }
