@@ -85,8 +85,8 @@ def push_asks_in_bypass(x):
 
 def shows_the_named_remote(x):
     remotes = repo_with_remotes(x)
-    asked, err, _ = run_bypass(x, "git push upstream main", "n")
-    assert asked, "git push upstream main ran without a question"
+    asked, err, _ = run_bypass(x, "git push -u upstream main", "n")
+    assert asked, "git push -u upstream main ran without a question"
     shown = err + "\n".join(asked)
     assert remotes["upstream"] in shown, (f"the human was not shown where upstream points "
                                           f"({remotes['upstream']})")
@@ -192,7 +192,7 @@ EXERCISES = {
          "A built-in ask rule bash(git push *) is checked in every mode: add it where the config's "
          "rules are loaded (load_permissions), or check it in decide() before the mode's table.",
          push_asks_in_bypass),
-        ("the question shows the URL of the remote the command names",
+        ("the question shows the URL of the remote the command names (git push -u upstream main)",
          "Find the remote in the command (the first word after push that is no option) and ask git "
          "for its URL: git remote get-url NAME, run in the workspace as a list, never a shell line.",
          shows_the_named_remote),
