@@ -2,6 +2,7 @@
 import contextlib
 import io
 import subprocess
+import sys
 from pathlib import Path
 
 from fake_api import reply, tool
@@ -24,6 +25,7 @@ def human(x, *answers):
 def turn(x, steps, prompt="do the work"):
     """x.turn with the agent's output kept (x.err: what it printed on stderr), not shown."""
     out, err = io.StringIO(), io.StringIO()
+    x.patch(sys, "stdin", io.StringIO(""))  # a question nobody answers reads end of input: no
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         history = x.turn(steps, prompt)
     x.err = getattr(x, "err", "") + err.getvalue()

@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import re
+import sys
 
 from fake_api import reply, tool
 
@@ -12,6 +13,7 @@ from fake_api import reply, tool
 def turn(x, steps, prompt="do the work"):
     """x.turn with the agent's output kept (x.err: what it printed on stderr), not shown."""
     out, err = io.StringIO(), io.StringIO()
+    x.patch(sys, "stdin", io.StringIO(""))  # a question nobody answers reads end of input: no
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         history = x.turn(steps, prompt)
     x.err = getattr(x, "err", "") + err.getvalue()
