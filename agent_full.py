@@ -11915,8 +11915,8 @@ def prompt_turn(client, history, **settings):
 # (cat log | -p "explain"); "/name args" runs the command or skill as the REPL
 # does. A subagent's messages are not streamed (their label shows them on
 # stderr), so parent_tool_use_id is always null. The run ends with its one
-# prompt: teammates a lead spawned are asked to stop then, so a -p lead must
-# collect their results before it answers (see team_session).
+# prompt: teammates a lead spawned are asked to stop then (team_session), and
+# what they send after it is lost; team work belongs in the interactive UI.
 # --allowed-tools, --disallowed-tools and --append-system-prompt work without
 # -p too, and bind the teammates a lead starts (CLI_FLAGS_ENV).
 OUTPUT_FORMATS = ("text", "json", "stream-json")
