@@ -70,6 +70,7 @@ import functools
 import gc
 import hashlib
 import http.client
+import io
 import itertools
 import json
 import os
@@ -143,6 +144,7 @@ class AgentState:
         self.hooks = {"fired": set(), "jobs": [], "procs": set()}  # s08: the session's, shared with subagents
         self.hook_notes, self.stop_blocked, self.halt = [], False, None  # s08: see start_hooks, stop_hooks
         self.record = None  # s09: the session file it appends to (the main agent's; see sync_session)
+        self.parent_session = ""  # s09: a subagent's: its parent's session id, which its hooks are told
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
@@ -1407,6 +1409,7 @@ def child_state(fork, label):
     child.session = parent.session  # s06: one bill for the whole session
     child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
+    child.parent_session = session_id(parent)  # s09: one session id for every agent of the session
     child.background = parent.background  # s10: background commands too
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     child.schedules = parent.schedules  # s10: and scheduled jobs
@@ -4198,6 +4201,7 @@ def start_permissions(argv):
     mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
     state = agent_state()
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    state.permissions["rules"] += cli_rules(state.session.get("cli") or {})  # full: --allowed-tools, counted below
     mode = mode or state.permissions["default_mode"] or "default"
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
@@ -4741,7 +4745,7 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 def hook_payload(event, fields, state):
     """The JSON a hook gets (Claude Code's fields), plus our event name."""
     fields = as_bash(fields)  # s10: background_run is shown as Bash with run_in_background
-    return {"session_id": state.run_id, "transcript_path": str(transcript_file(state)),
+    return {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
             "cwd": str(state.workdir), "permission_mode": state.mode,
             "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
         | ({"agent_name": state.label} if state.label else {})
@@ -5381,6 +5385,12 @@ def new_session(state):
     stamp_ = time.strftime("%Y%m%d-%H%M%S")
     return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
             "written": 0, "last": None}
+
+
+def session_id(state):
+    """The session's id, the name of its file: --resume takes it, hooks are told it.
+    A subagent writes no file of its own: it has its parent's."""
+    return state.record["path"].stem if state.record else state.parent_session or state.run_id
 
 
 def write_records(records):
@@ -8795,7 +8805,7 @@ def teammate_env(name):
     the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
     state = agent_state()
     return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode,
-            LEAD_PID_ENV: str(os.getpid())}
+            LEAD_PID_ENV: str(os.getpid())} | cli_env(state)  # full: the lead's rule and prompt flags bind it too
 
 
 def start_detached(argv, env, log):
@@ -11764,8 +11774,9 @@ register("tool_search", (
 #   error       text, error: the turn failed (the API, after its retries)
 #   session     session_id, cwd, model, mode, tools, mcp_servers, slash_commands, skills,
 #               agents: a headless run is set up and about to send its prompt
-#   turn_end    reason (agent_loop's), result (the answer; "" unless reason is end_turn),
-#               session_id, cost: one user prompt is done
+#   turn_end    reason (agent_loop's, or command_failed), result (the answer; "" unless
+#               reason is end_turn), session_id, cost, api_ms (the session's time in model
+#               calls), error (a failed -p /command's line, else absent): one user prompt is done
 # Events come from any thread (parallel tools, MCP readers, background jobs):
 # a front end that keeps state takes a lock. A background agent's events go to
 # its log as plain text, as its lines always did, never to the front end.
@@ -11850,6 +11861,12 @@ def call_usage(message):
     return {k: getattr(message.usage, k, 0) or 0 for k in USAGE_KEYS}
 
 
+def add_api_time(started):
+    """A model call's time joins the session's (subagents' too, as their bill does)."""
+    session = agent_state().session
+    session["api_ms"] = session.get("api_ms", 0) + (time.monotonic() - started) * 1000
+
+
 def report_call(message, context, line):
     """after_call's status line, as events: the finished reply, then the status."""
     state, usage = agent_state(), call_usage(message)
@@ -11863,12 +11880,8 @@ def report_call(message, context, line):
 
 def appended_prompt():
     """--append-system-prompt's text, as a last section of the main agent's prompt."""
-    text = agent_state().session.get("appended_prompt")
+    text = "\n\n".join((agent_state().session.get("cli") or {}).get("append", []))
     return [("appended", text)] if text else []
-
-
-def session_id(state):
-    return state.record["path"].stem if state.record else ""
 
 
 def prompt_turn(client, history, **settings):
@@ -11876,7 +11889,7 @@ def prompt_turn(client, history, **settings):
     reason = agent_loop(client, history, **settings)
     state = agent_state()
     emit(EVENTS.turn_end, reason=reason, result=last_text(history) if reason == "end_turn" else "",
-         session_id=session_id(state), cost=state.session["cost"])
+         session_id=session_id(state), cost=state.session["cost"], api_ms=state.session.get("api_ms", 0))
     return reason
 
 # --- full.2: headless ---
@@ -11889,43 +11902,67 @@ def prompt_turn(client, history, **settings):
 #                                JSON object a line, then the result object
 # The result: {type: "result", subtype: success | error_max_turns |
 # error_during_execution, is_error, num_turns (the main agent's model calls),
-# result, session_id (--resume takes it), duration_ms, total_cost_usd, usage,
+# result, session_id (--resume takes it), duration_ms, duration_api_ms (the
+# model calls'), stop_reason (the last reply's), total_cost_usd, usage,
 # permission_denials: [{tool_name, tool_use_id, tool_input}], errors (on failure)}.
+# Tool names, in the stream and in permission_denials, are this agent's (bash,
+# read_file), as the model calls them.
 # stdout carries that format only; progress goes to stderr as in the REPL. A
 # question has no human here: it is answered no (a denial, the model told why),
 # so calls run only where a rule or the mode allows them. Exit status: 0 on
-# success, 1 when the turn failed, 2 for bad flags. A subagent's messages are
-# not streamed (their label shows them on stderr).
+# success, 1 when the turn failed, 2 for bad flags, 141 when stdout's reader
+# went away. The prompt is the arguments, then whatever is piped on stdin
+# (cat log | -p "explain"); "/name args" runs the command or skill as the REPL
+# does. A subagent's messages are not streamed (their label shows them on
+# stderr), so parent_tool_use_id is always null. The run ends with its one
+# prompt: teammates a lead spawned are asked to stop then (team_session), and
+# what they send after it is lost; team work belongs in the interactive UI.
+# --allowed-tools, --disallowed-tools and --append-system-prompt work without
+# -p too, and bind the teammates a lead starts (CLI_FLAGS_ENV).
 OUTPUT_FORMATS = ("text", "json", "stream-json")
 HEADLESS_ANSWER = ("nobody can answer in a headless run (-p): allow such calls with "
                    "--allowed-tools or --permission-mode")
+HEADLESS_TRUST = "; --trust-workspace trusts this project's files for one run"  # the hint for a trust question
 STDIN_PROMPT_CAP = 1_000_000  # characters of a prompt read from stdin; a bigger one belongs in a file
+STDIN_WAIT = 3               # seconds -p waits for piped input to begin when a prompt argument is given
+                             # too (as Claude Code does): a pipe left open and idle is not input
 RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
               "--disallowed-tools": ("deny", "--disallowedTools")}
+SHORT_FLAGS = {"-c": "--continue", "-r": "--resume"}  # Claude Code's short forms
+FLAG_HINTS = {"--dangerously-skip-permissions": "use --permission-mode bypassPermissions",
+              "--input-format": "the prompt is text here: an argument, or stdin"}  # Claude Code flags we lack
+CLI_FLAGS_ENV = "AGENT_CLI_FLAGS"  # a lead's rule and prompt flags (JSON), for its teammates' processes
+BROKEN_PIPE = 128 + signal.SIGPIPE  # exit status when stdout's reader went away, as a shell shows SIGPIPE's
+JSON_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})  # line breaks to
+                             # str.splitlines that json.dumps leaves raw: escaped, one object stays one line
 RESULT_SUBTYPES = {"end_turn": "success", "max_turns": "error_max_turns"}  # else error_during_execution
 USAGE = """usage: python agent_full.py [flags] [PROMPT | /command]
 
   (no prompt)                 the interactive UI; /help lists the slash commands
   PROMPT                      one task, then exit
-  -p, --print [PROMPT]        headless: one task (or stdin), nobody asked
+  -p, --print [PROMPT]        headless: one task (the prompt, then stdin), nobody asked
   --output-format FORMAT      with -p: text (default), json or stream-json
   --max-turns N               model calls per user turn
-  --model NAME                the model (else MODEL_ID, else the default)
+  --model NAME                the model (else MODEL_ID, else the default; sonnet, opus,
+                              haiku: the configured one)
   --permission-mode MODE      default, acceptEdits, plan or bypassPermissions
-  --allowed-tools RULES       with -p: allow rules, e.g. "Bash(git log:*) Read"
-  --disallowed-tools RULES    with -p: deny rules
-  --append-system-prompt TEXT with -p: added to the system prompt
-  --continue, --resume ID     go on with the last session, or with session ID
+  --allowed-tools RULES       allow rules, e.g. "Bash(git log:*) Read" (--allowedTools too)
+  --disallowed-tools RULES    deny rules (--disallowedTools too)
+  --append-system-prompt TEXT added to the system prompt
+  -c, --continue              go on with the last session
+  -r, --resume ID             go on with session ID
   --worktree NAME             work in the git worktree .agent/worktrees/NAME
   --trust-workspace           trust this project's config, hooks and servers for this run
+  --                          the words after it are the prompt, even one that starts with -
 
 Environment: ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN), ANTHROPIC_BASE_URL, MODEL_ID,
 also read from .env. No key: python tests/demo.py agent runs offline."""
 
 
-def take_flag(argv, names, value=True):
+def take_flag(argv, names, value=True, more=None):
     """Remove every `name [value]` / `name=value` of `names` from argv; the values in order
-    (True for each flag without a value). ValueError when a value is missing."""
+    (True for each flag without a value). `more(word)`: the words after a value that are
+    values too (Claude Code's --allowedTools Read Grep). ValueError when a value is missing."""
     found, i = [], 0
     while i < len(argv):
         name, eq, given = argv[i].partition("=")
@@ -11935,12 +11972,15 @@ def take_flag(argv, names, value=True):
         del argv[i]
         if not value:
             found.append(True)
-        elif eq:
+            continue
+        if eq:
             found.append(given)
         elif i < len(argv):
             found.append(argv.pop(i))
         else:
             raise ValueError(f"{name} needs a value")
+        while more and i < len(argv) and more(argv[i]):
+            found.append(argv.pop(i))
     return found
 
 
@@ -11957,23 +11997,56 @@ def split_rules(text):
     return rules + [word] * bool(word)
 
 
-def cli_rules(argv):
-    """--allowed-tools / --disallowed-tools as s07 rules, from the command line (no file)."""
-    rules = []
-    for flag, (effect, alias) in RULE_FLAGS.items():
-        for text in (t for value in take_flag(argv, (flag, alias)) for t in split_rules(value)):
-            try:
-                rules.append(parse_rule(text) | {"effect": effect, "scope": "cli", "file": flag})
-            except ValueError as e:
-                raise ValueError(f"{flag}: {e}")
+def names_tools(word):
+    """Is this word after --allowedTools' value more rules (Read, Bash(git:*), mcp__x),
+    not the prompt? Only when every rule in it names a tool, ours or Claude Code's."""
+    ours = {t["name"] for t in TOOLS}
+    heads = [RULE.fullmatch(r) for r in split_rules(word)]
+    return bool(heads) and all(m and (m[1] in CLAUDE_TOOLS or m[1] in ours or m[1].startswith("mcp__"))
+                               for m in heads)
+
+
+def cli_flags(argv):
+    """The rule and prompt flags out of argv, as texts: {"allow": [...], "deny": [...],
+    "append": [...]}; in a teammate's process its lead's come first (CLI_FLAGS_ENV)."""
+    lead = json.loads(os.environ.pop(CLI_FLAGS_ENV, "") or "{}")  # popped: its commands never see it
+    flags = {effect: lead.get(effect, []) + take_flag(argv, (flag, alias), more=names_tools)
+             for flag, (effect, alias) in RULE_FLAGS.items()}
+    return flags | {"append": lead.get("append", []) + take_flag(argv, ("--append-system-prompt",))}
+
+
+def cli_rules(flags):
+    """--allowed-tools / --disallowed-tools as s07 rules (no file), Claude Code's names
+    mapped as in a settings file (claude_rule); a name that matches no tool is one line."""
+    rules, ours = [], [t["name"] for t in TOOLS]
+    for flag, (effect, _) in RULE_FLAGS.items():
+        for text in (t for value in flags.get(effect, []) for t in split_rules(value)):
+            if not (mapped := claude_rule(text)):
+                warn_once(printable(f"[{flag} {text}: this agent has no such tool; the rule is left out]"))
+            for item in mapped:
+                try:
+                    rule = parse_rule(item)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}")
+                if not rule["tool"].startswith("mcp__") and not any(fnmatch_tool(rule["tool"], n) for n in ours):
+                    warn_once(printable(f"[{flag} {text}: matches no tool of this agent; /permissions lists "
+                                        f"the rules, the tool names are in the system/init line]"))
+                rules.append(rule | {"effect": effect, "scope": "cli", "file": flag})
     return rules
+
+
+def cli_env(state):
+    """teammate_env's addition: the lead's rule and prompt flags, so a deny holds in its team too."""
+    flags = state.session.get("cli") or {}
+    return {CLI_FLAGS_ENV: json.dumps(flags)} if any(flags.values()) else {}
 
 
 def start_front_end(argv):
     """main()'s first step: -p and its flags out of argv, the process's front end
-    installed (before any question can be asked). Returns (argv, the -p options
-    or None); ValueError is one line and exit status 2."""
-    argv = list(argv)
+    installed (before any question can be asked). Returns (argv, whether it is a
+    -p run); ValueError is one line and exit status 2."""
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: the prompt's words, untouched
+    argv = [SHORT_FLAGS.get(w, w) for w in argv[:cut]] + list(argv[cut:])
     gc.freeze()  # the ~160K objects the imports made are never garbage: no full collection re-reads them
     headless = bool(take_flag(argv, ("-p", "--print"), value=False))
     formats = take_flag(argv, ("--output-format",))
@@ -11985,25 +12058,73 @@ def start_front_end(argv):
             raise ValueError(f"--max-turns must be a whole number of model calls, 1 or more; got {turns[-1]!r}")
         os.environ["AGENT_MAX_TURNS"] = turns[-1]  # turn_limit() reads it, teammates inherit it
     if models := take_flag(argv, ("--model",)):
-        os.environ["MODEL_ID"] = models[-1]  # model_id() reads it
-    options = {"rules": cli_rules(argv), "append": "\n\n".join(take_flag(argv, ("--append-system-prompt",)))}
+        cli_model(models[-1])
+    agent_state().session["cli"] = cli_flags(argv)  # start_permissions adds the rules, appended_prompt the text
     take_flag(argv, ("--verbose",), value=False)  # Claude Code wants it with stream-json; nothing here
-    if not headless and (formats or options["rules"] or options["append"]):
-        raise ValueError("--output-format, --allowed-tools, --disallowed-tools and --append-system-prompt "
-                         "work with -p (a headless run) only")
+    if not headless and formats:
+        raise ValueError("--output-format works with -p (a headless run) only")
     FRONT_END["current"] = Headless(fmt) if headless else interactive_front_end()  # full.4: RichUI at a terminal
-    return argv, options if headless else None
+    return argv, headless
 
 
-def stdin_prompt():
-    """-p without a prompt argument: all of stdin (never a terminal: nobody types in a -p run)."""
+def cli_model(name):
+    """--model NAME. Claude Code's aliases (sonnet, opus, ...) are no model id the API
+    knows: as in an agent file, they mean the configured model (MODEL_ID, else the default)."""
+    if name not in MODEL_ALIASES:
+        os.environ["MODEL_ID"] = name  # model_id() reads it, teammates inherit it
+        return
+    say(f"[--model {name}: an alias here, for the configured model {model_id()}; "
+        f"set MODEL_ID or give --model a model id to use another]")
+
+
+def prompt_args(argv):
+    """argv once every flag is taken: the prompt's words. A word that still starts with -
+    is a flag this agent does not know (ValueError: exit 2), never part of the prompt;
+    after -- every word is the prompt's."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    if flag := next((w for w in argv[:cut] if w.startswith("-")), None):
+        name = flag.partition("=")[0]
+        raise ValueError(f"unknown flag {name}: {FLAG_HINTS.get(name, '--help lists the flags')} "
+                         f"(a prompt that starts with - goes after --)")
+    return argv[:cut] + argv[cut + 1:]
+
+
+def stdin_ready(seconds):
+    """Has stdin something to read (or its end) within `seconds`?"""
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):  # not a file (io.UnsupportedOperation is both): read it
+        return True
+    return bool(select.select([fd], [], [], seconds)[0])
+
+
+def stdin_prompt(wait=None):
+    """What is piped to -p: all of stdin ("" from a terminal: nobody types in a -p run).
+    `wait`: with a prompt argument too, stdin counts only if it begins within that many
+    seconds, and one that cannot be read is no input."""
     if sys.stdin is None or sys.stdin.isatty():
         return ""
-    text = sys.stdin.read(STDIN_PROMPT_CAP + 1)
+    try:
+        if wait is not None and not stdin_ready(wait):
+            say(f"[stdin: nothing arrived in {wait} s, so the prompt is the argument alone; "
+                f"redirect stdin (< /dev/null) to skip the wait]")
+            return ""
+        text = sys.stdin.read(STDIN_PROMPT_CAP + 1)
+    except OSError:
+        if wait is None:
+            raise
+        return ""
     if len(text) > STDIN_PROMPT_CAP:
         raise ValueError(f"the prompt on stdin is over {STDIN_PROMPT_CAP:,} characters: save it to a "
                          f"file and ask for that file to be read")
     return text
+
+
+def headless_prompt(argv):
+    """The arguments, then what is piped on stdin after a blank line (cat log | -p "explain")."""
+    words = " ".join(argv)
+    piped = stdin_prompt(STDIN_WAIT if words else None)
+    return "\n\n".join(p for p in (words, piped) if p.strip())
 
 
 def session_facts(state):
@@ -12015,23 +12136,37 @@ def session_facts(state):
             "agents": sorted(load_agents())}
 
 
-def run_headless(client, history, argv, options):
-    """-p: the prompt (the arguments, else stdin), the flags' rules and prompt, one turn."""
+def run_headless(client, history, argv):
+    """-p: the prompt (the arguments and stdin), then one turn, or one /command."""
     state = agent_state()
     try:
-        prompt = " ".join(argv) if argv else stdin_prompt()
+        prompt = headless_prompt(argv)
     except (OSError, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     if not prompt.strip():
         print('-p needs a prompt: as an argument (-p "task") or on stdin', file=sys.stderr)
         return 2
-    state.permissions["rules"] += options["rules"]
-    if options["append"]:
-        state.session["appended_prompt"] = options["append"]
     emit(EVENTS.session, **session_facts(state))
+    if prompt.startswith("/"):  # as the REPL takes it
+        return headless_command(client, history, prompt)
     add_user_text(history, prompt)
     return 0 if prompt_turn(client, history) == "end_turn" else 1
+
+
+def headless_command(client, history, line):
+    """-p "/name args": a skill or a prompt command is the turn's prompt; a command that
+    runs here (/cost, /context, ...) is the result, its printout kept off stdout."""
+    ctx, state = {"client": client, "history": history}, agent_state()
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        text = handle_slash(line, ctx)
+    if text is not None:
+        add_user_text(history, text)
+        return 0 if prompt_turn(client, history) == "end_turn" else 1
+    emit(EVENTS.turn_end, reason="command_failed" if ctx.get("error") else "end_turn",
+         result=shown.getvalue().rstrip("\n"), session_id=session_id(state), cost=state.session["cost"],
+         api_ms=state.session.get("api_ms", 0), error=ctx.get("error"))
+    return 1 if ctx.get("error") else 0
 
 
 class Headless:
@@ -12040,22 +12175,39 @@ class Headless:
 
     def __init__(self, fmt):
         self.fmt, self.lock, self.plain = fmt, threading.RLock(), PlainText()
-        self.started, self.session, self.turns = time.monotonic(), "", 0
+        self.started, self.session, self.turns, self.stop_reason = time.monotonic(), "", 0, None
         self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
+        self.closed = False  # stdout's reader went away
 
     def handle(self, event):
         with self.lock:
             if event["kind"] == EVENTS.question:
-                print(f"{event['text']}no (headless run: nobody to ask)", file=sys.stderr, flush=True)
+                hint = HEADLESS_TRUST if "from this workspace" in event["text"] else ""
+                print(f"{event['text']}no (headless run: nobody to ask{hint})", file=sys.stderr, flush=True)
                 return HEADLESS_ANSWER
+            if event["kind"] == EVENTS.notice:  # agent_loop's Ctrl+C line: nobody types here
+                event = event | {"text": event["text"].replace(", you can keep typing", "")}
             if event["kind"] != EVENTS.text or event["label"]:  # a subagent's text: on stderr
                 self.plain.handle(event)
             if handler := getattr(self, "on_" + event["kind"], None):
                 handler(event, main=not event["label"])
         return None
 
+    def write(self, line):
+        """One line on stdout. When its reader has gone (| head -1), the rest goes nowhere
+        and the run ends quietly, as SIGPIPE would end it: no API error, no traceback."""
+        if not self.closed:
+            try:
+                print(line, flush=True)
+                return
+            except BrokenPipeError:
+                self.closed = True
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush too
+        if threading.current_thread() is threading.main_thread():
+            raise SystemExit(BROKEN_PIPE)  # not an Exception: agent_loop does not take it for an API error
+
     def out(self, obj):
-        print(json.dumps(obj, ensure_ascii=False, default=str), flush=True)
+        self.write(json.dumps(obj, ensure_ascii=False, default=str).translate(JSON_BREAKS))
 
     def tagged(self, obj):
         """A streamed message, as Claude Code tags them."""
@@ -12072,8 +12224,11 @@ class Headless:
     def on_reply(self, event, main):
         for k in USAGE_KEYS:  # every agent's tokens: the cost is the session's too
             self.usage[k] += event["usage"][k]
-        self.turns += main
-        if main and self.fmt == "stream-json":
+        if not main:  # num_turns and the stream are the main agent's
+            return
+        self.turns += 1
+        self.stop_reason = event["stop_reason"]
+        if self.fmt == "stream-json":
             self.out(self.tagged({"type": "assistant", "message": {
                 "id": event["id"], "type": "message", "role": "assistant", "model": event["model"],
                 "content": event["content"], "stop_reason": event["stop_reason"], "stop_sequence": None,
@@ -12096,14 +12251,16 @@ class Headless:
         if not main:
             return
         subtype = RESULT_SUBTYPES.get(event["reason"], "error_during_execution")
-        errors = [] if subtype == "success" else self.errors or [f"the turn stopped: {event['reason']}"]
+        errors = [] if subtype == "success" else \
+            self.errors or [event.get("error") or f"the turn stopped: {event['reason']}"]
         if self.fmt == "text":
             if not errors:
-                print(event["result"], flush=True)
+                self.write(event["result"])
             return
         self.out({"type": "result", "subtype": subtype, "is_error": bool(errors),
-                  "duration_ms": round((time.monotonic() - self.started) * 1000), "num_turns": self.turns,
-                  "result": event["result"] if not errors else "; ".join(errors),
+                  "duration_ms": round((time.monotonic() - self.started) * 1000),
+                  "duration_api_ms": round(event.get("api_ms", 0)), "num_turns": self.turns,
+                  "result": event["result"] if not errors else "; ".join(errors), "stop_reason": self.stop_reason,
                   "session_id": event["session_id"] or self.session, "total_cost_usd": event["cost"],
                   "usage": dict(self.usage), "permission_denials": list(self.denials),
                   "uuid": str(uuid.uuid4())} | ({"errors": errors} if errors else {}))
@@ -12945,11 +13102,13 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     """One streamed model call; text is printed the moment it arrives."""
     tools = request_tools(TOOLS if tools is None else tools)  # s04: None = the main agent's; s12: deferred out
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
+    started = time.monotonic()  # full: the session's time in model calls (headless duration_api_ms)
     with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
         for text in reply_text(stream, out):  # s06: out learns which blocks began
             show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
+    add_api_time(started)  # full
     if any(b.type == "text" for b in message.content):
         show_text("\n", out)  # s04
     add_usage(usage, message)  # s04: a child's token bill
@@ -13119,6 +13278,7 @@ def main(argv=None):
         lane = worktree_flag(argv)  # s12: --worktree NAME, entered once the session is set up
         argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
         argv, history = start_session(argv, client)  # s09: --continue, --resume ID, or a new session
+        argv = prompt_args(argv)  # full: a flag this agent lacks is refused, never sent as the prompt
         clean_stale_worktrees()  # s12: agent-made lanes long unused, with nothing in them
         start_worktree(lane)  # s12: the lane made or reused, the agent's workdir set (no chdir)
     except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
@@ -13128,7 +13288,7 @@ def main(argv=None):
         if agent_state().team:  # s11: only a teammate has joined a team at start-up
             return teammate_loop(client, history)  # s11
         if headless:  # full: -p, one prompt, output in the chosen format
-            return run_headless(client, history, argv, headless)  # full
+            return run_headless(client, history, argv)  # full
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
             return run_slash_once(client, " ".join(argv))
         if argv:
