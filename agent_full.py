@@ -11833,7 +11833,7 @@ class PlainText:
         label = event["label"]
         if event["kind"] == EVENTS.text:  # a subagent's words are progress, not the answer
             out = self.log or (sys.stderr if label else sys.stdout)
-            out.write(event["text"])
+            out.write(printable(event["text"]) if is_terminal(out) else event["text"])  # a pipe: the bytes
             out.flush()
         elif (line := plain_line(event)) is not None:
             if label:
@@ -11879,7 +11879,7 @@ def report_call(message, context, line):
     emit(EVENTS.status, text=f"[context {context:,}/{CONTEXT_WINDOW:,} tokens | {line}]",
          context=context, window=CONTEXT_WINDOW, usage=usage, cost=state.session["cost"],
          mode=state.mode, model=message.model, background=len(background_running()),
-         teammates=len(state.teammates))
+         teammates=len(running_teammates(state)))  # not the ones that have stopped
 
 
 def appended_prompt():
@@ -12619,31 +12619,41 @@ def claude_agent_meta(path, meta):
 # A human at a colour terminal gets RichUI instead of PlainText: the answer as
 # Markdown, re-rendered live while it streams; each tool call as a small panel
 # with the head of its result (an edit as a coloured diff); a spinner while the
-# model is thinking; a status line after each reply. It reads only the events.
-# Input at a terminal goes through prompt_toolkit (LineEditor): history in
-# ~/.agent/history, Tab completion, @path mentions, multi-line input. With
-# NO_COLOR, or stdout or stdin not a terminal, everything stays as PlainText and
-# the chapters' read_line, so pipes and scripts see the chapters' bytes.
+# model is thinking or a tool runs; a status line after each reply. The output
+# half reads only the events. Input from a human (stdin and stdout terminals)
+# goes through prompt_toolkit (LineEditor): history in ~/.agent/history, Tab
+# completion, @path mentions, multi-line input. The input half does ask the
+# engine: for idle work (a due job, the lead's inbox), for the commands and
+# skills it completes, and for s07's read rules on a mention. NO_COLOR turns
+# off RichUI (PlainText instead), not the line editor; a pipe at either end
+# gets PlainText and the chapters' read_line, so scripts see the chapters' bytes.
 RESULT_PREVIEW_LINES = 6  # lines of a tool result shown in its panel
 DIFF_PREVIEW_LINES = 40  # lines of an edit's diff shown; the rest is counted
 LIVE_REFRESH = 8  # re-renders per second of a streaming answer (Markdown parses all of it)
 HISTORY_FILE = ".agent/history"  # under ~: the prompts typed, for the up arrow
+HISTORY_CAP = 1_000_000  # bytes of the history kept: the oldest prompts go at start-up
 MENTION_CAP = 100_000  # bytes of a file an @path attaches; the model can read_file the rest
-MENTION = re.compile(r"(?<!\S)@(\S+)")  # @path at a word start, not user@host
+MENTION_BUDGET = 200_000  # bytes all the @paths of one prompt attach together (~50K tokens)
+MENTION = re.compile(r'(?<!\S)@(?:"([^"\n]+)"|(\S+))')  # @path or @"a name with spaces", not user@host
+TAIL_MENTION = re.compile(r'(?<!\S)@("[^"\n]*|[^\s"]*)\Z')  # the one being typed, for Tab
 
 
-def wants_rich(stream):
-    """A colour terminal: RichUI. NO_COLOR (any value, no-color.org) or a pipe: plain."""
-    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def no_color():
+    """NO_COLOR present and not empty (no-color.org): colour off."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 def interactive_front_end():
-    """start_front_end's choice without -p: RichUI for a human, else the chapters' text."""
-    if not wants_rich(sys.stdout):
-        return PlainText()
-    if wants_rich(sys.stdin):
+    """start_front_end's choice without -p: for a human (stdin and stdout terminals)
+    the line editor, and RichUI unless NO_COLOR; a pipe at either end: the chapters'."""
+    human = is_terminal(sys.stdin) and is_terminal(sys.stdout)
+    if human:
         FRONT_END["editor"] = LineEditor()
-    return RichUI()
+    return RichUI() if human and not no_color() else PlainText()
 
 
 def edit_diff(name, args):
@@ -12675,7 +12685,8 @@ def call_title(name, args):
 
 
 def result_text(content, is_error):
-    lines = str(blocks_text(content)).strip().splitlines() or ["(empty)"]
+    raw = str(blocks_text(content))
+    lines = raw.strip("\n").splitlines() if raw.strip() else ["(empty)"]  # read_file's indent stays
     text = Text("\n".join(printable(line)[:200] for line in lines[:RESULT_PREVIEW_LINES]),
                 style="red" if is_error else "")
     if len(lines) > RESULT_PREVIEW_LINES:
@@ -12697,25 +12708,41 @@ def status_line(event, totals):
 
 
 class LiveAnswer:
-    """The streaming answer as Live shows it: parsed at each refresh, not at each delta."""
+    """What the Live region shows: the streaming answer as Markdown, else the wait's
+    spinner. Parsed at each refresh, not at each delta; while it grows, only its
+    last screenful (rich would show the first and "..."), at the end all of it."""
 
     def __init__(self, ui):
         self.ui = ui
 
-    def __rich__(self):
+    def __rich_console__(self, console, options):
         from rich.markdown import Markdown
-        from rich.spinner import Spinner
-        return Markdown(self.ui.answer) if self.ui.answer else Spinner("dots", " thinking", style="dim")
+        from rich.segment import Segment
+        ui = self.ui
+        if not ui.answer:
+            yield ui.spinner or ""
+            return
+        # printable: the model's escape sequences must not move the cursor, set the title or
+        # rewrite the panels above; no hyperlinks: a link's text must not hide where it goes
+        answer = Markdown(printable(ui.answer.replace("\r\n", "\n")), hyperlinks=False)
+        if ui.final:
+            yield answer
+            return
+        for line in console.render_lines(answer, options, pad=False)[-max(console.height - 1, 1):]:
+            yield from line
+            yield Segment.line()
 
 
 class RichUI:
-    """The interactive front end. One Live region at a time: the spinner, then the
-    answer growing in it; any other output stops it first, so lines never interleave."""
+    """The interactive front end. One Live region at a time: a spinner while something
+    runs (the model, a tool), the answer growing in it; any other output stops it
+    first, so lines never interleave, and the spinner comes back after it."""
 
     def __init__(self, console=None):
         self.console = console or Console(highlight=False)
         self.lock, self.live, self.answer, self.calls = threading.RLock(), None, "", {}
         self.totals = dict.fromkeys(USAGE_KEYS, 0)
+        self.spinner, self.busy, self.final = None, False, False  # busy: a spinner belongs on screen
 
     def handle(self, event):
         with self.lock:
@@ -12726,44 +12753,55 @@ class RichUI:
                 self.print(Text(printable(f"  [{event['label']}] {line.strip()}"), style="dim"))
         return None
 
-    def waiting(self):
-        """A prompt went to the model: the spinner, until its text or a tool call comes."""
+    def waiting(self, what="thinking"):
+        """Something runs: a spinner naming it. One Spinner for the whole wait: it
+        animates from its first frame's time (a new one at each refresh never moves)."""
+        from rich.spinner import Spinner
         with self.lock:
-            self.answer = ""
-            if self.live is None:
-                from rich.live import Live
-                self.live = Live(LiveAnswer(self), console=self.console, refresh_per_second=LIVE_REFRESH,
-                                 transient=False)
-                self.live.start()
+            self.busy = True
+            self.spinner = Spinner("dots", printable(what), style="dim")
+            self.start()
+
+    def start(self):
+        if self.live is None:
+            from rich.live import Live
+            self.final = False
+            self.live = Live(LiveAnswer(self), console=self.console, refresh_per_second=LIVE_REFRESH,
+                             transient=False)
+            self.live.start()
 
     def stop(self):
         if self.live is not None:
+            self.final = True  # the last render shows all of the answer
             self.live.transient = not self.answer  # a spinner goes; an answer stays on the screen
             self.live.stop()
             self.live = None
         self.answer = ""
 
-    def print(self, *renderables):
+    def print(self, *renderables, resume=True):
+        """Output above the Live region; a wait's spinner comes back after it."""
         self.stop()
         self.console.print(*renderables)
+        if resume and self.busy:
+            self.start()
 
     def on_text(self, event):
-        if self.live is None:
-            self.waiting()
         self.answer += event["text"]
+        self.start()
 
     def on_reply(self, event):
         for k in USAGE_KEYS:  # every agent's tokens, as the session pays for them
             self.totals[k] += event["usage"][k]
         if not event["label"]:
+            self.busy = False  # until its tool calls start, or the turn ends
             self.stop()
 
     def on_status(self, event):
         self.print(Text(status_line(event, self.totals), style="dim"))
 
     def on_tool_start(self, event):
-        self.stop()
         self.calls[event["id"]] = (event["name"], event["input"])
+        self.waiting(call_title(event["name"], event["input"]))  # a long test run shows what runs
 
     def on_tool_end(self, event):
         from rich.panel import Panel
@@ -12771,12 +12809,9 @@ class RichUI:
         diff = [] if event["is_error"] else edit_diff(name, args)
         body = diff_text(diff) if diff else result_text(event["content"], event["is_error"])
         self.print(Panel(body, title=call_title(name, args), title_align="left", expand=True,
-                         border_style="red" if event["is_error"] else "blue"))
-        if not self.calls:
-            self.waiting()  # the results go back to the model
-
-    def on_denial(self, event):
-        self.print(Text(printable(f"  denied ({event['layer']}): {event['reason']}"), style="yellow"))
+                         border_style="red" if event["is_error"] else "blue"), resume=False)
+        # the next call of the reply runs, or the results go back to the model
+        self.waiting(call_title(*next(iter(self.calls.values()))) if self.calls else "thinking")
 
     def on_notice(self, event):
         self.print(Text(printable(event["text"]), style="dim"))
@@ -12785,18 +12820,24 @@ class RichUI:
         self.print(Text(printable(event["text"]), style="bold red"))
 
     def on_turn_end(self, event):
+        self.busy = False
         self.stop()
 
     def on_question(self, event):
         """A clear prompt: the question in a yellow panel, the answer on its own line.
-        End of input answers no; Ctrl+C cancels the turn, as at the chapters' prompt."""
+        End of input answers no; Ctrl+C cancels the turn, as at the chapters' prompt.
+        (A denial has no handler: the red panel of its result says why.)"""
         from rich.panel import Panel
         question = printable(event["text"]).rstrip()
-        self.print(Panel(Text(question), title="the agent asks", title_align="left", border_style="yellow"))
+        self.print(Panel(Text(question), title="the agent asks", title_align="left", border_style="yellow"),
+                   resume=False)  # no spinner over the answer being typed
         try:
-            return read_answer("answer> ")
+            answer = read_answer("answer> ")
         except EOFError:
-            return "no"
+            answer = "no"
+        if self.busy:
+            self.start()
+        return answer
 
 
 def read_answer(prompt):
@@ -12805,38 +12846,81 @@ def read_answer(prompt):
     return editor.ask(prompt) if editor else input(prompt)
 
 
-def mention_block(word, workdir):
-    """@path -> the file's content as a block for the prompt, or None (no such file)."""
-    path = (workdir / word.rstrip(".,;:!?)")).resolve()
-    if not path.is_file() or not path.is_relative_to(workdir.resolve()):
-        return None
+def mention_block(word, state, budget):
+    """(the block for the prompt or None, what the human is told) for one @path.
+    A mention goes through read_file's own checks: in the workspace, not denied by
+    a read rule (the agent's .env included), text; and all of one prompt's share
+    `budget` ([bytes left]), so a dozen big files cannot make a prompt too large."""
+    try:
+        path = (state.workdir / word).resolve()
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+        return None, "not attached: not a path that can be read"
+    if not path.is_relative_to(state.workdir):
+        return None, "not attached: outside the workspace"
+    if not path.is_file():
+        return None, "not attached: no such file"
+    effect, _, reason = decide("read_file", {"path": str(path)}, state)
+    if effect == "deny":
+        return None, f"not attached: {reason}"
+    if budget[0] <= 0:
+        return None, f"not attached: this prompt's mentions are over {MENTION_BUDGET:,} bytes"
+    take = min(MENTION_CAP, budget[0])
     with path.open("rb") as f:
-        data = f.read(MENTION_CAP + 1)
-    more = f"\n[... cut at {MENTION_CAP:,} bytes: read_file has the rest]" if len(data) > MENTION_CAP else ""
-    text = data[:MENTION_CAP].decode("utf-8", errors="replace")
-    return f'<file path="{rel(path)}">\n{text}{more}\n</file>'
+        data = f.read(take + 1)
+    if b"\0" in data[:BINARY_SNIFF]:
+        return None, "not attached: a binary file (the model can inspect it with bash)"
+    budget[0] -= min(len(data), take)
+    more = f"\n[... cut at {take:,} bytes: read_file has the rest]" if len(data) > take else ""
+    text = data[:take].decode("utf-8", errors="replace")
+    told = f"attached, {min(len(data), take):,} bytes" + (" (cut: read_file has the rest)" if more else "")
+    return f'<file path="{rel(path)}">\n{text}{more}\n</file>', told
+
+
+def mentioned(line, workdir):
+    """The paths a line's @mentions name, once each: @"quoted" as written; a bare
+    one without the sentence's punctuation after it unless that is its name."""
+    words = []
+    for m in MENTION.finditer(line):
+        word = m[1] or m[2]
+        if m[2] and not (workdir / word).exists():
+            word = word.rstrip(".,;:!?)")
+        words.append(word)
+    return list(dict.fromkeys(w for w in words if w))
 
 
 def attach_mentions(line):
-    """The typed line, then one block per @path it names (a file in the workdir)."""
-    workdir = agent_state().workdir
-    words = dict.fromkeys(m[1] for m in MENTION.finditer(line))
-    blocks = [b for w in words if (b := mention_block(w, workdir)) is not None]
+    """The typed line, then one block per @path it names; a dim line for each says
+    what was attached, or why not."""
+    state, budget, blocks = agent_state(), [MENTION_BUDGET], []
+    for word in mentioned(line, state.workdir):
+        block, told = mention_block(word, state, budget)
+        blocks += [block] if block else []
+        say(printable(f"[@{word}: {told}]"))
     return "\n\n".join([line, *blocks])
 
 
 def completions(text, workdir):
     """Tab at the end of `text`: [(candidate, how many characters it replaces)].
-    A first word /... completes commands and skills; @... and a slash command's
-    argument complete paths under the workdir."""
-    if text.startswith("/") and " " not in text:
+    A first word /... completes commands and skills, /mode's argument a mode;
+    @... and a slash command's argument complete paths under the workdir (an
+    @path with a space is quoted, a folder's quote left open to go on)."""
+    if text.startswith("/") and not re.search(r"\s", text):
         return [("/" + name, len(text)) for name in sorted(all_commands()) if name.startswith(text[1:])]
-    word = text.split(" ")[-1]
-    if word.startswith("@"):
-        return [("@" + p, len(word)) for p in path_candidates(word[1:], workdir)]
+    if m := TAIL_MENTION.search(text):
+        return [("@" + quoted_mention(p), len(m[0])) for p in path_candidates(m[1].lstrip('"'), workdir)]
+    word = re.split(r"\s", text)[-1]
+    if re.fullmatch(r"/mode\s+\S*", text):
+        return [(mode, len(word)) for mode in PERMISSION_MODES if mode.startswith(word)]
     if text.startswith("/") and word:
         return [(p, len(word)) for p in path_candidates(word, workdir)]
     return []
+
+
+def quoted_mention(path):
+    """A path as MENTION reads it back: quoted when it has a space."""
+    if not re.search(r"\s", path):
+        return path
+    return f'"{path}' + ('"' if not path.endswith("/") else "")
 
 
 def path_candidates(partial, workdir):
@@ -12862,6 +12946,40 @@ def idle_work():
     return due or bool(team and team["member"] == LEAD and time.monotonic() - team.get("looked", 0) >= IDLE_POLL)
 
 
+def prompt_history():
+    """~/.agent/history for the line editor: private (0600: a pasted secret lands in
+    it, as in the session files), its oldest prompts trimmed at HISTORY_CAP. A file
+    that cannot be opened (a folder, root's after a sudo run, a read-only home) is
+    one line and this session's history only: prompt_toolkit would print a
+    traceback at every prompt instead."""
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    path = Path.home() / HISTORY_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)  # one made before was 0644
+        trim_history(path)
+    except OSError as e:
+        say(f"[input history not saved: {e}]")
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
+def trim_history(path):
+    """Keep the newest HISTORY_CAP bytes, from the start of an entry (FileHistory's
+    "\n# date" line; the lines of a prompt start with "+"), so loading stays bounded."""
+    if path.stat().st_size <= HISTORY_CAP:
+        return
+    with path.open("rb") as f:
+        f.seek(-HISTORY_CAP, os.SEEK_END)
+        tail = f.read()
+    start = tail.find(b"\n#")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(tail[start:] if start >= 0 else b"")
+    os.replace(tmp, path)
+
+
 class LineEditor:
     """prompt_toolkit at a terminal. Enter sends; Esc+Enter, or a line ending in a
     backslash, goes on to a new line. Ctrl+C clears the line, and at an empty
@@ -12869,30 +12987,24 @@ class LineEditor:
 
     def __init__(self):
         from prompt_toolkit import PromptSession  # imported here: plain runs never pay for it
-        from prompt_toolkit.history import FileHistory, InMemoryHistory
-        path = Path.home() / HISTORY_FILE
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            history = FileHistory(str(path))
-        except OSError as e:  # a read-only home: this session's history only
-            say(f"[input history not saved: {e}]")
-            history = InMemoryHistory()
-        self.session = PromptSession(history=history, completer=SlashCompleter(),
-                                     key_bindings=editor_keys(), complete_while_typing=False)
-        self.interrupts = 0
+        self.session = PromptSession(history=prompt_history(), completer=SlashCompleter(),
+                                     key_bindings=editor_keys(self), complete_while_typing=False)
+        self.interrupts = 0  # Ctrl+C at an empty prompt, in a row
 
     def read(self, prompt):
         """The next prompt for the REPL, @path files attached; EOFError quits. A due
         job (s10) or the lead's inbox (s11) is looked at while the prompt is empty."""
+        from prompt_toolkit.patch_stdout import patch_stdout
         while True:
             if turn := scheduled_turn() or team_turn():
-                return turn
+                return self.sent(turn)
             try:
                 self.session.app.erase_when_done = False  # a line typed stays on the screen
-                line = self.session.prompt(prompt, pre_run=self.watch)
+                with patch_stdout(raw=True):  # other threads' lines (memory, MCP, hooks) print above the prompt
+                    line = self.session.prompt(prompt, pre_run=self.watch)
                 if line is IDLE_WORK:
                     continue
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # at an empty prompt (a typed line is cleared: editor_keys)
                 self.interrupts += 1
                 if self.interrupts >= 2:
                     raise EOFError
@@ -12900,10 +13012,14 @@ class LineEditor:
                 continue
             self.interrupts = 0
             if line.strip() not in ("", "q", "exit") and not line.startswith("/"):  # a prompt for the model
-                if ui := FRONT_END.get("current"):
-                    getattr(ui, "waiting", lambda: None)()
-                return attach_mentions(line)
+                return self.sent(attach_mentions(line))
             return line
+
+    def sent(self, turn):
+        """A turn goes to the model: the front end's spinner, until its text comes."""
+        if ui := FRONT_END.get("current"):
+            getattr(ui, "waiting", lambda: None)()
+        return turn
 
     def watch(self):
         """While the prompt waits: leave it (IDLE_WORK) when there is idle work and
@@ -12924,12 +13040,23 @@ class LineEditor:
     def ask(self, prompt):
         """A question's answer: no history, no completion."""
         from prompt_toolkit import prompt as ask
-        return ask(prompt)
+        from prompt_toolkit.patch_stdout import patch_stdout
+        with patch_stdout(raw=True):  # parallel calls and teammates may print meanwhile
+            return ask(prompt)
 
 
-def editor_keys():
+def editor_keys(editor):
     from prompt_toolkit.key_binding import KeyBindings
     keys = KeyBindings()
+
+    @keys.add("c-c")
+    def _(event):
+        buffer = event.current_buffer
+        if buffer.text:  # a line given up: cleared, and no step towards quitting
+            buffer.reset()
+            editor.interrupts = 0
+        else:  # read() counts these
+            event.app.exit(exception=KeyboardInterrupt, style="class:aborting")
 
     @keys.add("escape", "enter")
     def _(event):
@@ -13008,19 +13135,40 @@ def show_cost(args, ctx):
 
 def model_command(args, ctx):
     """/model [NAME]: show the model, or use NAME from the next call on."""
-    if args:
+    if len(args.split()) > 1:  # the API would refuse it at the next turn, far from the typo
+        ctx["error"] = f"a model name has no spaces: /model NAME (got {args.strip()!r})"
+        say(ctx["error"])
+    elif args.strip():
         os.environ["MODEL_ID"] = args.strip()  # model_id() reads it, as --model sets it
         say(f"[model: {model_id()}]")
     else:
         print(f"model: {model_id()}")
 
 
+CONVERSATION_FIELDS = ("files", "plan", "compaction", "denials", "decided", "hook_notes", "stop_blocked",
+                       "halt", "discovered")  # AgentState's fields that belong to one conversation
+
+
+def new_conversation(state):
+    """Empty what the old conversation left on the agent: its file-read records, plan,
+    compaction state, denials in a row, hook context not yet delivered, loaded deferred
+    tools, and the memories it recalled (so the new one can recall them). The session's
+    own things stay: mode, rules, cost, background work, team, lane, MCP servers."""
+    fresh = AgentState(state.workdir)
+    for name in CONVERSATION_FIELDS:
+        setattr(state, name, getattr(fresh, name))
+    state.memory["attached"] = set()
+
+
 def clear_command(args, ctx):
-    """/clear: an empty conversation in a new session file (the old one can be resumed)."""
+    """/clear: an empty conversation in a new session file (the old one can be resumed).
+    The hooks see it as Claude Code's do: the old session ends, a new one starts."""
     state = agent_state()
+    fire("session_end", reason="clear")  # full: SessionEnd, reason "clear", with the old transcript
     ctx["history"][:] = []
-    state.files.clear()
+    new_conversation(state)
     state.record = new_session(state)
+    note(fire("session_start", source="clear")["context"], "session_start")  # full: SessionStart, source "clear"
     say(f"[conversation cleared; new session {session_id(state)}]")
 
 
@@ -13028,11 +13176,15 @@ def exit_command(args, ctx):
     raise SystemExit(0)  # not an Exception: handle_slash lets it through; the sessions close
 
 
-def tool_command(tool_fn, *args):
-    """A command that shows what a tool returns; the tool's refusal is one line for the human."""
+def tool_command(name, tool_fn, takes_id=False):
+    """/name [ID]: what a tool returns; a refusal (the tool's, or an argument to a
+    tool that takes none) is one line for the human."""
     def run(words, ctx):
+        words = words.strip()
         try:
-            print(tool_fn(*args, *([words.strip()] if words.strip() else [])))
+            if words and not takes_id:
+                raise ToolError(f"/{name} takes no argument (got {words!r})")
+            print(tool_fn(words) if words else tool_fn())
         except ToolError as e:
             ctx["error"] = str(e)
             say(str(e))
@@ -13051,10 +13203,11 @@ command("context", "Show what fills the context window, by part", show_context)
 command("cost", "Show the session's cost so far", show_cost)
 command("model", "Show the model, or switch to another: /model NAME", model_command, arg_hint="[NAME]")
 command("sessions", "List the saved sessions of this directory", lambda a, ctx: resume_command("", ctx))
-command("tasks", "Show the task board", tool_command(task_list))
-command("bg", "List background commands and agents, or show one: /bg ID", tool_command(background_check), arg_hint="[ID]")
-command("schedules", "List the scheduled prompts", tool_command(schedule_list))
-command("worktrees", "List the worktrees (lanes) of this project", tool_command(worktree_list))
+command("tasks", "Show the task board", tool_command("tasks", task_list))
+command("bg", "List background commands and agents, or show one: /bg ID",
+        tool_command("bg", background_check, takes_id=True), arg_hint="[ID]")
+command("schedules", "List the scheduled prompts", tool_command("schedules", schedule_list))
+command("worktrees", "List the worktrees (lanes) of this project", tool_command("worktrees", worktree_list))
 command("agents", "List the agent types subagents can be started as", show_agents)
 command("init", "Ask the model to study the repository and write an AGENTS.md",
         lambda a, ctx: INIT_PROMPT + (f"\n\nAlso: {a}" if a else ""), arg_hint="[NOTES]", kind="prompt")
