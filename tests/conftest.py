@@ -91,9 +91,20 @@ def api(api_server):
     assert not bad, f"invalid request sent to the API: {bad[0]['error']}"
 
 
+@pytest.fixture(scope="session")
+def session_client(api_server):
+    """One SDK client for the whole session. Building one loads the CA bundle (~35 ms
+    of CPU, as much as an average test takes), and a client holds no state a test
+    could leak: settings and a connection pool. The state of a conversation lives
+    in the scripted server, which `api` resets for every test."""
+    shared = anthropic.Anthropic(api_key="test", base_url=api_server.url, max_retries=0)
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def client(api):
-    return anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+def client(api, session_client):
+    return session_client
 
 
 @pytest.fixture
