@@ -1,8 +1,8 @@
 """Run modes (README: Running a chapter), exercised as a learner runs them: subprocesses.
 
-These are the slow tests (each starts Python and imports the SDK), so the
-behaviour-heavy ones run on the first and the newest chapter only; the cheap
-no-key check runs on every file.
+These are the slow tests (each starts Python and imports the SDK: ~2.5 s of CPU),
+so they run on the first and the newest chapter only; the no-key check also runs
+in-process on every file.
 """
 import os
 import select
@@ -49,7 +49,7 @@ def read_stdout(p, until=None, deadline=30):
         out += chunk
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", ENDS)
 def test_no_key_exits_2_with_one_clear_message(name, tmp_path):
     # A copy in an empty folder, so no developer's .env next to the repo leaks in.
     shutil.copy(ROOT / f"{name}.py", tmp_path)
@@ -59,6 +59,14 @@ def test_no_key_exits_2_with_one_clear_message(name, tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "ANTHROPIC_API_KEY" in r.stderr
     assert "demo.py" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("mod", CHAPTERS, indirect=True)
+def test_no_key_is_status_2_and_one_clear_message_in_every_file(mod, monkeypatch, capsys):
+    monkeypatch.setattr(mod, "load_dotenv", lambda **kwargs: False)   # no .env, as in the empty folder
+    assert mod.main([]) == 2
+    err = capsys.readouterr().err
+    assert "ANTHROPIC_API_KEY" in err and "demo.py" in err and len(err.strip().splitlines()) <= 2
 
 
 @pytest.mark.parametrize("name", ENDS)
