@@ -58,6 +58,23 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    # The long tests first (a stable sort keeps the rest in order): with -n, a worker
+    # that met a 40 s test at the end of the run would finish alone.
+    items.sort(key=lambda item: not (item.get_closest_marker("e2e") or item.get_closest_marker("slow")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """-n without --dist: work stealing instead of xdist's "load". "load" hands out
+    the tests in chunks and never takes them back, so the worker given the long
+    tests at the front ends long after the other; with work stealing each worker
+    starts on half the tests, and one that runs out takes half of what the other
+    has left."""
+    from xdist.scheduler import WorkStealingScheduling
+    if config.getoption("dist") == "load" and not any(
+            a == "-d" or a.startswith("--dist") for a in config.invocation_params.args):
+        return WorkStealingScheduling(config, log)
+    return None
 
 
 _SNAPSHOTS = {}

@@ -41,6 +41,7 @@ def test_every_scenario_has_a_check_and_says_what_it_shows():
         assert len((scenario.__doc__ or "").strip().splitlines()) >= 3, f"{name}: no SHOWS notes"
 
 
+@pytest.mark.e2e("s01")
 def test_demo_all_runs_every_chapter_to_its_end_behind_a_proxy(tmp_path):
     # An unreachable proxy for every scheme and no NO_PROXY of our own: demo.py
     # must exempt its local scripted server in the chapter's environment itself.
