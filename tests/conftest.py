@@ -9,8 +9,10 @@ back to its state right after import, and the test runs as a fresh agent
 import copy
 import importlib
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import anthropic
@@ -56,6 +58,23 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    # The long tests first (a stable sort keeps the rest in order): with -n, a worker
+    # that met a 40 s test at the end of the run would finish alone.
+    items.sort(key=lambda item: not (item.get_closest_marker("e2e") or item.get_closest_marker("slow")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """-n without --dist: work stealing instead of xdist's "load". "load" hands out
+    the tests in chunks and never takes them back, so the worker given the long
+    tests at the front ends long after the other; with work stealing each worker
+    starts on half the tests, and one that runs out takes half of what the other
+    has left."""
+    from xdist.scheduler import WorkStealingScheduling
+    if config.getoption("dist") == "load" and not any(
+            a == "-d" or a.startswith("--dist") for a in config.invocation_params.args):
+        return WorkStealingScheduling(config, log)
+    return None
 
 
 _SNAPSHOTS = {}
@@ -91,9 +110,29 @@ def api(api_server):
     assert not bad, f"invalid request sent to the API: {bad[0]['error']}"
 
 
+@pytest.fixture(scope="session")
+def session_client(api_server):
+    """One SDK client for the whole session. Building one loads the CA bundle (~35 ms
+    of CPU, as much as an average test takes), and a client holds no state a test
+    could leak: settings and a connection pool. The state of a conversation lives
+    in the scripted server, which `api` resets for every test."""
+    shared = anthropic.Anthropic(api_key="test", base_url=api_server.url, max_retries=0)
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def client(api):
-    return anthropic.Anthropic(api_key="test", base_url=api.url, max_retries=0)
+def client(api, session_client):
+    return session_client
+
+
+@pytest.fixture
+def tmp_path(request, tmp_path_factory):
+    """pytest's tmp_path, without its numbering: to number a test's folder it lists
+    every folder made before it (one a test, ~4,500 per worker by the end), which
+    cost ~3 ms a test. A random suffix needs no listing; the prefix names the test."""
+    name = re.sub(r"\W", "_", request.node.name)[:30]
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture

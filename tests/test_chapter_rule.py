@@ -87,6 +87,7 @@ def test_fixed_names_survive(name):
     assert not [n for n in FIXED_NAMES if n not in defined]
 
 
+@pytest.mark.e2e("s01")
 def test_import_has_no_side_effects(tmp_path):
     """Import every chapter with no API settings in an empty directory."""
     code = "import sys; sys.path.insert(0, sys.argv[1])\n" + "".join(

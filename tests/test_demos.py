@@ -1,9 +1,9 @@
 """The offline demos a workshop runs: `python tests/demo.py sNN`, no key, no network.
 
-Each demo run starts Python and imports the SDK, so the subprocess runs are
-few: `demo.py all` once (every chapter, behind an unreachable proxy), s06 with
---show-requests once, and one failing demo; the failure rules themselves are
-checked on demo.problems() directly.
+Each demo run starts Python and imports the SDK, so each demo runs once:
+`demo.py all --show-requests --keep` (every chapter, behind an unreachable proxy;
+s06's requests and kept workspace are checked in detail), and one failing demo
+in-process; the failure rules themselves are checked on demo.problems() directly.
 """
 import json
 import os
@@ -41,13 +41,14 @@ def test_every_scenario_has_a_check_and_says_what_it_shows():
         assert len((scenario.__doc__ or "").strip().splitlines()) >= 3, f"{name}: no SHOWS notes"
 
 
+@pytest.mark.e2e("s01")
 def test_demo_all_runs_every_chapter_to_its_end_behind_a_proxy(tmp_path):
     # An unreachable proxy for every scheme and no NO_PROXY of our own: demo.py
     # must exempt its local scripted server in the chapter's environment itself.
     proxy = "http://127.0.0.1:9"
     env = {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
            "https_proxy": proxy, "ALL_PROXY": proxy, "NO_PROXY": "", "no_proxy": ""}
-    r = run_demo_py(tmp_path, "all", env=env)
+    r = run_demo_py(tmp_path, "all", "--show-requests", "--keep", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "FAILED" not in r.stdout
     assert f"=== demo all: {len(DEMOS)} of {len(DEMOS)} chapters ok ===" in r.stdout
@@ -58,15 +59,19 @@ def test_demo_all_runs_every_chapter_to_its_end_behind_a_proxy(tmp_path):
         line = next(x for x in r.stdout.splitlines() if x.startswith(f"demo {name}: ok ("))
         assert f"{steps}/{steps} scripted replies used" in line and ", check held: " in line
     assert r.stdout.count("What is faked:") == len(DEMOS)      # each says so before it runs
+    assert r.stdout.count("=== What the model received:") == len(DEMOS)
     assert "input_tokens=168,500): a fixed number" in r.stdout  # s06's jump is scripted
     assert "alice -> lead  shutdown_response [approve true]" in r.stdout  # s11 shows its message log
-    assert not list(tmp_path.glob("agent-demo-*"))             # workspaces removed
+    assert not list(tmp_path.glob("agent-demo-*-home-*"))      # homes removed; without --keep
+    kept = sorted(tmp_path.glob("agent-demo-*"))               # the workspaces are too (the
+    assert [p.name.split("-")[2] for p in kept] == DEMOS        # failing demo's test checks it)
+    assert all((p / "requests.jsonl").is_file() for p in kept)
+    s06 = next(part for part in r.stdout.split("=== What the model received:") if "demo s06: ok (" in part)
+    show_requests_of_s06(s06, next(p for p in kept if p.name.startswith("agent-demo-s06-")))
 
 
-def test_show_requests_on_s06_shows_what_the_model_received(tmp_path):
-    r = run_demo_py(tmp_path, "s06", "--show-requests", "--keep")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    out = r.stdout.split("=== What the model received:")[1]
+def show_requests_of_s06(out, kept):
+    """s06's --show-requests output and its --keep workspace: what the model received."""
     assert "system (" in out and "in full" in out and "system: (unchanged)" in out
     assert "messages: 3 (1 as in request 1, 2 new)" in out        # the history grows
     assert "messages: 5 (3 as in request 2, 2 new)" in out        # ... only the new part shown
@@ -77,12 +82,10 @@ def test_show_requests_on_s06_shows_what_the_model_received(tmp_path):
     assert "tools (10): bash, read_file" in out and "tools: (unchanged, 10)" in out
     assert "cache breakpoints (4): tools[9] (compact, end of tools) | system[0]" in out
     assert "usage is SCRIPTED: input_tokens=168,500" in out
-    kept = list(tmp_path.glob("agent-demo-s06-*/requests.jsonl"))
-    assert len(kept) == 1, "the --keep workspace holds no request log"
-    log = [json.loads(line) for line in kept[0].read_text().splitlines()]
+    log = [json.loads(line) for line in (kept / "requests.jsonl").read_text().splitlines()]
     assert len(log) == 9 and all(e["valid"] and e["body"]["messages"] for e in log)
     assert log[7]["body"]["tool_choice"] == {"type": "none"} and log[-1]["reply"]["content"]
-    assert list((kept[0].parent / ".agent" / "transcripts").glob("*.jsonl"))
+    assert list((kept / ".agent" / "transcripts").glob("*.jsonl"))
 
 
 def server_stub(requests=(), remaining=0, exhausted=0):

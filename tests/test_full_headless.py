@@ -362,6 +362,7 @@ def test_split_rules_keeps_a_pattern_whole(mod):
 
 # --- the process: exit status and stdout -------------------------------------------------------
 
+@pytest.mark.e2e("agent_full")
 def test_as_a_process_stdout_is_json_only_and_failure_exits_1(mod, api, workspace):
     api.script([reply("Checked.", tool("bash", {"command": "echo x"})), reply("Fine.")])
     r = run_chapter("agent_full", "-p", "--output-format", "stream-json", api=api, cwd=workspace,

@@ -1,8 +1,8 @@
 """Run modes (README: Running a chapter), exercised as a learner runs them: subprocesses.
 
-These are the slow tests (each starts Python and imports the SDK), so the
-behaviour-heavy ones run on the first and the newest chapter only; the cheap
-no-key check runs on every file.
+These are the slow tests (each starts Python and imports the SDK: ~2.5 s of CPU),
+so they run on the first and the newest chapter only; the no-key check also runs
+in-process on every file.
 """
 import os
 import select
@@ -49,7 +49,8 @@ def read_stdout(p, until=None, deadline=30):
         out += chunk
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.e2e("s01")
+@pytest.mark.parametrize("name", ENDS)
 def test_no_key_exits_2_with_one_clear_message(name, tmp_path):
     # A copy in an empty folder, so no developer's .env next to the repo leaks in.
     shutil.copy(ROOT / f"{name}.py", tmp_path)
@@ -61,6 +62,15 @@ def test_no_key_exits_2_with_one_clear_message(name, tmp_path):
     assert "demo.py" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
 
 
+@pytest.mark.parametrize("mod", CHAPTERS, indirect=True)
+def test_no_key_is_status_2_and_one_clear_message_in_every_file(mod, monkeypatch, capsys):
+    monkeypatch.setattr(mod, "load_dotenv", lambda **kwargs: False)   # no .env, as in the empty folder
+    assert mod.main([]) == 2
+    err = capsys.readouterr().err
+    assert "ANTHROPIC_API_KEY" in err and "demo.py" in err and len(err.strip().splitlines()) <= 2
+
+
+@pytest.mark.e2e("s01")
 @pytest.mark.parametrize("name", ENDS)
 def test_piped_prompt_makes_file_and_exits_0(name, api, tmp_path):
     api.script([reply(tool("bash", {"command": "printf hi > hello.txt"})),
@@ -74,6 +84,7 @@ def test_piped_prompt_makes_file_and_exits_0(name, api, tmp_path):
     assert api.remaining() == 0 and api.exhausted == 0
 
 
+@pytest.mark.e2e("s01")
 @pytest.mark.parametrize("name", ENDS)
 def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
     words = [f"word{i} " for i in range(30)]
@@ -98,6 +109,7 @@ def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
     assert b"word29" in out
 
 
+@pytest.mark.e2e("s01")
 @pytest.mark.parametrize("name", ENDS)
 def test_one_shot_failure_exits_nonzero(name, api, tmp_path):
     api.script([error(401, "invalid x-api-key")])
@@ -106,6 +118,7 @@ def test_one_shot_failure_exits_nonzero(name, api, tmp_path):
     assert "invalid x-api-key" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.e2e("s01")
 @pytest.mark.parametrize("name", ENDS)
 def test_repl_quits_on_q_and_eof(name, api, tmp_path):
     for stdin in ("q\n", "exit\n", ""):
@@ -114,6 +127,7 @@ def test_repl_quits_on_q_and_eof(name, api, tmp_path):
     assert api.requests == []
 
 
+@pytest.mark.e2e("s01")
 @pytest.mark.parametrize("name", ENDS)
 def test_ctrl_c_cancels_the_turn_not_the_program(name, api, tmp_path):
     api.script([reply("".join(f"slow{i} " for i in range(200)), delay=0.05),

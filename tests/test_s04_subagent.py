@@ -324,6 +324,7 @@ def test_parse_agent_file_accepts_common_spellings(mod, workspace):
 
 # --- end to end ----------------------------------------------------------------------
 
+@pytest.mark.e2e("s04")
 def test_end_to_end_subprocess(api, workspace):
     (workspace / "VERSION").write_text("1.2.3\n")
     api.script([reply(text("Asking an explorer."),

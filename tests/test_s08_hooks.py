@@ -302,16 +302,29 @@ def test_hooks_must_be_a_list(mod, workspace):
         mod.load_permissions(mod.agent_state().workdir)
 
 
-@pytest.mark.e2e("s08")
-@each
-@pytest.mark.parametrize("item,words", [
+MALFORMED = [
     ({"event": "pre_tool_usee", "action": {"type": "command", "command": "true"}}, "did you mean pre_tool_use?"),
     ({"event": "stop", "if": 'tool == "a" && tool == "b" || tool == "c"',
       "action": {"type": "command", "command": "true"}}, "mixes && and ||"),
     ({"event": "pre_tool_use", "async": True, "action": {"type": "command", "command": "true"}}, "hooks[0].async"),
     ({"event": "post_tool_use", "reject": True, "action": {"type": "command", "command": "true"}}, "hooks[0].reject"),
-])
-def test_a_malformed_hooks_config_stops_the_start_with_one_line(mod, api, workspace, item, words):
+]
+
+
+@each
+@pytest.mark.parametrize("item,words", MALFORMED)
+def test_a_malformed_hooks_config_is_one_line_naming_the_problem(mod, workspace, item, words):
+    write_config(Path.home() / ".agent" / "config.yaml", {"hooks": [item]})
+    with pytest.raises(mod.ConfigError) as e:
+        mod.load_permissions(mod.agent_state().workdir)
+    assert words in str(e.value) and "config.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.e2e("s08")
+@each
+def test_a_malformed_hooks_config_stops_the_start_with_one_line(mod, api, workspace):
+    """What the start does with such a config (each case is checked in-process above)."""
+    item, words = MALFORMED[0]
     home = workspace.parent / "home"
     write_config(home / ".agent" / "config.yaml", {"hooks": [item]})
     r = run_chapter(mod.__name__, "hi", api=api, cwd=workspace, env={"HOME": str(home)})

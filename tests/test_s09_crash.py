@@ -30,7 +30,7 @@ from conftest import ROOT, chapters_from, message_bodies, strip_cache
 from fake_api import reply, text, tool
 
 SEED = 909                 # picks every kill moment: the same moments each run
-MOMENTS = ["stream"] * 3 + ["tool"] * 3 + ["record"] * 2 + ["torn"] + ["boundary"] * 2
+MOMENTS = ["stream"] * 3 + ["tool"] + ["record"] * 2 + ["torn"] + ["boundary"] * 2  # one kill in the bash: its moment varies least
 ANSWER_DELAY = 0.03        # seconds between an answer's stream events: ~0.45 s per answer
 SLOW_BASH = "sleep 0.5; echo done"
 WAIT = 30                  # seconds any one awaited event may take before the test fails

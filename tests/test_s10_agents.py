@@ -489,19 +489,25 @@ def test_denials_in_a_row_tell_a_background_agent_to_report_not_to_ask(mod):
 
 def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api, client, monkeypatch):
     """background_stop promises no further model call and no notification: not while
-    the child backs off after an overloaded error (the stop lands in the 2 s back-off,
-    so the check must come after it too), nor while its last reply streams."""
+    the child backs off after an overloaded error (the stop lands in the back-off, once
+    the child has said it will retry, so the check must come after it too), nor while
+    its last reply streams (~2.5 s; the stop goes out ~10 ms after the request)."""
     mod = agents
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)
-    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 2)
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.5)
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.5)
     as_parent(mod, client)
-    for first in ([error(529, "Overloaded")] * 4 + [reply("done")], [reply("all done", delay=2)]):
+
+    def backing_off(record):                    # its line just before the back-off's sleep
+        return "retry 1/" in (record["_folder"] / f"{record['id']}.log").read_text()
+
+    for first, ready in (([error(529, "Overloaded")] * 4 + [reply("done")], backing_off),
+                         ([reply("all done", delay=0.5)], lambda record: True)):
         api.script(first)
         before = len(message_bodies(api))
         id = started(mod.run_subagent("work", "stoppable", run_in_background=True))
         record = mod.agent_state().background[id]
         deadline = time.monotonic() + WAIT
-        while len(message_bodies(api)) == before:                       # its first call is out
+        while len(message_bodies(api)) == before or not ready(record):  # its first call is out
             assert time.monotonic() < deadline, "the child never called the model"
             time.sleep(0.01)
         mod.background_stop(id)
