@@ -3272,11 +3272,23 @@ def trust_config(path):
     trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def rule_reach(text):
+    """How much an allow rule lets through, for the trust question's order: 0 a whole
+    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
+    ~/notes/**, ../x), 2 anything narrower."""
+    m = RULE.fullmatch(str(text).strip())
+    pattern = (m[2] or "").strip() if m else ""
+    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
+        return 0
+    return 1 if pattern.startswith(("//", "~", "..")) else 2
+
+
 def loosening(data):
-    """What a config file would widen, in a few words for the trust question."""
+    """What a config file would widen, for the trust question: every allow rule, the
+    widest first (a long list must not hide a bare Bash at its end)."""
     perms, parts = data.get("permissions") or {}, []
     if perms.get("allow"):
-        parts.append("allows " + ", ".join(map(str, perms["allow"][:5])) + (" ..." if len(perms["allow"]) > 5 else ""))
+        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
     if perms.get("default_mode"):
