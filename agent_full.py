@@ -3247,9 +3247,14 @@ class ConfigError(Exception):
 
 
 def config_files(workdir):
-    return {"user": Path.home() / ".agent" / "config.yaml",
-            "project": workdir / ".agent" / "config.yaml",
-            "local": workdir / ".agent" / "config.local.yaml"}
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
 
 
 def parse_rule(text):
@@ -12177,12 +12182,15 @@ AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurn
 def settings_files(workdir):
     """(scope, path) of every config file, lowest scope first; in each scope Claude
     Code's settings file comes before ours, so a single value (the mode) is ours
-    where both set it. Rules and hooks add up."""
+    where both set it. Rules and hooks add up. In the home directory the project's
+    files are the user's own: read once, as the user's (config_files does the same)."""
     ours = config_files(workdir)
     claude = {"user": Path.home() / CLAUDE_DIR / "settings.json",
               "project": workdir / CLAUDE_DIR / "settings.json",
               "local": workdir / CLAUDE_DIR / "settings.local.json"}
-    return [(scope, path) for scope in CONFIG_SCOPES for path in (claude[scope], ours[scope])]
+    files = [(scope, path) for scope in CONFIG_SCOPES for path in (claude[scope], ours.get(scope)) if path]
+    users = {path.resolve() for scope, path in files if scope == "user"}
+    return [(scope, path) for scope, path in files if scope == "user" or path.resolve() not in users]
 
 
 def claude_dir(kind, scope):

@@ -3141,9 +3141,14 @@ class ConfigError(Exception):
 
 
 def config_files(workdir):
-    return {"user": Path.home() / ".agent" / "config.yaml",
-            "project": workdir / ".agent" / "config.yaml",
-            "local": workdir / ".agent" / "config.local.yaml"}
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
 
 
 def parse_rule(text):

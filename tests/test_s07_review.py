@@ -38,3 +38,16 @@ def test_the_trust_question_lists_every_allow_rule_the_widest_first(mod, workspa
     assert shown.split(", ") == ["edit_file(//**)", "bash", "read_file(~/notes/**)", "bash(npm run test *)",
                                  "bash(npm run lint)", "read_file(src/**)", "grep(src/**)", "glob(src/**)"]
     assert "..." not in asked[0]                                   # nothing is cut off
+
+
+# --- in the home directory, the user's config is read once, as the user's ---------
+
+@pytest.mark.permissions
+@from_s07
+def test_in_the_home_directory_the_users_config_is_read_once_and_not_asked_about(mod, workspace, monkeypatch):
+    monkeypatch.setenv("HOME", str(workspace))                    # the agent started in ~
+    write_config(workspace / ".agent" / "config.yaml", {"permissions": {"allow": ["bash(make *)"]}})
+    monkeypatch.setattr(mod, "ask_human", lambda q: pytest.fail(f"asked about the user's own file: {q}"))
+    settings = mod.load_permissions(mod.agent_state().workdir)
+    assert [(r["text"], r["scope"]) for r in settings["rules"]] == [("bash(make *)", "user")]
+    assert set(mod.config_files(mod.agent_state().workdir)) == {"user", "local"}
