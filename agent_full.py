@@ -3400,6 +3400,7 @@ def load_permissions(workdir, trust_all=False):
         if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.7)
             settings["mcp_servers"].append((scope, rel(path), data["mcp_servers"]))  # s12
         settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
+        settings["no_bypass"] = settings.get("no_bypass") or data.get("no_bypass") and rel(path)  # full: trusted or not
         perms = data.get("permissions") or {}
         for effect in RULE_EFFECTS if full else ("deny", "ask"):
             settings["rules"] += [parse_rule(t) | {"effect": effect, "scope": scope, "file": str(path)}
@@ -4125,6 +4126,7 @@ def plan_file(state):
 def set_mode(mode, history=None):
     """Switch the running agent's mode; entering plan mode tells the model the rules."""
     state = agent_state()
+    mode = claude_mode(mode, state)  # full: dontAsk, disableBypassPermissionsMode (full.3)
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
     if mode == "plan" and state.mode != "plan":
@@ -4216,6 +4218,7 @@ def start_permissions(argv):
     state = agent_state()
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
     mode = mode or state.permissions["default_mode"] or "default"
+    mode = claude_mode(mode, state)  # full: dontAsk, disableBypassPermissionsMode (full.3)
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
     state.mode = state.mode_before_plan = mode
@@ -12175,6 +12178,9 @@ SIMPLE_MATCHER = re.compile(r"[\w|]+")  # Bash, Edit|Write: exact names; anythin
 CLAUDE_HANDLER_KEYS = {"type", "command", "timeout", "async", "once", "if", "url", "headers",
                        "allowedEnvVars", "prompt", "model", "statusMessage", "shell", "asyncRewake"}
 CLAUDE_MODES = {"dontAsk", "auto", "delegate"}  # Claude Code's modes with no match here: ignored
+CLAUDE_PERMISSION_KEYS = {"allow", "deny", "ask", "additionalDirectories", "defaultMode",
+                          "disableBypassPermissionsMode"}  # the others (disableAutoMode, ...): named once
+CLAUDE_SANDBOX_KEYS = {"enabled": "enabled", "autoAllowBashIfSandboxed": "auto_allow_bash"}  # its -> ours
 MODEL_ALIASES = ("inherit", "sonnet", "opus", "haiku", "default")  # an agent file's model: the session's
 AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurns", "model", "isolation")
 
@@ -12216,9 +12222,12 @@ def read_settings(path):
     if not isinstance(data, dict) or not isinstance(data.get("permissions") or {}, dict) \
             or not isinstance(data.get("sandbox") or {}, dict):
         raise ConfigError(f"{path}: the file, its permissions and its sandbox must be JSON objects")
-    out = {"permissions": settings_permissions(path, data.get("permissions") or {}),
-           "sandbox": {ours: data["sandbox"][k] for k, ours in (("enabled", "enabled"),
-                       ("autoAllowBashIfSandboxed", "auto_allow_bash")) if k in (data.get("sandbox") or {})}}
+    perms, sandbox = data.get("permissions") or {}, data.get("sandbox") or {}
+    if bad := [k for k in CLAUDE_SANDBOX_KEYS if not isinstance(sandbox.get(k, False), bool)]:
+        raise ConfigError(f"{path}: sandbox.{bad[0]} must be true or false")
+    out = {"permissions": settings_permissions(path, perms),
+           "sandbox": {ours: sandbox[k] for k, ours in CLAUDE_SANDBOX_KEYS.items() if k in sandbox},
+           "no_bypass": perms.get("disableBypassPermissionsMode") == "disable"}  # load_permissions keeps it
     out = {k: v for k, v in out.items() if v}
     check_config(path, out)  # s07's checks: every rule readable, the mode, the sandbox's values
     hooks = settings_hooks(path, data.get("hooks"))
@@ -12241,14 +12250,37 @@ def settings_permissions(path, perms):
         raise ConfigError(f"{path}: permissions.additionalDirectories must be a list of strings")
     out["additional_directories"] = [str(claude_base(path) / os.path.expanduser(d)) for d in dirs]
     mode = perms.get("defaultMode")
-    if mode in CLAUDE_MODES:
+    if mode is not None and (not isinstance(mode, str) or mode not in (*PERMISSION_MODES, *CLAUDE_MODES)):
+        raise ConfigError(f"{path}: permissions.defaultMode must be one of {', '.join(PERMISSION_MODES)}")
+    if mode in CLAUDE_MODES:  # dontAsk: with -p, what would ask is denied all the same
         warn_once(f"[{rel(path)}: defaultMode {mode} has no match here; the mode is left as it is]")
     elif mode is not None:
-        out["default_mode"] = mode  # check_config refuses an unknown one
+        out["default_mode"] = mode
+    if perms.get("disableBypassPermissionsMode") not in (None, "disable"):  # a safety switch: never guessed
+        raise ConfigError(f"{path}: permissions.disableBypassPermissionsMode must be \"disable\"")
+    if unknown := sorted(set(map(str, perms)) - CLAUDE_PERMISSION_KEYS):
+        warn_once(printable(f"[{rel(path)}: permissions.{', permissions.'.join(unknown)} "
+                            f"{'has' if len(unknown) == 1 else 'have'} no match here: ignored]"))
     if dropped:
         warn_once(printable(f"[{rel(path)}: rules for tools this agent does not have are left out: "
                             f"{', '.join(map(str, dropped[:5]))}{' ...' if len(dropped) > 5 else ''}]"))
     return {k: v for k, v in out.items() if v}
+
+
+def claude_mode(mode, state):
+    """A mode asked for (flag, environment, file or /mode) as Claude Code's settings
+    let it be: dontAsk is default under -p, where what would ask is denied (exactly
+    Claude Code's dontAsk); bypassPermissions is refused once any settings file
+    turned it off (disableBypassPermissionsMode), trusted or not: it only tightens."""
+    if mode == "dontAsk":
+        if not isinstance(FRONT_END.get("current"), Headless):
+            raise ValueError("dontAsk works with -p only (there a question is answered no); "
+                             "interactively use default, with allow rules for what may run unasked")
+        return "default"
+    if mode == "bypassPermissions" and state.permissions.get("no_bypass"):
+        raise ValueError(f"bypassPermissions is turned off by {state.permissions['no_bypass']} "
+                         f"(disableBypassPermissionsMode): use default, acceptEdits or plan")
+    return mode
 
 
 def claude_rule(text):
@@ -12316,19 +12348,23 @@ def claude_handler(path, where, event, matcher, handler):
     """One handler {type, command | url | prompt, timeout, async, once, if} as s08's hook dict."""
     if not isinstance(handler, dict) or handler.get("type") not in ("command", "http", "prompt", "agent"):
         raise ConfigError(f"{path}: {where}.type must be command, http, prompt or agent")
-    if unknown := sorted(set(map(str, handler)) - CLAUDE_HANDLER_KEYS):
-        raise ConfigError(f"{path}: {where}.{unknown[0]} is not a field of a hook here")
-    kind = handler["type"]
+    if unknown := sorted(set(map(str, handler)) - CLAUDE_HANDLER_KEYS):  # a newer Claude Code's fields
+        warn_once(printable(f"[{rel(path)}: {where}: {', '.join(unknown)} not used here: ignored]"))
+    kind, prompt = handler["type"], handler.get("prompt")
     action = ({"type": "command", "command": handler.get("command")} if kind == "command" else
               {"type": "http", "url": handler.get("url"), "headers": handler.get("headers") or {},
                "allowed_env_vars": handler.get("allowedEnvVars") or []} if kind == "http" else
-              {"type": "agent", "prompt": str(handler.get("prompt") or "").replace("$ARGUMENTS", "the event below")})
+              {"type": "agent", "prompt": prompt.replace("$ARGUMENTS", "the event below")
+               if isinstance(prompt, str) else prompt})
     if problem := check_action(action, where):  # s08's check, said in the handler's own keys
         raise ConfigError(f"{path}: {problem.replace('.action.', '.').replace('.action', '')}")
     timeout = handler.get("timeout", CLAUDE_HOOK_TIMEOUT if kind == "command" else HOOK_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= HOOK_MAX_TIMEOUT:
-        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at "
-                          f"most {HOOK_MAX_TIMEOUT}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0")
+    if timeout > HOOK_MAX_TIMEOUT:  # Claude Code sets no cap; a hook here still ends
+        warn_once(f"[{rel(path)}: {where}.timeout {timeout:g}s is over the {HOOK_MAX_TIMEOUT}s most: "
+                  f"{HOOK_MAX_TIMEOUT}s]")
+        timeout = HOOK_MAX_TIMEOUT
     if not all(isinstance(handler.get(k, False), bool) for k in ("async", "once")):
         raise ConfigError(f"{path}: {where}: async and once must be true or false")
     rules = handler_rules(path, where, handler.get("if"))

@@ -73,3 +73,109 @@ def test_in_the_home_directory_the_users_settings_are_read_once(mod, api, client
     assert [(r["text"], r["scope"]) for r in state.permissions["rules"]] == [("Bash(ls:*)", "user")]
     run_turn(mod, api, client, [])
     assert (workspace / "hookruns").read_text() == "run\n"           # once, not twice
+
+
+# --- finding 10: a wrong-typed value is one line naming the file and key -------------
+
+WRONG = [None, 0, 5, -1, 1.5, float("nan"), True, False, "", "x", [], [1], ["plan"], [[]], {}, {"a": 1},
+         {"a": []}]
+HANDLER = {"type": "command", "command": "true"}
+
+
+def nested(key, value):
+    """A settings document with `value` at the dotted `key`, the rest of it valid."""
+    top, _, rest = key.partition(".")
+    if top == "handler":
+        return {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [HANDLER | {rest: value}]}]}}
+    if top == "group":
+        return {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [HANDLER]} | {rest: value}]}}
+    if top == "event":
+        return {"hooks": {"PreToolUse": value}}
+    return {top: value} if not rest else {top: {rest: value}}
+
+
+SETTINGS_KEYS = ["permissions", "sandbox", "hooks", "permissions.allow", "permissions.deny", "permissions.ask",
+                 "permissions.additionalDirectories", "permissions.defaultMode",
+                 "permissions.disableBypassPermissionsMode", "sandbox.enabled", "sandbox.autoAllowBashIfSandboxed",
+                 "event", "group.matcher", "group.hooks", "handler.type", "handler.command", "handler.url",
+                 "handler.headers", "handler.allowedEnvVars", "handler.prompt", "handler.timeout",
+                 "handler.async", "handler.once", "handler.if"]
+
+
+@full
+@pytest.mark.parametrize("key", SETTINGS_KEYS)
+def test_every_key_the_settings_reader_reads_survives_wrong_types(mod, workspace, key):
+    for value in WRONG:
+        path = settings(workspace, nested(key, value))
+        try:
+            mod.read_settings(path)
+        except mod.ConfigError as e:                               # a refusal names the file
+            assert str(e).startswith(f"{path}: ") and "\n" not in str(e), (key, value, e)
+        except Exception as e:                                     # anything else is a traceback at start-up
+            pytest.fail(f"{key} = {value!r}: {type(e).__name__}: {e}")
+    for value in (["plan"], 5, {"a": 1}):                          # the review's case, and its cousins
+        with pytest.raises(mod.ConfigError, match="permissions.defaultMode must be one of"):
+            mod.read_settings(settings(workspace, {"permissions": {"defaultMode": value}}))
+
+
+@full
+def test_a_list_as_default_mode_stops_the_start_with_one_line(mod, api, workspace):
+    from conftest import run_chapter
+    settings(workspace, {"permissions": {"defaultMode": ["plan"]}})
+    r = run_chapter("agent_full", "-p", "hi", api=api, cwd=workspace)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "settings.json: permissions.defaultMode must be one of" in r.stderr and not api.requests
+
+
+# --- finding 11: what a newer Claude Code writes loads, with a line ------------------
+
+@full
+def test_an_unknown_handler_key_and_a_long_timeout_load_with_a_warning(mod, workspace, capsys):
+    path = settings(workspace, {"hooks": {"PostToolUse": [{"matcher": "Write", "hooks": [
+        {"type": "command", "command": "true", "timeout": 1800, "newField": 1, "alsoNew": "x"}]}]}})
+    hooks = mod.load_permissions(workspace, trust_all=True)["hooks"]
+    assert len(hooks) == 1 and hooks[0]["timeout"] == mod.HOOK_MAX_TIMEOUT
+    err = capsys.readouterr().err
+    assert "alsoNew, newField not used here: ignored" in err
+    assert "timeout 1800s is over the 600s most: 600s" in err
+    for bad in (0, -5, "60", float("nan")):                        # still refused: no sensible reading
+        settings(workspace, {"hooks": {"Stop": [{"hooks": [HANDLER | {"timeout": bad}]}]}})
+        with pytest.raises(mod.ConfigError, match=r"timeout must be a number of seconds, above 0"):
+            mod.read_settings(path)
+
+
+@full
+def test_unknown_permissions_keys_are_named_once(mod, workspace, capsys):
+    path = settings(workspace, {"permissions": {"allow": ["Read"], "disableAutoMode": "disable"}})
+    assert mod.read_settings(path)["permissions"]["allow"] == ["Read"]
+    assert "permissions.disableAutoMode has no match here: ignored" in capsys.readouterr().err
+
+
+@pytest.mark.permissions
+@full
+def test_disable_bypass_permissions_mode_is_honoured_from_any_file(mod, workspace, monkeypatch):
+    settings(workspace, {"permissions": {"deny": ["Bash(curl:*)"], "disableBypassPermissionsMode": "disable"}})
+    monkeypatch.setattr(mod, "ask_human", lambda q: pytest.fail(f"asked: {q}"))   # it only tightens: no trust
+    with pytest.raises(ValueError, match=r"bypassPermissions is turned off by \.claude/settings\.json"):
+        mod.start_permissions(["--permission-mode", "bypassPermissions"])
+    monkeypatch.setenv("AGENT_PERMISSION_MODE", "bypassPermissions")
+    with pytest.raises(ValueError, match="disableBypassPermissionsMode"):
+        mod.start_permissions([])
+    monkeypatch.delenv("AGENT_PERMISSION_MODE")
+    mod.start_permissions([])
+    with pytest.raises(ValueError, match="disableBypassPermissionsMode"):
+        mod.set_mode("bypassPermissions")                          # /mode cannot reach it either
+    assert mod.agent_state().mode == "default"
+    settings(workspace, {"permissions": {"disableBypassPermissionsMode": True}})
+    with pytest.raises(mod.ConfigError, match='disableBypassPermissionsMode must be "disable"'):
+        mod.start_permissions([])
+
+
+@pytest.mark.permissions
+@full
+def test_dont_ask_is_default_under_p_and_refused_interactively(mod, workspace):
+    with pytest.raises(ValueError, match="dontAsk works with -p only"):
+        mod.start_permissions(["--permission-mode", "dontAsk"])
+    mod.FRONT_END["current"] = mod.Headless("text")
+    mod.start_permissions(["--permission-mode", "dontAsk"])
+    assert mod.agent_state().mode == "default"                     # -p answers every question no
