@@ -179,3 +179,37 @@ def test_dont_ask_is_default_under_p_and_refused_interactively(mod, workspace):
     mod.FRONT_END["current"] = mod.Headless("text")
     mod.start_permissions(["--permission-mode", "dontAsk"])
     assert mod.agent_state().mode == "default"                     # -p answers every question no
+
+
+# --- finding 13: the matcher and Notification, caught by tests ----------------------
+
+def claude_hooks(mod, event, handler, matcher=None):
+    """One Claude Code hook, as if read from a trusted user settings file."""
+    group = {"hooks": [handler]} | ({"matcher": matcher} if matcher is not None else {})
+    state = mod.agent_state()
+    state.permissions["hooks"] = mod.read_hooks(Path("settings.json"), {"hooks": {event: [group]}}, "user", True)
+    return state
+
+
+@full
+def test_a_plain_matcher_is_an_exact_name_not_a_search(mod, api, client, workspace):
+    claude_hooks(mod, "PreToolUse", {"type": "command", "command": "echo blocked >&2; exit 2"}, matcher="Task")
+    assert not mod.matcher_hits("Task", "TaskCreate") and mod.matcher_hits("Task", "Task")
+    assert mod.matcher_hits("Task.*", "TaskCreate")               # a regex is a search, as in Claude Code
+    history = run_turn(mod, api, client, [reply(tool("task_create", {"subject": "write the notes"}))])
+    created = results(history)[0]
+    assert not created.get("is_error") and "blocked" not in created["content"]   # Task is not TaskCreate
+
+
+@pytest.mark.permissions
+@full
+def test_a_notification_hook_is_told_and_never_answers_the_question(mod, api, client, workspace, monkeypatch):
+    allow = {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}}
+    state = claude_hooks(mod, "Notification", {"type": "command", "command": f"printf '%s' {shlex.quote(json.dumps(allow))}"})
+    state.permissions["sandbox"]["enabled"] = False
+    state.mode = "default"
+    asked = []
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "n")
+    history = run_turn(mod, api, client, [reply(tool("bash", {"command": "touch made"}))])
+    assert asked and "bash" in asked[0]                            # the human was asked, the hook only told
+    assert results(history)[0]["is_error"] and not (workspace / "made").exists()
