@@ -154,6 +154,7 @@ class AgentState:
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
         self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
         self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.8)
+        self.agent_type = ""  # full: a subagent's type: Claude Code's SubagentStart/Stop matchers test it
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -1454,6 +1455,7 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_b
     settings = child_settings(spec, fork, usage)
     label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
     child = child_state(fork, label[:24])  # s12: made first, so it can get a lane
+    child.agent_type = agent_type or ("fork" if fork else "general-purpose")  # full: for its hooks (full.3)
     prompt = isolate(child, isolation or spec.get("isolation"), settings, prompt, fork)  # s12: told where it is
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
@@ -2414,6 +2416,8 @@ def compact(client, messages, focus=None, why="auto", options=None):
     say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
         f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
     fire("post_compact", trigger=trigger, summary=summary[:HOOK_OUTPUT_CHARS])  # s08
+    if not agent_state().label:  # full: the main session's SessionStart, source compact (full.3)
+        session_again("compact")  # full
     return True
 
 
@@ -5063,7 +5067,8 @@ def begin_session():
     if hooks:
         say(f"[hooks: {active} active, {len(hooks) - active} not run (untrusted file); "
             f"/hooks lists them]")
-    v = fire("session_start", source="startup")
+    source = "resume" if state.session.pop("resumed", False) else "startup"  # full: --continue, --resume (full.3)
+    v = fire("session_start", source=source)  # full
     note(v["context"], "session_start")
 
 
@@ -5631,6 +5636,7 @@ def resume(client, path):
     if client is not None and estimate_tokens(kept) > AUTO_COMPACT_AT:
         compact(client, kept, why="resumed over the threshold")
     session_boundary(kept)
+    state.session["resumed"] = True  # full: SessionStart's source (full.3)
     if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
         hours = (time.time() - last_ts) / 3600
         age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
@@ -5679,6 +5685,7 @@ def resume_command(args, ctx):
             say(str(e))
             return
         ctx["history"][:] = loaded
+        session_again("resume")  # full: Claude Code's SessionStart hooks, matcher resume (full.3)
         return
     files, own = session_files(state)[-SESSION_LIST:], own_sessions(state)
     for p in reversed(files):
@@ -12172,7 +12179,8 @@ CLAUDE_EVENTS = {v: k for k, v in HOOK_EVENTS.items()} | {
     "StopFailure": "error"}                # the turn ended by an API error
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest")
 MATCHED_FIELD = {"SessionStart": "source", "SessionEnd": "reason", "PreCompact": "trigger",
-                 "PostCompact": "trigger"}  # what a matcher tests on other events (else: ignored)
+                 "PostCompact": "trigger", "SubagentStart": "agent_type",
+                 "SubagentStop": "agent_type"}  # what a matcher tests on other events (else: ignored)
 END_REASONS = {"exit": "prompt_input_exit", "interrupted": "other"}  # s08's session_end reasons, as Claude Code's
 SIMPLE_MATCHER = re.compile(r"[\w|]+")  # Bash, Edit|Write: exact names; anything else is a regex
 CLAUDE_HANDLER_KEYS = {"type", "command", "timeout", "async", "once", "if", "url", "headers",
@@ -12404,7 +12412,7 @@ def claude_applies(hook, payload, state):
     elif c["event"] in MATCHED_FIELD:
         values = [str(claude_payload(hook, payload).get(MATCHED_FIELD[c["event"]], ""))]
     else:
-        values = None  # UserPromptSubmit, Stop, SubagentStart, ...: the matcher is not used
+        values = None  # UserPromptSubmit, Stop, ...: the matcher is not used
     if c["matcher"] is not None and values is not None and not any(matcher_hits(c["matcher"], v) for v in values):
         return False
     if not c["rules"] or c["event"] not in TOOL_EVENTS:
@@ -12430,6 +12438,8 @@ def claude_payload(hook, payload):
     out = payload | {"hook_event_name": event}
     if event == "SessionEnd":
         out["reason"] = END_REASONS.get(payload.get("reason"), payload.get("reason"))
+    if event in ("SubagentStart", "SubagentStop"):
+        out["agent_type"] = agent_state().agent_type  # fired in the subagent's own context
     if name is not None:
         out |= {"tool_name": CLAUDE_NAMES.get(name, [name])[0],
                 "tool_input": claude_input(name, payload.get("tool_input"), agent_state())}
@@ -12490,6 +12500,15 @@ def claude_verdict(hook, v, payload):
     if hook.get("claude") and v["input"] is not None:
         v["input"] = our_input(payload.get("tool_name"), v["input"])
     return v
+
+
+def session_again(source):
+    """session_start where Claude Code fires SessionStart again: after /resume, /clear
+    and a compaction (source resume, clear, compact), so a hook that puts context back
+    (matcher compact) does; that context reaches the model with the next message."""
+    state = agent_state()
+    state.session.pop("resumed", None)  # this resume's start is fired here, not at startup
+    note(fire("session_start", source=source)["context"], "session_start")
 
 
 def claude_agent_meta(path, meta):
@@ -12917,6 +12936,7 @@ def clear_command(args, ctx):
     state.files.clear()
     state.record = new_session(state)
     say(f"[conversation cleared; new session {session_id(state)}]")
+    session_again("clear")  # Claude Code's SessionStart, source clear: its context opens the new conversation
 
 
 def exit_command(args, ctx):

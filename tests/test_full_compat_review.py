@@ -213,3 +213,61 @@ def test_a_notification_hook_is_told_and_never_answers_the_question(mod, api, cl
     history = run_turn(mod, api, client, [reply(tool("bash", {"command": "touch made"}))])
     assert asked and "bash" in asked[0]                            # the human was asked, the hook only told
     assert results(history)[0]["is_error"] and not (workspace / "made").exists()
+
+
+# --- finding 12: SessionStart's sources, and the subagent matchers -------------------
+
+def recorder():
+    """A hook command that keeps its stdin, one line per run, in seen.jsonl."""
+    return f"{PY} -c 'import sys; open(\"seen.jsonl\", \"a\").write(sys.stdin.read() + \"\\n\")'"
+
+
+def seen(workspace):
+    path = workspace / "seen.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def session_start_hooks(mod, *matchers):
+    """One recording SessionStart hook per matcher, as a trusted user file has them."""
+    groups = [{"matcher": m, "hooks": [{"type": "command", "command": recorder()}]} for m in matchers]
+    state = mod.agent_state()
+    state.permissions["hooks"] = mod.read_hooks(Path("settings.json"), {"hooks": {"SessionStart": groups}},
+                                                "user", True)
+    return state
+
+
+@full
+def test_session_start_fires_after_a_compaction_and_a_clear_with_their_source(mod, api, client, workspace):
+    from test_s06_compact import SUMMARY, history_of
+    session_start_hooks(mod, "compact", "clear", "startup")
+    api.script([reply(SUMMARY)])
+    mod.compact_now(client, history_of(6))
+    assert [(s["hook_event_name"], s["source"]) for s in seen(workspace)] == [("SessionStart", "compact")]
+    mod.agent_state().record = mod.new_session(mod.agent_state())
+    mod.clear_command("", {"history": [{"role": "user", "content": "old"}]})
+    assert [s["source"] for s in seen(workspace)] == ["compact", "clear"]      # the startup matcher: neither
+
+
+@full
+def test_a_resumed_session_starts_with_source_resume(mod, api, workspace):
+    from conftest import run_chapter
+    settings(Path.home(), {"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": recorder()}]}]}})
+    api.script([reply("first"), reply("second")])
+    assert run_chapter("agent_full", "-p", "hi", api=api, cwd=workspace).returncode == 0
+    r = run_chapter("agent_full", "-p", "--continue", "again", api=api, cwd=workspace)
+    assert r.returncode == 0, r.stderr
+    assert [s["source"] for s in seen(workspace)] == ["startup", "resume"]
+
+
+@full
+def test_subagent_matchers_test_the_agent_type(mod, api, client, workspace):
+    hooks = {e: [{"matcher": "explore", "hooks": [{"type": "command", "command": recorder()}]}]
+             for e in ("SubagentStart", "SubagentStop")}
+    state = mod.agent_state()
+    state.permissions["hooks"] = mod.read_hooks(Path("settings.json"), {"hooks": hooks}, "user", True)
+    run_turn(mod, api, client, [reply(tool("agent", {"prompt": "look around", "agent_type": "explore"})),
+                                reply("Seen it."),
+                                reply(tool("agent", {"prompt": "do a thing", "description": "general"})),
+                                reply("Did it.")])
+    assert [(s["hook_event_name"], s["agent_type"]) for s in seen(workspace)] == [
+        ("SubagentStart", "explore"), ("SubagentStop", "explore")]       # not the general-purpose one
