@@ -271,3 +271,22 @@ def test_subagent_matchers_test_the_agent_type(mod, api, client, workspace):
                                 reply("Did it.")])
     assert [(s["hook_event_name"], s["agent_type"]) for s in seen(workspace)] == [
         ("SubagentStart", "explore"), ("SubagentStop", "explore")]       # not the general-purpose one
+
+
+# --- finding 5: a trusted Claude Code hook's script is trusted as it was -------------
+
+@pytest.mark.permissions
+@full
+def test_a_claude_hook_script_rewritten_in_accept_edits_is_asked_about(mod, api, client, workspace, monkeypatch):
+    (workspace / "scripts").mkdir()
+    (workspace / "scripts" / "fmt.sh").write_text("#!/bin/sh\nexit 0\n")
+    settings(workspace, {"hooks": {"PostToolUse": [{"matcher": "Write|Edit", "hooks": [
+        {"type": "command", "command": 'sh "$CLAUDE_PROJECT_DIR"/scripts/fmt.sh'}]}]}})
+    load(mod, monkeypatch, "y", mode="acceptEdits")                # the human trusts the settings file
+    asked = []
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "n")
+    run_turn(mod, api, client, [reply(tool("read_file", {"path": "scripts/fmt.sh"})),
+                                reply(tool("write_file", {"path": "scripts/fmt.sh", "content": "touch ESCAPED\n"}))])
+    assert (workspace / "scripts" / "fmt.sh").read_text() == "touch ESCAPED\n"   # acceptEdits let it write
+    assert not (workspace / "ESCAPED").exists()                    # but the hook did not run it unasked
+    assert len(asked) == 1 and "scripts/fmt.sh" in asked[0] and "user#" not in asked[0]
