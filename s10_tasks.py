@@ -3600,9 +3600,10 @@ def skill_commands(name):
 # process tree, no capabilities. Inside the workspace the files that steer the
 # agent or that other programs execute (its config, hooks, skills, git hooks
 # and config, editor tasks) are bound read-only again, so a command cannot plant
-# instructions for the next session. A protected path that does not exist yet
-# cannot be bound (bwrap would create it in the user's tree): the trust hash of
-# s07.2 is what catches a command creating one. Two differences from the plain
+# instructions for the next session. One that does not exist yet cannot be
+# made either: an empty folder (a stub) is put at its first missing part and
+# mounted read-only, and taken away when the command ends; git and the agent's
+# readers take an empty folder for nothing there. Two differences from the plain
 # shell: the command runs under bash, not /bin/sh, and a background job
 # (`server &`) ends with the command, because its process tree ends with it.
 BWRAP = "bwrap"               # bubblewrap; found on PATH
@@ -3613,12 +3614,13 @@ MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hid
 GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
 HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
                 ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
-    ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
+    *HOME_DOTFILES]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
@@ -3785,6 +3787,7 @@ def bash_process(command):
     state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
     if state.write_roots is not None:  # s09: the memory consolidator's bash only reads
         protected, writable = [str(state.workdir)] + protected, ()  # s09
@@ -3797,9 +3800,47 @@ def bash_process(command):
                         writable, late), False
 
 
+def place_stubs(protected, state):
+    """A stub (an empty folder) at the first missing part of each protected path in the
+    workspace, for bwrap to mount read-only: a command cannot make a .mcp.json, a
+    .claude/settings.local.json or a hook script that a later start would trust
+    unseen. Recorded in the session, for drop_stubs. A missing .git stays makeable
+    (git init must work; its hooks are then git's samples), and HOME's dotfiles are
+    stubbed only in HOME, the one place a shell or git reads them."""
+    workdir, made = state.workdir, []
+    in_home = workdir == Path.home().resolve()
+    for path in map(Path, protected):
+        parts = path.relative_to(workdir).parts if path.is_relative_to(workdir) else ()
+        if not parts or parts[0] == ".git" or (parts[0] in HOME_DOTFILES and not in_home) \
+                or any(path.is_relative_to(stub) for stub in made):  # inside a stub: hidden with it
+            continue
+        part = workdir
+        for name in parts:
+            part = part / name
+            if not os.path.lexists(part):
+                with contextlib.suppress(OSError):
+                    part.mkdir()
+                    made.append(str(part))
+                break
+            if part.is_symlink() or not part.is_dir():  # nothing is made through a link, or in a file
+                break
+    state.session.setdefault("stubs", {}).setdefault(str(workdir), []).extend(made)
+    return made
+
+
+def drop_stubs(state):
+    """The stubs of the agent's workspace removed, deepest first. rmdir only: a folder
+    something was put in meanwhile stays, as the folder it now is. Returns "", as
+    undo_git_redirects does when there is nothing to tell."""
+    for path in reversed(state.session.get("stubs", {}).pop(str(state.workdir), [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return ""
+
+
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; and git's pointer files are put back if the command changed them."""
+    EROFS; git's pointer files are put back if the command changed them; its stubs go."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
     return note + release_git(agent_state())  # s10: any agent's command may end first
 
@@ -4378,7 +4419,7 @@ def hook_file_key(file):
 
 
 def file_digest(path):
-    """sha256 of a file, read in chunks (a server may name a big one); None when unreadable."""
+    """sha256 of a file, read in chunks (a hook or a server may name a big one); None when unreadable."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
@@ -6721,14 +6762,16 @@ def guard_git(state):
 
 
 def release_git(state):
-    """A sandboxed command ended: undo redirects against the shared snapshot."""
+    """A sandboxed command ended: undo redirects against the shared snapshot. The
+    stubs go with the last command in the workspace: one still running needs them
+    (removed under it, a stub's mount would vanish and its path be makeable)."""
     with GIT_GUARD_LOCK:
         guard = state.session.get("git_guard", {}).get(str(state.workdir))
         state.git_before = guard["before"] if guard else state.git_before
         note = undo_git_redirects(state)
         if guard:
             guard["running"] = max(0, guard["running"] - 1)
-        return note
+        return note + ("" if guard and guard["running"] else drop_stubs(state))
 
 
 def runtime_dir():
