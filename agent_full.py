@@ -70,6 +70,7 @@ import functools
 import gc
 import hashlib
 import http.client
+import io
 import itertools
 import json
 import os
@@ -143,6 +144,7 @@ class AgentState:
         self.hooks = {"fired": set(), "jobs": [], "procs": set()}  # s08: the session's, shared with subagents
         self.hook_notes, self.stop_blocked, self.halt = [], False, None  # s08: see start_hooks, stop_hooks
         self.record = None  # s09: the session file it appends to (the main agent's; see sync_session)
+        self.parent_session = ""  # s09: a subagent's: its parent's session id, which its hooks are told
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
@@ -1408,6 +1410,7 @@ def child_state(fork, label):
     child.session = parent.session  # s06: one bill for the whole session
     child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
+    child.parent_session = session_id(parent)  # s09: one session id for every agent of the session
     child.background = parent.background  # s10: background commands too
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     child.schedules = parent.schedules  # s10: and scheduled jobs
@@ -4186,6 +4189,10 @@ def set_mode(mode, history=None):
 
 def toggle_plan(args, ctx):
     """/plan: enter plan mode, or leave it for the mode before."""
+    if args.strip():  # a word after it must not flip the mode unnoticed
+        ctx["error"] = f"/plan takes no argument (got {args.strip()!r}): it enters plan mode, or leaves it"
+        say(ctx["error"])
+        return
     state = agent_state()
     set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
 
@@ -4263,6 +4270,7 @@ def start_permissions(argv):
     mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
     state = agent_state()
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    state.permissions["rules"] += cli_rules(state.session.get("cli") or {})  # full: --allowed-tools, counted below
     mode = mode or state.permissions["default_mode"] or "default"
     mode = claude_mode(mode, state)  # full: dontAsk, disableBypassPermissionsMode (full.3)
     if mode not in PERMISSION_MODES:
@@ -4870,7 +4878,7 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 def hook_payload(event, fields, state):
     """The JSON a hook gets (Claude Code's fields), plus our event name."""
     fields = as_bash(fields)  # s10: background_run is shown as Bash with run_in_background
-    return {"session_id": state.run_id, "transcript_path": str(transcript_file(state)),
+    return {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
             "cwd": str(state.workdir), "permission_mode": state.mode,
             "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
         | ({"agent_name": state.label} if state.label else {})
@@ -5556,6 +5564,12 @@ def new_session(state):
     stamp_ = time.strftime("%Y%m%d-%H%M%S")
     return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
             "written": 0, "last": None}
+
+
+def session_id(state):
+    """The session's id, the name of its file: --resume takes it, hooks are told it.
+    A subagent writes no file of its own: it has its parent's."""
+    return state.record["path"].stem if state.record else state.parent_session or state.run_id
 
 
 def write_records(records):
@@ -8974,7 +8988,7 @@ def teammate_env(name):
     the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
     state = agent_state()
     return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode,
-            LEAD_PID_ENV: str(os.getpid())}
+            LEAD_PID_ENV: str(os.getpid())} | cli_env(state)  # full: the lead's rule and prompt flags bind it too
 
 
 def start_detached(argv, env, log):
@@ -11931,8 +11945,9 @@ register("tool_search", (
 #   error       text, error: the turn failed (the API, after its retries)
 #   session     session_id, cwd, model, mode, tools, mcp_servers, slash_commands, skills,
 #               agents: a headless run is set up and about to send its prompt
-#   turn_end    reason (agent_loop's), result (the answer; "" unless reason is end_turn),
-#               session_id, cost: one user prompt is done
+#   turn_end    reason (agent_loop's, or command_failed), result (the answer; "" unless
+#               reason is end_turn), session_id, cost, api_ms (the session's time in model
+#               calls), error (a failed -p /command's line, else absent): one user prompt is done
 # Events come from any thread (parallel tools, MCP readers, background jobs):
 # a front end that keeps state takes a lock. A background agent's events go to
 # its log as plain text, as its lines always did, never to the front end.
@@ -11985,7 +12000,7 @@ class PlainText:
         label = event["label"]
         if event["kind"] == EVENTS.text:  # a subagent's words are progress, not the answer
             out = self.log or (sys.stderr if label else sys.stdout)
-            out.write(event["text"])
+            out.write(printable(event["text"]) if is_terminal(out) else event["text"])  # a pipe: the bytes
             out.flush()
         elif (line := plain_line(event)) is not None:
             if label:
@@ -12017,6 +12032,12 @@ def call_usage(message):
     return {k: getattr(message.usage, k, 0) or 0 for k in USAGE_KEYS}
 
 
+def add_api_time(started):
+    """A model call's time joins the session's (subagents' too, as their bill does)."""
+    session = agent_state().session
+    session["api_ms"] = session.get("api_ms", 0) + (time.monotonic() - started) * 1000
+
+
 def report_call(message, context, line):
     """after_call's status line, as events: the finished reply, then the status."""
     state, usage = agent_state(), call_usage(message)
@@ -12025,17 +12046,13 @@ def report_call(message, context, line):
     emit(EVENTS.status, text=f"[context {context:,}/{CONTEXT_WINDOW:,} tokens | {line}]",
          context=context, window=CONTEXT_WINDOW, usage=usage, cost=state.session["cost"],
          mode=state.mode, model=message.model, background=len(background_running()),
-         teammates=len(state.teammates))
+         teammates=len(running_teammates(state)))  # not the ones that have stopped
 
 
 def appended_prompt():
     """--append-system-prompt's text, as a last section of the main agent's prompt."""
-    text = agent_state().session.get("appended_prompt")
+    text = "\n\n".join((agent_state().session.get("cli") or {}).get("append", []))
     return [("appended", text)] if text else []
-
-
-def session_id(state):
-    return state.record["path"].stem if state.record else ""
 
 
 def prompt_turn(client, history, **settings):
@@ -12043,7 +12060,7 @@ def prompt_turn(client, history, **settings):
     reason = agent_loop(client, history, **settings)
     state = agent_state()
     emit(EVENTS.turn_end, reason=reason, result=last_text(history) if reason == "end_turn" else "",
-         session_id=session_id(state), cost=state.session["cost"])
+         session_id=session_id(state), cost=state.session["cost"], api_ms=state.session.get("api_ms", 0))
     return reason
 
 # --- full.2: headless ---
@@ -12056,43 +12073,67 @@ def prompt_turn(client, history, **settings):
 #                                JSON object a line, then the result object
 # The result: {type: "result", subtype: success | error_max_turns |
 # error_during_execution, is_error, num_turns (the main agent's model calls),
-# result, session_id (--resume takes it), duration_ms, total_cost_usd, usage,
+# result, session_id (--resume takes it), duration_ms, duration_api_ms (the
+# model calls'), stop_reason (the last reply's), total_cost_usd, usage,
 # permission_denials: [{tool_name, tool_use_id, tool_input}], errors (on failure)}.
+# Tool names, in the stream and in permission_denials, are this agent's (bash,
+# read_file), as the model calls them.
 # stdout carries that format only; progress goes to stderr as in the REPL. A
 # question has no human here: it is answered no (a denial, the model told why),
 # so calls run only where a rule or the mode allows them. Exit status: 0 on
-# success, 1 when the turn failed, 2 for bad flags. A subagent's messages are
-# not streamed (their label shows them on stderr).
+# success, 1 when the turn failed, 2 for bad flags, 141 when stdout's reader
+# went away. The prompt is the arguments, then whatever is piped on stdin
+# (cat log | -p "explain"); "/name args" runs the command or skill as the REPL
+# does. A subagent's messages are not streamed (their label shows them on
+# stderr), so parent_tool_use_id is always null. The run ends with its one
+# prompt: teammates a lead spawned are asked to stop then (team_session), and
+# what they send after it is lost; team work belongs in the interactive UI.
+# --allowed-tools, --disallowed-tools and --append-system-prompt work without
+# -p too, and bind the teammates a lead starts (CLI_FLAGS_ENV).
 OUTPUT_FORMATS = ("text", "json", "stream-json")
 HEADLESS_ANSWER = ("nobody can answer in a headless run (-p): allow such calls with "
                    "--allowed-tools or --permission-mode")
+HEADLESS_TRUST = "; --trust-workspace trusts this project's files for one run"  # the hint for a trust question
 STDIN_PROMPT_CAP = 1_000_000  # characters of a prompt read from stdin; a bigger one belongs in a file
+STDIN_WAIT = 3               # seconds -p waits for piped input to begin when a prompt argument is given
+                             # too (as Claude Code does): a pipe left open and idle is not input
 RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
               "--disallowed-tools": ("deny", "--disallowedTools")}
+SHORT_FLAGS = {"-c": "--continue", "-r": "--resume"}  # Claude Code's short forms
+FLAG_HINTS = {"--dangerously-skip-permissions": "use --permission-mode bypassPermissions",
+              "--input-format": "the prompt is text here: an argument, or stdin"}  # Claude Code flags we lack
+CLI_FLAGS_ENV = "AGENT_CLI_FLAGS"  # a lead's rule and prompt flags (JSON), for its teammates' processes
+BROKEN_PIPE = 128 + signal.SIGPIPE  # exit status when stdout's reader went away, as a shell shows SIGPIPE's
+JSON_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})  # line breaks to
+                             # str.splitlines that json.dumps leaves raw: escaped, one object stays one line
 RESULT_SUBTYPES = {"end_turn": "success", "max_turns": "error_max_turns"}  # else error_during_execution
 USAGE = """usage: python agent_full.py [flags] [PROMPT | /command]
 
   (no prompt)                 the interactive UI; /help lists the slash commands
   PROMPT                      one task, then exit
-  -p, --print [PROMPT]        headless: one task (or stdin), nobody asked
+  -p, --print [PROMPT]        headless: one task (the prompt, then stdin), nobody asked
   --output-format FORMAT      with -p: text (default), json or stream-json
   --max-turns N               model calls per user turn
-  --model NAME                the model (else MODEL_ID, else the default)
+  --model NAME                the model (else MODEL_ID, else the default; sonnet, opus,
+                              haiku: the configured one)
   --permission-mode MODE      default, acceptEdits, plan or bypassPermissions
-  --allowed-tools RULES       with -p: allow rules, e.g. "Bash(git log:*) Read"
-  --disallowed-tools RULES    with -p: deny rules
-  --append-system-prompt TEXT with -p: added to the system prompt
-  --continue, --resume ID     go on with the last session, or with session ID
+  --allowed-tools RULES       allow rules, e.g. "Bash(git log:*) Read" (--allowedTools too)
+  --disallowed-tools RULES    deny rules (--disallowedTools too)
+  --append-system-prompt TEXT added to the system prompt
+  -c, --continue              go on with the last session
+  -r, --resume ID             go on with session ID
   --worktree NAME             work in the git worktree .agent/worktrees/NAME
   --trust-workspace           trust this project's config, hooks and servers for this run
+  --                          the words after it are the prompt, even one that starts with -
 
 Environment: ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN), ANTHROPIC_BASE_URL, MODEL_ID,
 also read from .env. No key: python tests/demo.py agent runs offline."""
 
 
-def take_flag(argv, names, value=True):
+def take_flag(argv, names, value=True, more=None):
     """Remove every `name [value]` / `name=value` of `names` from argv; the values in order
-    (True for each flag without a value). ValueError when a value is missing."""
+    (True for each flag without a value). `more(word)`: the words after a value that are
+    values too (Claude Code's --allowedTools Read Grep). ValueError when a value is missing."""
     found, i = [], 0
     while i < len(argv):
         name, eq, given = argv[i].partition("=")
@@ -12102,12 +12143,15 @@ def take_flag(argv, names, value=True):
         del argv[i]
         if not value:
             found.append(True)
-        elif eq:
+            continue
+        if eq:
             found.append(given)
         elif i < len(argv):
             found.append(argv.pop(i))
         else:
             raise ValueError(f"{name} needs a value")
+        while more and i < len(argv) and more(argv[i]):
+            found.append(argv.pop(i))
     return found
 
 
@@ -12124,23 +12168,56 @@ def split_rules(text):
     return rules + [word] * bool(word)
 
 
-def cli_rules(argv):
-    """--allowed-tools / --disallowed-tools as s07 rules, from the command line (no file)."""
-    rules = []
-    for flag, (effect, alias) in RULE_FLAGS.items():
-        for text in (t for value in take_flag(argv, (flag, alias)) for t in split_rules(value)):
-            try:
-                rules.append(parse_rule(text) | {"effect": effect, "scope": "cli", "file": flag})
-            except ValueError as e:
-                raise ValueError(f"{flag}: {e}")
+def names_tools(word):
+    """Is this word after --allowedTools' value more rules (Read, Bash(git:*), mcp__x),
+    not the prompt? Only when every rule in it names a tool, ours or Claude Code's."""
+    ours = {t["name"] for t in TOOLS}
+    heads = [RULE.fullmatch(r) for r in split_rules(word)]
+    return bool(heads) and all(m and (m[1] in CLAUDE_TOOLS or m[1] in ours or m[1].startswith("mcp__"))
+                               for m in heads)
+
+
+def cli_flags(argv):
+    """The rule and prompt flags out of argv, as texts: {"allow": [...], "deny": [...],
+    "append": [...]}; in a teammate's process its lead's come first (CLI_FLAGS_ENV)."""
+    lead = json.loads(os.environ.pop(CLI_FLAGS_ENV, "") or "{}")  # popped: its commands never see it
+    flags = {effect: lead.get(effect, []) + take_flag(argv, (flag, alias), more=names_tools)
+             for flag, (effect, alias) in RULE_FLAGS.items()}
+    return flags | {"append": lead.get("append", []) + take_flag(argv, ("--append-system-prompt",))}
+
+
+def cli_rules(flags):
+    """--allowed-tools / --disallowed-tools as s07 rules (no file), Claude Code's names
+    mapped as in a settings file (claude_rule); a name that matches no tool is one line."""
+    rules, ours = [], [t["name"] for t in TOOLS]
+    for flag, (effect, _) in RULE_FLAGS.items():
+        for text in (t for value in flags.get(effect, []) for t in split_rules(value)):
+            if not (mapped := claude_rule(text)):
+                warn_once(printable(f"[{flag} {text}: this agent has no such tool; the rule is left out]"))
+            for item in mapped:
+                try:
+                    rule = parse_rule(item)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}")
+                if not rule["tool"].startswith("mcp__") and not any(fnmatch_tool(rule["tool"], n) for n in ours):
+                    warn_once(printable(f"[{flag} {text}: matches no tool of this agent; /permissions lists "
+                                        f"the rules, the tool names are in the system/init line]"))
+                rules.append(rule | {"effect": effect, "scope": "cli", "file": flag})
     return rules
+
+
+def cli_env(state):
+    """teammate_env's addition: the lead's rule and prompt flags, so a deny holds in its team too."""
+    flags = state.session.get("cli") or {}
+    return {CLI_FLAGS_ENV: json.dumps(flags)} if any(flags.values()) else {}
 
 
 def start_front_end(argv):
     """main()'s first step: -p and its flags out of argv, the process's front end
-    installed (before any question can be asked). Returns (argv, the -p options
-    or None); ValueError is one line and exit status 2."""
-    argv = list(argv)
+    installed (before any question can be asked). Returns (argv, whether it is a
+    -p run); ValueError is one line and exit status 2."""
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: the prompt's words, untouched
+    argv = [SHORT_FLAGS.get(w, w) for w in argv[:cut]] + list(argv[cut:])
     gc.freeze()  # the ~160K objects the imports made are never garbage: no full collection re-reads them
     headless = bool(take_flag(argv, ("-p", "--print"), value=False))
     formats = take_flag(argv, ("--output-format",))
@@ -12152,25 +12229,73 @@ def start_front_end(argv):
             raise ValueError(f"--max-turns must be a whole number of model calls, 1 or more; got {turns[-1]!r}")
         os.environ["AGENT_MAX_TURNS"] = turns[-1]  # turn_limit() reads it, teammates inherit it
     if models := take_flag(argv, ("--model",)):
-        os.environ["MODEL_ID"] = models[-1]  # model_id() reads it
-    options = {"rules": cli_rules(argv), "append": "\n\n".join(take_flag(argv, ("--append-system-prompt",)))}
+        cli_model(models[-1])
+    agent_state().session["cli"] = cli_flags(argv)  # start_permissions adds the rules, appended_prompt the text
     take_flag(argv, ("--verbose",), value=False)  # Claude Code wants it with stream-json; nothing here
-    if not headless and (formats or options["rules"] or options["append"]):
-        raise ValueError("--output-format, --allowed-tools, --disallowed-tools and --append-system-prompt "
-                         "work with -p (a headless run) only")
+    if not headless and formats:
+        raise ValueError("--output-format works with -p (a headless run) only")
     FRONT_END["current"] = Headless(fmt) if headless else interactive_front_end()  # full.4: RichUI at a terminal
-    return argv, options if headless else None
+    return argv, headless
 
 
-def stdin_prompt():
-    """-p without a prompt argument: all of stdin (never a terminal: nobody types in a -p run)."""
+def cli_model(name):
+    """--model NAME. Claude Code's aliases (sonnet, opus, ...) are no model id the API
+    knows: as in an agent file, they mean the configured model (MODEL_ID, else the default)."""
+    if name not in MODEL_ALIASES:
+        os.environ["MODEL_ID"] = name  # model_id() reads it, teammates inherit it
+        return
+    say(f"[--model {name}: an alias here, for the configured model {model_id()}; "
+        f"set MODEL_ID or give --model a model id to use another]")
+
+
+def prompt_args(argv):
+    """argv once every flag is taken: the prompt's words. A word that still starts with -
+    is a flag this agent does not know (ValueError: exit 2), never part of the prompt;
+    after -- every word is the prompt's."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    if flag := next((w for w in argv[:cut] if w.startswith("-")), None):
+        name = flag.partition("=")[0]
+        raise ValueError(f"unknown flag {name}: {FLAG_HINTS.get(name, '--help lists the flags')} "
+                         f"(a prompt that starts with - goes after --)")
+    return argv[:cut] + argv[cut + 1:]
+
+
+def stdin_ready(seconds):
+    """Has stdin something to read (or its end) within `seconds`?"""
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):  # not a file (io.UnsupportedOperation is both): read it
+        return True
+    return bool(select.select([fd], [], [], seconds)[0])
+
+
+def stdin_prompt(wait=None):
+    """What is piped to -p: all of stdin ("" from a terminal: nobody types in a -p run).
+    `wait`: with a prompt argument too, stdin counts only if it begins within that many
+    seconds, and one that cannot be read is no input."""
     if sys.stdin is None or sys.stdin.isatty():
         return ""
-    text = sys.stdin.read(STDIN_PROMPT_CAP + 1)
+    try:
+        if wait is not None and not stdin_ready(wait):
+            say(f"[stdin: nothing arrived in {wait} s, so the prompt is the argument alone; "
+                f"redirect stdin (< /dev/null) to skip the wait]")
+            return ""
+        text = sys.stdin.read(STDIN_PROMPT_CAP + 1)
+    except OSError:
+        if wait is None:
+            raise
+        return ""
     if len(text) > STDIN_PROMPT_CAP:
         raise ValueError(f"the prompt on stdin is over {STDIN_PROMPT_CAP:,} characters: save it to a "
                          f"file and ask for that file to be read")
     return text
+
+
+def headless_prompt(argv):
+    """The arguments, then what is piped on stdin after a blank line (cat log | -p "explain")."""
+    words = " ".join(argv)
+    piped = stdin_prompt(STDIN_WAIT if words else None)
+    return "\n\n".join(p for p in (words, piped) if p.strip())
 
 
 def session_facts(state):
@@ -12182,23 +12307,37 @@ def session_facts(state):
             "agents": sorted(load_agents())}
 
 
-def run_headless(client, history, argv, options):
-    """-p: the prompt (the arguments, else stdin), the flags' rules and prompt, one turn."""
+def run_headless(client, history, argv):
+    """-p: the prompt (the arguments and stdin), then one turn, or one /command."""
     state = agent_state()
     try:
-        prompt = " ".join(argv) if argv else stdin_prompt()
+        prompt = headless_prompt(argv)
     except (OSError, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     if not prompt.strip():
         print('-p needs a prompt: as an argument (-p "task") or on stdin', file=sys.stderr)
         return 2
-    state.permissions["rules"] += options["rules"]
-    if options["append"]:
-        state.session["appended_prompt"] = options["append"]
     emit(EVENTS.session, **session_facts(state))
+    if prompt.startswith("/"):  # as the REPL takes it
+        return headless_command(client, history, prompt)
     add_user_text(history, prompt)
     return 0 if prompt_turn(client, history) == "end_turn" else 1
+
+
+def headless_command(client, history, line):
+    """-p "/name args": a skill or a prompt command is the turn's prompt; a command that
+    runs here (/cost, /context, ...) is the result, its printout kept off stdout."""
+    ctx, state = {"client": client, "history": history}, agent_state()
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        text = handle_slash(line, ctx)
+    if text is not None:
+        add_user_text(history, text)
+        return 0 if prompt_turn(client, history) == "end_turn" else 1
+    emit(EVENTS.turn_end, reason="command_failed" if ctx.get("error") else "end_turn",
+         result=shown.getvalue().rstrip("\n"), session_id=session_id(state), cost=state.session["cost"],
+         api_ms=state.session.get("api_ms", 0), error=ctx.get("error"))
+    return 1 if ctx.get("error") else 0
 
 
 class Headless:
@@ -12207,22 +12346,39 @@ class Headless:
 
     def __init__(self, fmt):
         self.fmt, self.lock, self.plain = fmt, threading.RLock(), PlainText()
-        self.started, self.session, self.turns = time.monotonic(), "", 0
+        self.started, self.session, self.turns, self.stop_reason = time.monotonic(), "", 0, None
         self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
+        self.closed = False  # stdout's reader went away
 
     def handle(self, event):
         with self.lock:
             if event["kind"] == EVENTS.question:
-                print(f"{event['text']}no (headless run: nobody to ask)", file=sys.stderr, flush=True)
+                hint = HEADLESS_TRUST if "from this workspace" in event["text"] else ""
+                print(f"{event['text']}no (headless run: nobody to ask{hint})", file=sys.stderr, flush=True)
                 return HEADLESS_ANSWER
+            if event["kind"] == EVENTS.notice:  # agent_loop's Ctrl+C line: nobody types here
+                event = event | {"text": event["text"].replace(", you can keep typing", "")}
             if event["kind"] != EVENTS.text or event["label"]:  # a subagent's text: on stderr
                 self.plain.handle(event)
             if handler := getattr(self, "on_" + event["kind"], None):
                 handler(event, main=not event["label"])
         return None
 
+    def write(self, line):
+        """One line on stdout. When its reader has gone (| head -1), the rest goes nowhere
+        and the run ends quietly, as SIGPIPE would end it: no API error, no traceback."""
+        if not self.closed:
+            try:
+                print(line, flush=True)
+                return
+            except BrokenPipeError:
+                self.closed = True
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush too
+        if threading.current_thread() is threading.main_thread():
+            raise SystemExit(BROKEN_PIPE)  # not an Exception: agent_loop does not take it for an API error
+
     def out(self, obj):
-        print(json.dumps(obj, ensure_ascii=False, default=str), flush=True)
+        self.write(json.dumps(obj, ensure_ascii=False, default=str).translate(JSON_BREAKS))
 
     def tagged(self, obj):
         """A streamed message, as Claude Code tags them."""
@@ -12239,8 +12395,11 @@ class Headless:
     def on_reply(self, event, main):
         for k in USAGE_KEYS:  # every agent's tokens: the cost is the session's too
             self.usage[k] += event["usage"][k]
-        self.turns += main
-        if main and self.fmt == "stream-json":
+        if not main:  # num_turns and the stream are the main agent's
+            return
+        self.turns += 1
+        self.stop_reason = event["stop_reason"]
+        if self.fmt == "stream-json":
             self.out(self.tagged({"type": "assistant", "message": {
                 "id": event["id"], "type": "message", "role": "assistant", "model": event["model"],
                 "content": event["content"], "stop_reason": event["stop_reason"], "stop_sequence": None,
@@ -12263,14 +12422,16 @@ class Headless:
         if not main:
             return
         subtype = RESULT_SUBTYPES.get(event["reason"], "error_during_execution")
-        errors = [] if subtype == "success" else self.errors or [f"the turn stopped: {event['reason']}"]
+        errors = [] if subtype == "success" else \
+            self.errors or [event.get("error") or f"the turn stopped: {event['reason']}"]
         if self.fmt == "text":
             if not errors:
-                print(event["result"], flush=True)
+                self.write(event["result"])
             return
         self.out({"type": "result", "subtype": subtype, "is_error": bool(errors),
-                  "duration_ms": round((time.monotonic() - self.started) * 1000), "num_turns": self.turns,
-                  "result": event["result"] if not errors else "; ".join(errors),
+                  "duration_ms": round((time.monotonic() - self.started) * 1000),
+                  "duration_api_ms": round(event.get("api_ms", 0)), "num_turns": self.turns,
+                  "result": event["result"] if not errors else "; ".join(errors), "stop_reason": self.stop_reason,
                   "session_id": event["session_id"] or self.session, "total_cost_usd": event["cost"],
                   "usage": dict(self.usage), "permission_denials": list(self.denials),
                   "uuid": str(uuid.uuid4())} | ({"errors": errors} if errors else {}))
@@ -12643,9 +12804,10 @@ def claude_verdict(hook, v, payload):
 
 
 def session_again(source):
-    """session_start where Claude Code fires SessionStart again: after /resume, /clear
-    and a compaction (source resume, clear, compact), so a hook that puts context back
-    (matcher compact) does; that context reaches the model with the next message."""
+    """session_start where Claude Code fires SessionStart again: after /resume and a
+    compaction (source resume, compact; /clear fires its own), so a hook that puts
+    context back (matcher compact) does; that context reaches the model with the next
+    message."""
     state = agent_state()
     state.session.pop("resumed", None)  # this resume's start is fired here, not at startup
     note(fire("session_start", source=source)["context"], "session_start")
@@ -12673,31 +12835,41 @@ def claude_agent_meta(path, meta):
 # A human at a colour terminal gets RichUI instead of PlainText: the answer as
 # Markdown, re-rendered live while it streams; each tool call as a small panel
 # with the head of its result (an edit as a coloured diff); a spinner while the
-# model is thinking; a status line after each reply. It reads only the events.
-# Input at a terminal goes through prompt_toolkit (LineEditor): history in
-# ~/.agent/history, Tab completion, @path mentions, multi-line input. With
-# NO_COLOR, or stdout or stdin not a terminal, everything stays as PlainText and
-# the chapters' read_line, so pipes and scripts see the chapters' bytes.
+# model is thinking or a tool runs; a status line after each reply. The output
+# half reads only the events. Input from a human (stdin and stdout terminals)
+# goes through prompt_toolkit (LineEditor): history in ~/.agent/history, Tab
+# completion, @path mentions, multi-line input. The input half does ask the
+# engine: for idle work (a due job, the lead's inbox), for the commands and
+# skills it completes, and for s07's read rules on a mention. NO_COLOR turns
+# off RichUI (PlainText instead), not the line editor; a pipe at either end
+# gets PlainText and the chapters' read_line, so scripts see the chapters' bytes.
 RESULT_PREVIEW_LINES = 6  # lines of a tool result shown in its panel
 DIFF_PREVIEW_LINES = 40  # lines of an edit's diff shown; the rest is counted
 LIVE_REFRESH = 8  # re-renders per second of a streaming answer (Markdown parses all of it)
 HISTORY_FILE = ".agent/history"  # under ~: the prompts typed, for the up arrow
+HISTORY_CAP = 1_000_000  # bytes of the history kept: the oldest prompts go at start-up
 MENTION_CAP = 100_000  # bytes of a file an @path attaches; the model can read_file the rest
-MENTION = re.compile(r"(?<!\S)@(\S+)")  # @path at a word start, not user@host
+MENTION_BUDGET = 200_000  # bytes all the @paths of one prompt attach together (~50K tokens)
+MENTION = re.compile(r'(?<!\S)@(?:"([^"\n]+)"|(\S+))')  # @path or @"a name with spaces", not user@host
+TAIL_MENTION = re.compile(r'(?<!\S)@("[^"\n]*|[^\s"]*)\Z')  # the one being typed, for Tab
 
 
-def wants_rich(stream):
-    """A colour terminal: RichUI. NO_COLOR (any value, no-color.org) or a pipe: plain."""
-    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def no_color():
+    """NO_COLOR present and not empty (no-color.org): colour off."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 def interactive_front_end():
-    """start_front_end's choice without -p: RichUI for a human, else the chapters' text."""
-    if not wants_rich(sys.stdout):
-        return PlainText()
-    if wants_rich(sys.stdin):
+    """start_front_end's choice without -p: for a human (stdin and stdout terminals)
+    the line editor, and RichUI unless NO_COLOR; a pipe at either end: the chapters'."""
+    human = is_terminal(sys.stdin) and is_terminal(sys.stdout)
+    if human:
         FRONT_END["editor"] = LineEditor()
-    return RichUI()
+    return RichUI() if human and not no_color() else PlainText()
 
 
 def edit_diff(name, args):
@@ -12729,7 +12901,8 @@ def call_title(name, args):
 
 
 def result_text(content, is_error):
-    lines = str(blocks_text(content)).strip().splitlines() or ["(empty)"]
+    raw = str(blocks_text(content))
+    lines = raw.strip("\n").splitlines() if raw.strip() else ["(empty)"]  # read_file's indent stays
     text = Text("\n".join(printable(line)[:200] for line in lines[:RESULT_PREVIEW_LINES]),
                 style="red" if is_error else "")
     if len(lines) > RESULT_PREVIEW_LINES:
@@ -12751,25 +12924,41 @@ def status_line(event, totals):
 
 
 class LiveAnswer:
-    """The streaming answer as Live shows it: parsed at each refresh, not at each delta."""
+    """What the Live region shows: the streaming answer as Markdown, else the wait's
+    spinner. Parsed at each refresh, not at each delta; while it grows, only its
+    last screenful (rich would show the first and "..."), at the end all of it."""
 
     def __init__(self, ui):
         self.ui = ui
 
-    def __rich__(self):
+    def __rich_console__(self, console, options):
         from rich.markdown import Markdown
-        from rich.spinner import Spinner
-        return Markdown(self.ui.answer) if self.ui.answer else Spinner("dots", " thinking", style="dim")
+        from rich.segment import Segment
+        ui = self.ui
+        if not ui.answer:
+            yield ui.spinner or ""
+            return
+        # printable: the model's escape sequences must not move the cursor, set the title or
+        # rewrite the panels above; no hyperlinks: a link's text must not hide where it goes
+        answer = Markdown(printable(ui.answer.replace("\r\n", "\n")), hyperlinks=False)
+        if ui.final:
+            yield answer
+            return
+        for line in console.render_lines(answer, options, pad=False)[-max(console.height - 1, 1):]:
+            yield from line
+            yield Segment.line()
 
 
 class RichUI:
-    """The interactive front end. One Live region at a time: the spinner, then the
-    answer growing in it; any other output stops it first, so lines never interleave."""
+    """The interactive front end. One Live region at a time: a spinner while something
+    runs (the model, a tool), the answer growing in it; any other output stops it
+    first, so lines never interleave, and the spinner comes back after it."""
 
     def __init__(self, console=None):
         self.console = console or Console(highlight=False)
         self.lock, self.live, self.answer, self.calls = threading.RLock(), None, "", {}
         self.totals = dict.fromkeys(USAGE_KEYS, 0)
+        self.spinner, self.busy, self.final = None, False, False  # busy: a spinner belongs on screen
 
     def handle(self, event):
         with self.lock:
@@ -12780,44 +12969,55 @@ class RichUI:
                 self.print(Text(printable(f"  [{event['label']}] {line.strip()}"), style="dim"))
         return None
 
-    def waiting(self):
-        """A prompt went to the model: the spinner, until its text or a tool call comes."""
+    def waiting(self, what="thinking"):
+        """Something runs: a spinner naming it. One Spinner for the whole wait: it
+        animates from its first frame's time (a new one at each refresh never moves)."""
+        from rich.spinner import Spinner
         with self.lock:
-            self.answer = ""
-            if self.live is None:
-                from rich.live import Live
-                self.live = Live(LiveAnswer(self), console=self.console, refresh_per_second=LIVE_REFRESH,
-                                 transient=False)
-                self.live.start()
+            self.busy = True
+            self.spinner = Spinner("dots", printable(what), style="dim")
+            self.start()
+
+    def start(self):
+        if self.live is None:
+            from rich.live import Live
+            self.final = False
+            self.live = Live(LiveAnswer(self), console=self.console, refresh_per_second=LIVE_REFRESH,
+                             transient=False)
+            self.live.start()
 
     def stop(self):
         if self.live is not None:
+            self.final = True  # the last render shows all of the answer
             self.live.transient = not self.answer  # a spinner goes; an answer stays on the screen
             self.live.stop()
             self.live = None
         self.answer = ""
 
-    def print(self, *renderables):
+    def print(self, *renderables, resume=True):
+        """Output above the Live region; a wait's spinner comes back after it."""
         self.stop()
         self.console.print(*renderables)
+        if resume and self.busy:
+            self.start()
 
     def on_text(self, event):
-        if self.live is None:
-            self.waiting()
         self.answer += event["text"]
+        self.start()
 
     def on_reply(self, event):
         for k in USAGE_KEYS:  # every agent's tokens, as the session pays for them
             self.totals[k] += event["usage"][k]
         if not event["label"]:
+            self.busy = False  # until its tool calls start, or the turn ends
             self.stop()
 
     def on_status(self, event):
         self.print(Text(status_line(event, self.totals), style="dim"))
 
     def on_tool_start(self, event):
-        self.stop()
         self.calls[event["id"]] = (event["name"], event["input"])
+        self.waiting(call_title(event["name"], event["input"]))  # a long test run shows what runs
 
     def on_tool_end(self, event):
         from rich.panel import Panel
@@ -12825,12 +13025,9 @@ class RichUI:
         diff = [] if event["is_error"] else edit_diff(name, args)
         body = diff_text(diff) if diff else result_text(event["content"], event["is_error"])
         self.print(Panel(body, title=call_title(name, args), title_align="left", expand=True,
-                         border_style="red" if event["is_error"] else "blue"))
-        if not self.calls:
-            self.waiting()  # the results go back to the model
-
-    def on_denial(self, event):
-        self.print(Text(printable(f"  denied ({event['layer']}): {event['reason']}"), style="yellow"))
+                         border_style="red" if event["is_error"] else "blue"), resume=False)
+        # the next call of the reply runs, or the results go back to the model
+        self.waiting(call_title(*next(iter(self.calls.values()))) if self.calls else "thinking")
 
     def on_notice(self, event):
         self.print(Text(printable(event["text"]), style="dim"))
@@ -12839,18 +13036,24 @@ class RichUI:
         self.print(Text(printable(event["text"]), style="bold red"))
 
     def on_turn_end(self, event):
+        self.busy = False
         self.stop()
 
     def on_question(self, event):
         """A clear prompt: the question in a yellow panel, the answer on its own line.
-        End of input answers no; Ctrl+C cancels the turn, as at the chapters' prompt."""
+        End of input answers no; Ctrl+C cancels the turn, as at the chapters' prompt.
+        (A denial has no handler: the red panel of its result says why.)"""
         from rich.panel import Panel
         question = printable(event["text"]).rstrip()
-        self.print(Panel(Text(question), title="the agent asks", title_align="left", border_style="yellow"))
+        self.print(Panel(Text(question), title="the agent asks", title_align="left", border_style="yellow"),
+                   resume=False)  # no spinner over the answer being typed
         try:
-            return read_answer("answer> ")
+            answer = read_answer("answer> ")
         except EOFError:
-            return "no"
+            answer = "no"
+        if self.busy:
+            self.start()
+        return answer
 
 
 def read_answer(prompt):
@@ -12859,38 +13062,81 @@ def read_answer(prompt):
     return editor.ask(prompt) if editor else input(prompt)
 
 
-def mention_block(word, workdir):
-    """@path -> the file's content as a block for the prompt, or None (no such file)."""
-    path = (workdir / word.rstrip(".,;:!?)")).resolve()
-    if not path.is_file() or not path.is_relative_to(workdir.resolve()):
-        return None
+def mention_block(word, state, budget):
+    """(the block for the prompt or None, what the human is told) for one @path.
+    A mention goes through read_file's own checks: in the workspace, not denied by
+    a read rule (the agent's .env included), text; and all of one prompt's share
+    `budget` ([bytes left]), so a dozen big files cannot make a prompt too large."""
+    try:
+        path = (state.workdir / word).resolve()
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+        return None, "not attached: not a path that can be read"
+    if not path.is_relative_to(state.workdir):
+        return None, "not attached: outside the workspace"
+    if not path.is_file():
+        return None, "not attached: no such file"
+    effect, _, reason = decide("read_file", {"path": str(path)}, state)
+    if effect == "deny":
+        return None, f"not attached: {reason}"
+    if budget[0] <= 0:
+        return None, f"not attached: this prompt's mentions are over {MENTION_BUDGET:,} bytes"
+    take = min(MENTION_CAP, budget[0])
     with path.open("rb") as f:
-        data = f.read(MENTION_CAP + 1)
-    more = f"\n[... cut at {MENTION_CAP:,} bytes: read_file has the rest]" if len(data) > MENTION_CAP else ""
-    text = data[:MENTION_CAP].decode("utf-8", errors="replace")
-    return f'<file path="{rel(path)}">\n{text}{more}\n</file>'
+        data = f.read(take + 1)
+    if b"\0" in data[:BINARY_SNIFF]:
+        return None, "not attached: a binary file (the model can inspect it with bash)"
+    budget[0] -= min(len(data), take)
+    more = f"\n[... cut at {take:,} bytes: read_file has the rest]" if len(data) > take else ""
+    text = data[:take].decode("utf-8", errors="replace")
+    told = f"attached, {min(len(data), take):,} bytes" + (" (cut: read_file has the rest)" if more else "")
+    return f'<file path="{rel(path)}">\n{text}{more}\n</file>', told
+
+
+def mentioned(line, workdir):
+    """The paths a line's @mentions name, once each: @"quoted" as written; a bare
+    one without the sentence's punctuation after it unless that is its name."""
+    words = []
+    for m in MENTION.finditer(line):
+        word = m[1] or m[2]
+        if m[2] and not (workdir / word).exists():
+            word = word.rstrip(".,;:!?)")
+        words.append(word)
+    return list(dict.fromkeys(w for w in words if w))
 
 
 def attach_mentions(line):
-    """The typed line, then one block per @path it names (a file in the workdir)."""
-    workdir = agent_state().workdir
-    words = dict.fromkeys(m[1] for m in MENTION.finditer(line))
-    blocks = [b for w in words if (b := mention_block(w, workdir)) is not None]
+    """The typed line, then one block per @path it names; a dim line for each says
+    what was attached, or why not."""
+    state, budget, blocks = agent_state(), [MENTION_BUDGET], []
+    for word in mentioned(line, state.workdir):
+        block, told = mention_block(word, state, budget)
+        blocks += [block] if block else []
+        say(printable(f"[@{word}: {told}]"))
     return "\n\n".join([line, *blocks])
 
 
 def completions(text, workdir):
     """Tab at the end of `text`: [(candidate, how many characters it replaces)].
-    A first word /... completes commands and skills; @... and a slash command's
-    argument complete paths under the workdir."""
-    if text.startswith("/") and " " not in text:
+    A first word /... completes commands and skills, /mode's argument a mode;
+    @... and a slash command's argument complete paths under the workdir (an
+    @path with a space is quoted, a folder's quote left open to go on)."""
+    if text.startswith("/") and not re.search(r"\s", text):
         return [("/" + name, len(text)) for name in sorted(all_commands()) if name.startswith(text[1:])]
-    word = text.split(" ")[-1]
-    if word.startswith("@"):
-        return [("@" + p, len(word)) for p in path_candidates(word[1:], workdir)]
+    if m := TAIL_MENTION.search(text):
+        return [("@" + quoted_mention(p), len(m[0])) for p in path_candidates(m[1].lstrip('"'), workdir)]
+    word = re.split(r"\s", text)[-1]
+    if re.fullmatch(r"/mode\s+\S*", text):
+        return [(mode, len(word)) for mode in PERMISSION_MODES if mode.startswith(word)]
     if text.startswith("/") and word:
         return [(p, len(word)) for p in path_candidates(word, workdir)]
     return []
+
+
+def quoted_mention(path):
+    """A path as MENTION reads it back: quoted when it has a space."""
+    if not re.search(r"\s", path):
+        return path
+    return f'"{path}' + ('"' if not path.endswith("/") else "")
 
 
 def path_candidates(partial, workdir):
@@ -12916,6 +13162,40 @@ def idle_work():
     return due or bool(team and team["member"] == LEAD and time.monotonic() - team.get("looked", 0) >= IDLE_POLL)
 
 
+def prompt_history():
+    """~/.agent/history for the line editor: private (0600: a pasted secret lands in
+    it, as in the session files), its oldest prompts trimmed at HISTORY_CAP. A file
+    that cannot be opened (a folder, root's after a sudo run, a read-only home) is
+    one line and this session's history only: prompt_toolkit would print a
+    traceback at every prompt instead."""
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    path = Path.home() / HISTORY_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)  # one made before was 0644
+        trim_history(path)
+    except OSError as e:
+        say(f"[input history not saved: {e}]")
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
+def trim_history(path):
+    """Keep the newest HISTORY_CAP bytes, from the start of an entry (FileHistory's
+    "\n# date" line; the lines of a prompt start with "+"), so loading stays bounded."""
+    if path.stat().st_size <= HISTORY_CAP:
+        return
+    with path.open("rb") as f:
+        f.seek(-HISTORY_CAP, os.SEEK_END)
+        tail = f.read()
+    start = tail.find(b"\n#")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(tail[start:] if start >= 0 else b"")
+    os.replace(tmp, path)
+
+
 class LineEditor:
     """prompt_toolkit at a terminal. Enter sends; Esc+Enter, or a line ending in a
     backslash, goes on to a new line. Ctrl+C clears the line, and at an empty
@@ -12923,30 +13203,24 @@ class LineEditor:
 
     def __init__(self):
         from prompt_toolkit import PromptSession  # imported here: plain runs never pay for it
-        from prompt_toolkit.history import FileHistory, InMemoryHistory
-        path = Path.home() / HISTORY_FILE
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            history = FileHistory(str(path))
-        except OSError as e:  # a read-only home: this session's history only
-            say(f"[input history not saved: {e}]")
-            history = InMemoryHistory()
-        self.session = PromptSession(history=history, completer=SlashCompleter(),
-                                     key_bindings=editor_keys(), complete_while_typing=False)
-        self.interrupts = 0
+        self.session = PromptSession(history=prompt_history(), completer=SlashCompleter(),
+                                     key_bindings=editor_keys(self), complete_while_typing=False)
+        self.interrupts = 0  # Ctrl+C at an empty prompt, in a row
 
     def read(self, prompt):
         """The next prompt for the REPL, @path files attached; EOFError quits. A due
         job (s10) or the lead's inbox (s11) is looked at while the prompt is empty."""
+        from prompt_toolkit.patch_stdout import patch_stdout
         while True:
             if turn := scheduled_turn() or team_turn():
-                return turn
+                return self.sent(turn)
             try:
                 self.session.app.erase_when_done = False  # a line typed stays on the screen
-                line = self.session.prompt(prompt, pre_run=self.watch)
+                with patch_stdout(raw=True):  # other threads' lines (memory, MCP, hooks) print above the prompt
+                    line = self.session.prompt(prompt, pre_run=self.watch)
                 if line is IDLE_WORK:
                     continue
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # at an empty prompt (a typed line is cleared: editor_keys)
                 self.interrupts += 1
                 if self.interrupts >= 2:
                     raise EOFError
@@ -12954,10 +13228,14 @@ class LineEditor:
                 continue
             self.interrupts = 0
             if line.strip() not in ("", "q", "exit") and not line.startswith("/"):  # a prompt for the model
-                if ui := FRONT_END.get("current"):
-                    getattr(ui, "waiting", lambda: None)()
-                return attach_mentions(line)
+                return self.sent(attach_mentions(line))
             return line
+
+    def sent(self, turn):
+        """A turn goes to the model: the front end's spinner, until its text comes."""
+        if ui := FRONT_END.get("current"):
+            getattr(ui, "waiting", lambda: None)()
+        return turn
 
     def watch(self):
         """While the prompt waits: leave it (IDLE_WORK) when there is idle work and
@@ -12978,12 +13256,23 @@ class LineEditor:
     def ask(self, prompt):
         """A question's answer: no history, no completion."""
         from prompt_toolkit import prompt as ask
-        return ask(prompt)
+        from prompt_toolkit.patch_stdout import patch_stdout
+        with patch_stdout(raw=True):  # parallel calls and teammates may print meanwhile
+            return ask(prompt)
 
 
-def editor_keys():
+def editor_keys(editor):
     from prompt_toolkit.key_binding import KeyBindings
     keys = KeyBindings()
+
+    @keys.add("c-c")
+    def _(event):
+        buffer = event.current_buffer
+        if buffer.text:  # a line given up: cleared, and no step towards quitting
+            buffer.reset()
+            editor.interrupts = 0
+        else:  # read() counts these
+            event.app.exit(exception=KeyboardInterrupt, style="class:aborting")
 
     @keys.add("escape", "enter")
     def _(event):
@@ -13062,32 +13351,56 @@ def show_cost(args, ctx):
 
 def model_command(args, ctx):
     """/model [NAME]: show the model, or use NAME from the next call on."""
-    if args:
+    if len(args.split()) > 1:  # the API would refuse it at the next turn, far from the typo
+        ctx["error"] = f"a model name has no spaces: /model NAME (got {args.strip()!r})"
+        say(ctx["error"])
+    elif args.strip():
         os.environ["MODEL_ID"] = args.strip()  # model_id() reads it, as --model sets it
         say(f"[model: {model_id()}]")
     else:
         print(f"model: {model_id()}")
 
 
+CONVERSATION_FIELDS = ("files", "plan", "compaction", "denials", "decided", "hook_notes", "stop_blocked",
+                       "halt", "discovered")  # AgentState's fields that belong to one conversation
+
+
+def new_conversation(state):
+    """Empty what the old conversation left on the agent: its file-read records, plan,
+    compaction state, denials in a row, hook context not yet delivered, loaded deferred
+    tools, and the memories it recalled (so the new one can recall them). The session's
+    own things stay: mode, rules, cost, background work, team, lane, MCP servers."""
+    fresh = AgentState(state.workdir)
+    for name in CONVERSATION_FIELDS:
+        setattr(state, name, getattr(fresh, name))
+    state.memory["attached"] = set()
+
+
 def clear_command(args, ctx):
-    """/clear: an empty conversation in a new session file (the old one can be resumed)."""
+    """/clear: an empty conversation in a new session file (the old one can be resumed).
+    The hooks see it as Claude Code's do: the old session ends, a new one starts."""
     state = agent_state()
+    fire("session_end", reason="clear")  # full: SessionEnd, reason "clear", with the old transcript
     ctx["history"][:] = []
-    state.files.clear()
+    new_conversation(state)
     state.record = new_session(state)
+    note(fire("session_start", source="clear")["context"], "session_start")  # full: SessionStart, source "clear"
     say(f"[conversation cleared; new session {session_id(state)}]")
-    session_again("clear")  # Claude Code's SessionStart, source clear: its context opens the new conversation
 
 
 def exit_command(args, ctx):
     raise SystemExit(0)  # not an Exception: handle_slash lets it through; the sessions close
 
 
-def tool_command(tool_fn, *args):
-    """A command that shows what a tool returns; the tool's refusal is one line for the human."""
+def tool_command(name, tool_fn, takes_id=False):
+    """/name [ID]: what a tool returns; a refusal (the tool's, or an argument to a
+    tool that takes none) is one line for the human."""
     def run(words, ctx):
+        words = words.strip()
         try:
-            print(tool_fn(*args, *([words.strip()] if words.strip() else [])))
+            if words and not takes_id:
+                raise ToolError(f"/{name} takes no argument (got {words!r})")
+            print(tool_fn(words) if words else tool_fn())
         except ToolError as e:
             ctx["error"] = str(e)
             say(str(e))
@@ -13106,10 +13419,11 @@ command("context", "Show what fills the context window, by part", show_context)
 command("cost", "Show the session's cost so far", show_cost)
 command("model", "Show the model, or switch to another: /model NAME", model_command, arg_hint="[NAME]")
 command("sessions", "List the saved sessions of this directory", lambda a, ctx: resume_command("", ctx))
-command("tasks", "Show the task board", tool_command(task_list))
-command("bg", "List background commands and agents, or show one: /bg ID", tool_command(background_check), arg_hint="[ID]")
-command("schedules", "List the scheduled prompts", tool_command(schedule_list))
-command("worktrees", "List the worktrees (lanes) of this project", tool_command(worktree_list))
+command("tasks", "Show the task board", tool_command("tasks", task_list))
+command("bg", "List background commands and agents, or show one: /bg ID",
+        tool_command("bg", background_check, takes_id=True), arg_hint="[ID]")
+command("schedules", "List the scheduled prompts", tool_command("schedules", schedule_list))
+command("worktrees", "List the worktrees (lanes) of this project", tool_command("worktrees", worktree_list))
 command("agents", "List the agent types subagents can be started as", show_agents)
 command("init", "Ask the model to study the repository and write an AGENTS.md",
         lambda a, ctx: INIT_PROMPT + (f"\n\nAlso: {a}" if a else ""), arg_hint="[NOTES]", kind="prompt")
@@ -13161,11 +13475,13 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     """One streamed model call; text is printed the moment it arrives."""
     tools = request_tools(TOOLS if tools is None else tools)  # s04: None = the main agent's; s12: deferred out
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
+    started = time.monotonic()  # full: the session's time in model calls (headless duration_api_ms)
     with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
                                 tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
         for text in reply_text(stream, out):  # s06: out learns which blocks began
             show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()
+    add_api_time(started)  # full
     if any(b.type == "text" for b in message.content):
         show_text("\n", out)  # s04
     add_usage(usage, message)  # s04: a child's token bill
@@ -13335,6 +13651,7 @@ def main(argv=None):
         lane = worktree_flag(argv)  # s12: --worktree NAME, entered once the session is set up
         argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
         argv, history = start_session(argv, client)  # s09: --continue, --resume ID, or a new session
+        argv = prompt_args(argv)  # full: a flag this agent lacks is refused, never sent as the prompt
         clean_stale_worktrees()  # s12: agent-made lanes long unused, with nothing in them
         start_worktree(lane)  # s12: the lane made or reused, the agent's workdir set (no chdir)
     except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
@@ -13344,7 +13661,7 @@ def main(argv=None):
         if agent_state().team:  # s11: only a teammate has joined a team at start-up
             return teammate_loop(client, history)  # s11
         if headless:  # full: -p, one prompt, output in the chosen format
-            return run_headless(client, history, argv, headless)  # full
+            return run_headless(client, history, argv)  # full
         if argv and argv[0].startswith("/"):  # s05: one slash command, then exit
             return run_slash_once(client, " ".join(argv))
         if argv:

@@ -23,7 +23,7 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 Run:
     python s07_permissions.py                        # REPL, prompt "s07 >> "
     python s07_permissions.py --permission-mode plan "how would you add a --json flag?"
-    printf 'n\n' | python s07_permissions.py "make x.txt"   # the answer comes from the pipe
+    echo n | python s07_permissions.py "make x.txt"          # the answer comes from the pipe
     python tests/demo.py s07                         # offline, no key: scripted model
 
 Try:
@@ -4009,6 +4009,10 @@ def set_mode(mode, history=None):
 
 def toggle_plan(args, ctx):
     """/plan: enter plan mode, or leave it for the mode before."""
+    if args.strip():  # a word after it must not flip the mode unnoticed
+        ctx["error"] = f"/plan takes no argument (got {args.strip()!r}): it enters plan mode, or leaves it"
+        say(ctx["error"])
+        return
     state = agent_state()
     set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
 

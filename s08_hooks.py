@@ -4033,6 +4033,10 @@ def set_mode(mode, history=None):
 
 def toggle_plan(args, ctx):
     """/plan: enter plan mode, or leave it for the mode before."""
+    if args.strip():  # a word after it must not flip the mode unnoticed
+        ctx["error"] = f"/plan takes no argument (got {args.strip()!r}): it enters plan mode, or leaves it"
+        say(ctx["error"])
+        return
     state = agent_state()
     set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
 

@@ -115,6 +115,7 @@ class AgentState:
         self.hooks = {"fired": set(), "jobs": [], "procs": set()}  # s08: the session's, shared with subagents
         self.hook_notes, self.stop_blocked, self.halt = [], False, None  # s08: see start_hooks, stop_hooks
         self.record = None  # s09: the session file it appends to (the main agent's; see sync_session)
+        self.parent_session = ""  # s09: a subagent's: its parent's session id, which its hooks are told
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
         self.write_roots = None  # s09: when set, the only folders it may write (the consolidator)
         self.background = {}  # s10: background commands by id (the session's, shared with subagents)
@@ -1360,6 +1361,7 @@ def child_state(fork, label):
     child.session = parent.session  # s06: one bill for the whole session
     child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
     child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
+    child.parent_session = session_id(parent)  # s09: one session id for every agent of the session
     child.background = parent.background  # s10: background commands too
     child.cancel = parent.cancel  # s10: a background agent's own children (agent hooks) stop with it
     child.schedules = parent.schedules  # s10: and scheduled jobs
@@ -4091,6 +4093,10 @@ def set_mode(mode, history=None):
 
 def toggle_plan(args, ctx):
     """/plan: enter plan mode, or leave it for the mode before."""
+    if args.strip():  # a word after it must not flip the mode unnoticed
+        ctx["error"] = f"/plan takes no argument (got {args.strip()!r}): it enters plan mode, or leaves it"
+        say(ctx["error"])
+        return
     state = agent_state()
     set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
 
@@ -4766,7 +4772,7 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 def hook_payload(event, fields, state):
     """The JSON a hook gets (Claude Code's fields), plus our event name."""
     fields = as_bash(fields)  # s10: background_run is shown as Bash with run_in_background
-    return {"session_id": state.run_id, "transcript_path": str(transcript_file(state)),
+    return {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
             "cwd": str(state.workdir), "permission_mode": state.mode,
             "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
         | ({"agent_name": state.label} if state.label else {})
@@ -5448,6 +5454,12 @@ def new_session(state):
     stamp_ = time.strftime("%Y%m%d-%H%M%S")
     return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
             "written": 0, "last": None}
+
+
+def session_id(state):
+    """The session's id, the name of its file: --resume takes it, hooks are told it.
+    A subagent writes no file of its own: it has its parent's."""
+    return state.record["path"].stem if state.record else state.parent_session or state.run_id
 
 
 def write_records(records):

@@ -31,7 +31,13 @@ reply). It compares the peer-style policy, (b) above, with the chapter's
 defaults; --sweep adds candidate settings (KEEP_RESULTS x WORKING_BUDGET x
 CLEAR_MIN_SHARE) on both scenarios, each with its ratio to (b).
 
+--edit-every N makes every Nth read (the first, the N+1th, ...) followed by an
+edit_file of the file just read (one more request each), for policies that
+treat the reads of edited files differently (exercise s06.1); --chapter takes
+any file in the repository root, a learner's copy too (--chapter my_s06).
+
 Run:  python tests/bench_s06_context.py [--turns 100] [--chapter s06_compact] [--sweep]
+                                         [--edit-every N]
 Prints the tables and the cost ratios to (b); it never asserts anything.
 """
 import argparse
@@ -97,20 +103,30 @@ def load(chapter, settings, workspace):
     return mod
 
 
-def replay(chapter, settings, turns, prompts=1, file_bytes=FILE_BYTES):
+def steps(first, last, edit_every):
+    """Replies that read f<first>..f<last - 1>, every edit_every-th read followed by an edit."""
+    out = []
+    for i in range(first, last):
+        out.append(reply(tool("read_file", {"path": f"f{i:03d}.txt"})))
+        if edit_every and i % edit_every == 0:
+            out.append(reply(tool("edit_file", {"path": f"f{i:03d}.txt", "old_string": f"BEGIN-{i:03d}\n",
+                                                "new_string": f"BEGIN-{i:03d} (edited)\n"})))
+    return out
+
+
+def replay(chapter, settings, turns, prompts=1, file_bytes=FILE_BYTES, edit_every=0):
     """The session: `turns` reads split evenly over `prompts` user prompts, each a
     new user turn in the same history. Returns the logged request bodies."""
     with tempfile.TemporaryDirectory() as tmp, ScriptedAPI() as api:
         workspace = Path(tmp)
         make_files(workspace, turns, file_bytes)
         mod = load(chapter, settings, workspace)
-        mod.MAX_TURNS = turns + 10
+        mod.MAX_TURNS = 2 * turns + 10
         client = anthropic.Anthropic(api_key="bench", base_url=api.url, max_retries=0)
         history, per = [], turns // prompts
         for p in range(prompts):
             first, last = p * per, turns if p == prompts - 1 else (p + 1) * per
-            api.script([reply(tool("read_file", {"path": f"f{i:03d}.txt"}))
-                        for i in range(first, last)] + [reply("Read them all.")])
+            api.script(steps(first, last, edit_every) + [reply("Read them all.")])
             history.append({"role": "user", "content":
                             f"Read f{first:03d}.txt to f{last - 1:03d}.txt, one a turn."})
             quiet = io.StringIO()
@@ -185,14 +201,15 @@ def measure(bodies, caching, turns):
             "cached": reads / sum(sizes), "reads": reads // 4, "writes": writes // 4}
 
 
-def one_prompt(chapter, turns):
+def one_prompt(chapter, turns, edit_every=0):
     """The first scenario: (a), (b) and (c) over one prompt."""
     rows = []
     for name, caching, settings in POLICIES:
         began = time.monotonic()
-        bodies = replay(chapter, settings, turns)
+        bodies = replay(chapter, settings, turns, edit_every=edit_every)
         rows.append((name, measure(bodies, caching, turns), time.monotonic() - began))
-    print(f"{turns} turns, each reading a different {FILE_BYTES // 1024} KB file "
+    edits = f", every {edit_every}th followed by an edit" if edit_every else ""
+    print(f"{turns} turns, each reading a different {FILE_BYTES // 1024} KB file{edits} "
           f"({chapter}); tokens = characters / 4\n")
     head = (f"{'policy':40} {'requests':>8} {'input tok':>10} {'peak ctx':>9} {'stable':>7} "
             f"{'between clears':>15} {'clears':>6} {'cached':>6} {'est. cost':>10} {'files seen':>10}")
@@ -224,19 +241,21 @@ def candidates():
                         "CLEAR_MIN_SHARE": least / budget})
 
 
-def compare(title, chapter, turns, prompts, file_bytes, sweep, peer=None, target=""):
+def compare(title, chapter, turns, prompts, file_bytes, sweep, peer=None, target="", edit_every=0):
     """Peer policy (b) vs the chapter's defaults (and the sweep), with ratios to (b)."""
     began = time.monotonic()
     if peer is None:
-        peer = measure(replay(chapter, POLICIES[1][2], turns, prompts, file_bytes), False, turns)
+        peer = measure(replay(chapter, POLICIES[1][2], turns, prompts, file_bytes, edit_every),
+                       False, turns)
     defaults = load(chapter, {}, ROOT)
     now = (f"defaults: keep {defaults.KEEP_RESULTS}, {defaults.WORKING_BUDGET // 1000}K, batch >= "
            f"{defaults.CLEAR_MIN_SHARE * defaults.WORKING_BUDGET / 1000:g}K")
     rows = [("(b) peer: keep 3, clear every turn, no cache", peer),
-            (f"(c) {now}", measure(replay(chapter, {}, turns, prompts, file_bytes), True, turns))]
+            (f"(c) {now}", measure(replay(chapter, {}, turns, prompts, file_bytes, edit_every),
+                                   True, turns))]
     for label, settings in (candidates() if sweep else ()):
-        rows.append((f"    {label}", measure(replay(chapter, settings, turns, prompts, file_bytes),
-                                             True, turns)))
+        rows.append((f"    {label}", measure(replay(chapter, settings, turns, prompts, file_bytes,
+                                                    edit_every), True, turns)))
     print(f"\n{title} ({chapter}); tokens = characters / 4\n")
     head = (f"{'policy':46} {'input tok':>10} {'peak ctx':>9} {'cache read':>10} {'cache write':>11} "
             f"{'clears':>6} {'est. cost':>10} {'x (b)':>6} {'files seen':>10}")
@@ -255,15 +274,17 @@ def main():
     ap.add_argument("--chapter", default="s06_compact")
     ap.add_argument("--sweep", action="store_true",
                     help="also replay the candidate settings on both scenarios (a few minutes)")
+    ap.add_argument("--edit-every", type=int, default=0, metavar="N",
+                    help="follow every Nth read by an edit of that file (default: no edits)")
     args = ap.parse_args()
-    peer = one_prompt(args.chapter, args.turns)
+    peer = one_prompt(args.chapter, args.turns, args.edit_every)
     if args.sweep:
         compare(f"Sweep, {args.turns} turns in one prompt, {FILE_BYTES // 1024} KB files",
-                args.chapter, args.turns, 1, FILE_BYTES, True, peer)
+                args.chapter, args.turns, 1, FILE_BYTES, True, peer, edit_every=args.edit_every)
     compare(f"{args.turns} reads of different {PROMPT_FILE_BYTES // 1024} KB files over "
             f"{PROMPTS} prompts ({args.turns // PROMPTS} each) in one session",
             args.chapter, args.turns, PROMPTS, PROMPT_FILE_BYTES, args.sweep,
-            target="   (target <= 0.55)")
+            target="   (target <= 0.55)", edit_every=args.edit_every)
 
 
 if __name__ == "__main__":

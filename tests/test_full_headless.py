@@ -292,7 +292,7 @@ def test_a_subagent_failure_is_not_the_run_failure(mod, api, monkeypatch, capsys
 
 def test_a_question_is_a_denial_recorded_in_the_result(mod, api, monkeypatch, capsys, workspace):
     api.script([reply(tool("write_file", {"path": "x.txt", "content": "x"}, id="toolu_w")), reply("Could not.")])
-    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))       # a yes waiting on stdin is never read
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))       # a yes on stdin is the prompt's, not an answer
     status, out, err = headless(mod, api, monkeypatch, capsys, "--output-format", "json", "write x", mode="default")
     [result] = json_lines(out)
     assert status == 0 and not (workspace / "x.txt").exists()
@@ -300,7 +300,7 @@ def test_a_question_is_a_denial_recorded_in_the_result(mod, api, monkeypatch, ca
                                              "tool_input": {"path": "x.txt", "content": "x"}}]
     told = message_bodies(api)[1]["messages"][-1]["content"][0]
     assert told["is_error"] and "headless" in told["content"] and "--allowed-tools" in told["content"]
-    assert "Allow write_file?" in err and sys.stdin.read() == "y\ny\n"
+    assert "Allow write_file?" in err and sent_texts(message_bodies(api)[0]) == ["write x\n\ny\ny\n"]
 
 
 def test_allowed_and_disallowed_tools_are_rules(mod, api, monkeypatch, capsys, workspace):
@@ -340,8 +340,8 @@ def test_model_and_append_system_prompt_reach_the_request(mod, api, monkeypatch,
 
 @pytest.mark.parametrize("argv, words", [
     (["-p", "--output-format", "xml", "hi"], "--output-format 'xml'"),
-    (["--output-format", "json", "hi"], "work with -p (a headless run) only"),
-    (["--allowedTools", "bash", "hi"], "work with -p (a headless run) only"),
+    (["--output-format", "json", "hi"], "works with -p (a headless run) only"),
+    (["-p", "--bogus", "hi"], "unknown flag --bogus"),
     (["-p", "--max-turns", "0", "hi"], "--max-turns must be a whole number"),
     (["-p", "--allowed-tools", "bash(", "hi"], "--allowed-tools:"),
     (["-p", "--model"], "--model needs a value"),

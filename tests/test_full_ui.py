@@ -95,8 +95,11 @@ def test_a_spinner_waits_and_goes_when_anything_else_is_shown(mod):
     assert ui.live is not None and ui.live.is_started
     live = ui.live
     mod.say("[a note]")
-    assert ui.live is None and not live.is_started and live.transient  # a terminal erases it
+    assert not live.is_started and live.transient  # a terminal erases it
+    assert ui.live is not live and ui.live.is_started  # and it comes back below the note
     assert console.export_text().endswith("[a note]\n")
+    mod.emit(mod.EVENTS.turn_end, reason="end_turn", result="", session_id="", cost=0.0)
+    assert ui.live is None
 
 
 def test_the_question_is_a_clear_prompt_and_its_answer_returned(mod, monkeypatch):
@@ -117,18 +120,30 @@ def test_a_question_at_the_end_of_input_is_no(mod, monkeypatch):
 
 
 def test_no_color_or_no_terminal_keeps_plain_text(mod, monkeypatch):
+    from prompt_toolkit.application import create_app_session
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
     class Tty(io.StringIO):
         def isatty(self):
             return True
     monkeypatch.setattr(sys, "stdout", Tty())
-    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: no line editor
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # input from a pipe: the chapters' read_line and text
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert isinstance(mod.interactive_front_end(), mod.RichUI) and "editor" not in mod.FRONT_END
-    monkeypatch.setenv("NO_COLOR", "1")
-    assert type(mod.interactive_front_end()) is mod.PlainText
+    assert type(mod.interactive_front_end()) is mod.PlainText and "editor" not in mod.FRONT_END
+    monkeypatch.setattr(sys, "stdin", Tty())
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        assert isinstance(mod.interactive_front_end(), mod.RichUI) and "editor" in mod.FRONT_END
+        mod.FRONT_END.pop("editor")
+        monkeypatch.setenv("NO_COLOR", "")  # present but empty: colour stays on (no-color.org)
+        assert isinstance(mod.interactive_front_end(), mod.RichUI)
+        mod.FRONT_END.pop("editor")
+        monkeypatch.setenv("NO_COLOR", "1")  # colour off, the line editor (@path, history, Tab) still on
+        assert type(mod.interactive_front_end()) is mod.PlainText and "editor" in mod.FRONT_END
+        mod.FRONT_END.pop("editor")
     monkeypatch.delenv("NO_COLOR")
-    monkeypatch.setattr(sys, "stdout", io.StringIO())
-    assert type(mod.interactive_front_end()) is mod.PlainText
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # output to a file: plain, no editor
+    assert type(mod.interactive_front_end()) is mod.PlainText and "editor" not in mod.FRONT_END
 
 
 # --- input: completion and @path ------------------------------------------------------------
@@ -284,7 +299,7 @@ def test_listing_commands_print_what_the_tools_tell(mod, capsys):
     _, ctx = run(mod, "/worktrees")  # not a git repository: the tool's own words, one line
     assert ctx["error"].startswith("Worktrees need a git repository") and "Traceback" not in capsys.readouterr().err
     _, ctx = run(mod, "/tasks 12")
-    assert "error" in ctx  # task_list takes no argument: a clear line, not a crash
+    assert ctx["error"] == "/tasks takes no argument (got '12')"  # a clear line, not a crash
 
 
 def test_exit_quits(mod):
@@ -303,8 +318,11 @@ def test_init_sends_its_prompt_to_the_model(mod, api, client):
 
 # --- a real terminal ----------------------------------------------------------------------------
 
+TMUX_SOCKET = f"fui{os.getpid()}"  # a tmux server of the test's own, never the developer's
+
+
 def tmux(*args):
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10)
+    return subprocess.run(["tmux", "-L", TMUX_SOCKET, *args], capture_output=True, text=True, timeout=10)
 
 
 def screen(name):
@@ -364,4 +382,4 @@ def test_the_interactive_ui_in_a_real_terminal(mod, api, workspace, tmp_path):
         assert "thinking" not in text  # the spinner left no trace
         tmux("send-keys", "-t", name, "C-d")
     finally:
-        tmux("kill-session", "-t", name)
+        tmux("kill-server")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_chapter
-from fake_api import reply
+from conftest import run_chapter, run_turn
+from fake_api import reply, tool
+from test_s08_hooks import calls, hook, recorder, use_hooks
 from test_s09_memory import op, own_session, project_memory, user_memory, write
 
 pytestmark = pytest.mark.parametrize("mod", __import__("conftest").chapters_from("s09"), indirect=True)
@@ -246,3 +247,19 @@ def test_hooks_in_a_parallel_batch_leave_a_session_file_that_replays_exactly(mod
     history = [{"role": "user", "content": "read them"}]
     assert mod.agent_loop(client, history) == "end_turn"
     assert mod.read_session(path)[0] == public(mod, history)
+
+
+# --- a hook's session_id -----------------------------------------------------------------
+
+def test_hooks_are_told_the_session_id_resume_takes_a_subagents_too(mod, api, client, workspace):
+    """The session's id is its file's name (--resume ID, /resume list it); a hook that logs
+    per session must see that one, in the main agent's calls and in its subagents'."""
+    state = mod.agent_state()
+    state.record = mod.new_session(state)                         # as start_session makes it
+    use_hooks(mod, hook("pre_tool_use", recorder(workspace, "pre"), cond='tool == "bash"'))
+    run_turn(mod, api, client, [reply(tool("bash", {"command": "true"})),
+                                reply(tool("agent", {"prompt": "go", "description": "kid"})),
+                                reply(tool("bash", {"command": "true"})), reply("kid done")])
+    seen = [c["stdin"] for c in calls(workspace, "pre")]
+    assert [p["session_id"] for p in seen] == [state.record["path"].stem] * 2
+    assert [p.get("agent_name") for p in seen] == [None, "kid"]

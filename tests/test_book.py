@@ -1,0 +1,218 @@
+"""The chapter book (tests/book.py): built for two chapters, then opened in headless
+Chromium as a reader opens it, from disk.
+
+The build runs in-process; only the two demos it records run as subprocesses. The
+Chromium test skips, and says why, only where no chromium binary exists (.ci/run
+installs Debian's). The other tests need no browser: the HTML links to nothing
+outside the book, the same files give the same book, the transcripts lose what
+changes from run to run, the exercises are linked only once they exist.
+"""
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import ROOT
+
+import book
+
+BUILT = ["s01", "s02"]      # two chapters keep the suite fast; s02 is the page with a diff
+BROWSERS = ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    failed = book.build(out, BUILT)   # records the two demos: python tests/demo.py sNN
+    assert failed == [], failed
+    return out
+
+
+class Elements(HTMLParser):
+    """Every element as (tag, attributes, text inside it, children's text included)."""
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.stack, self.found = [], []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        entry = (tag, dict(attrs), [])
+        if tag in VOID:
+            self.found.append((tag, entry[1], ""))
+        else:
+            self.stack.append(entry)
+
+    def handle_endtag(self, tag):
+        while self.stack:   # an element left open by the page closes with its parent
+            t, attrs, parts = self.stack.pop()
+            text = "".join(parts)
+            self.found.append((t, attrs, text))
+            if self.stack:
+                self.stack[-1][2].append(text)
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        if self.stack:
+            self.stack[-1][2].append(data)
+
+    def having(self, tag=None, *classes):
+        """Texts of the elements with this tag (any, if None) and all these classes."""
+        return [text for t, attrs, text in self.found
+                if (tag is None or t == tag) and set(classes) <= set((attrs.get("class") or "").split())]
+
+
+# --------------------------------------------------------------------------
+# Without a browser.
+# --------------------------------------------------------------------------
+
+URL_ATTRS = {"src", "href", "srcset", "action", "formaction", "poster", "data", "background"}
+
+
+def outside_links(page, allowed=()):
+    """Every way the page could reach past the book: a resource or a link off disk."""
+    found = []
+    for tag, attrs, _ in Elements(page).found:
+        if tag in ("script", "link", "iframe", "object", "embed", "img", "video", "audio", "base"):
+            found.append(f"<{tag}>")
+        for name, value in attrs.items():
+            value = (value or "").strip()
+            if name in URL_ATTRS and re.match(r"([a-z][a-z0-9+.-]*:|//)", value, re.I):
+                if not (tag == "a" and name == "href" and value in allowed):
+                    found.append(f"<{tag} {name}={value!r}>")
+    found += re.findall(r"@import|url\(", page)
+    return found
+
+
+def test_the_html_reaches_nothing_outside_the_book(tmp_path, monkeypatch):
+    # A docstring's own address becomes a link (text the author wrote), never a resource;
+    # a transcript's stays text.
+    real = book.docstring
+    monkeypatch.setattr(book, "docstring", lambda text: real(text) + "\nSee https://example.com/spec.\n")
+    book.build(tmp_path, ["s01", "s02", "s03"], demos=False)
+    page = book.chapter_page(1, book.chapters(), book.table(book.chapters()), ["s02"], tmp_path,
+                             "", (0, "fetched http://example.org/x\n"))
+    pages = sorted(tmp_path.glob("*.html"))
+    assert [p.name for p in pages] == ["index.html", "s01.html", "s02.html", "s03.html"]
+    allowed = {"https://example.com/spec"}
+    for p in pages:
+        assert outside_links(p.read_text(encoding="utf-8"), allowed) == [], p.name
+    assert outside_links(page, allowed) == []
+    assert '<a href="https://example.com/spec">' in (tmp_path / "s02.html").read_text()
+    assert "fetched http://example.org/x" in page and 'href="http://example.org' not in page
+    # ... and the checker itself sees each way out.
+    bad = ('<script src="https://cdn.example/x.js"></script><link rel="stylesheet" href="//f.example/a.css">'
+           '<img src="http://x/y.png"><a href="https://x/">x</a><style>@import "https://x";</style>')
+    assert len(outside_links(bad)) == 8
+
+
+def test_relative_links_land_on_pages_and_files_that_exist(tmp_path):
+    book.build(tmp_path, ["s01", "s02"], demos=False)
+    for page in tmp_path.glob("*.html"):
+        for tag, attrs, _ in Elements(page.read_text(encoding="utf-8")).found:
+            target = (attrs.get("href") or "").split("#")[0]
+            if tag == "a" and target and not re.match(r"[a-z]+:", target):
+                assert (tmp_path / target).resolve().exists(), f"{page.name} links to {target}"
+    s02 = (tmp_path / "s02.html").read_text(encoding="utf-8")
+    assert 'href="s01.html"' in s02 and 'href="s03.html"' not in s02   # s03 was not built
+
+
+def test_the_same_files_give_the_same_book(tmp_path):
+    book.build(tmp_path / "a", BUILT, demos=False)
+    book.build(tmp_path / "b", BUILT, demos=False)
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_a_transcript_loses_what_changes_from_run_to_run(tmp_path):
+    raw = (f"  (scripted model at http://127.0.0.1:39979, workspace {tmp_path}/agent-demo-s01-o07_fxv5)\n"
+           f"home {tmp_path}/agent-demo-s01-home-abcdefgh, agent_full's {tmp_path}/agent-demo-agent-x1_y2z3w\n"
+           "\x1b[1;33mloud\x1b[0m\nspinner 1\rspinner 2\n"
+           "demo s01: ok (4 requests, 4/4 scripted replies used, 5.0 s, check held: it held)\n")
+    assert book.normalise(raw, tmp_path) == (
+        "  (scripted model at http://127.0.0.1:PORT, workspace $TMPDIR/agent-demo-s01-XXXXXXXX)\n"
+        "home $TMPDIR/agent-demo-s01-home-XXXXXXXX, agent_full's $TMPDIR/agent-demo-agent-XXXXXXXX\n"
+        "loud\nspinner 2\n"
+        "demo s01: ok (4 requests, 4/4 scripted replies used, N.N s, check held: it held)\n")
+
+
+def test_exercises_are_linked_once_their_file_exists(tmp_path, monkeypatch):
+    monkeypatch.setattr(book, "ROOT", tmp_path)
+    out = tmp_path / "book"
+    assert "No exercises yet" in book.exercises_section("s03", out)
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "s03.md").write_text("# s03 exercises\n")
+    assert 'href="../exercises/s03.md"' in book.exercises_section("s03", out)
+
+
+def test_the_index_counts_lines_as_the_readme_table_does():
+    rows = {r["file"]: (r["lines"], r["added"]) for r in book.table(book.chapters())}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = {m[1]: (int(m[2]), int(m[3]))
+              for m in re.finditer(r"^\| `((?:s\d\d_\w+|agent_full)\.py)` \|.*\| (\d+) \(\+(\d+)\) \|$",
+                                   readme, re.M)}
+    assert listed and listed == {f: rows[f] for f in listed}
+    assert set(f for f in rows if f.startswith("s")) <= set(listed)   # agent_full's row: where there is one
+
+
+def test_a_failed_demo_says_so_on_its_page():
+    text = book.demo_section("s03", (1, "demo s03: FAILED: the chapter exited with status 1\n"))
+    assert "did not succeed" in text and "exit status 1" in text and 'class="t-fail"' in text
+
+
+# --------------------------------------------------------------------------
+# In a browser: what a reader sees.
+# --------------------------------------------------------------------------
+
+def dump_dom(browser, page, profile):
+    """The page's DOM once Chromium has loaded and rendered it from disk."""
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--disable-background-networking", "--disable-component-update",
+                        "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+                        "--dump-dom", page.as_uri()],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "</html>" in r.stdout, r.stderr[-2000:]
+    return Elements(r.stdout)
+
+
+def test_chromium_renders_the_index_and_a_chapter_page(request, tmp_path):
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (.ci/run installs Debian's chromium package)")
+    built = request.getfixturevalue("built")   # only now: the build records two demos
+    index = dump_dom(browser, built / "index.html", tmp_path / "profile")
+    rows = index.having("tr")
+    for r in book.table(book.chapters()):   # the chapter table, with every chapter's counts
+        row = next((t for t in rows if t.startswith(r["name"] + r["file"])), None)
+        assert row is not None, f"no row for {r['name']}"
+        assert f"{r['lines']:,}" in row and f"+{r['added']:,}" in row
+    assert len(index.having("div", "bar")) == len(book.chapters())
+    assert ("a", {"href": "s02.html"}, "s02") in index.found
+
+    page = dump_dom(browser, built / "s02.html", tmp_path / "profile")
+    s02 = (ROOT / "s02_tools.py").read_text(encoding="utf-8")
+    assert page.having("pre", "doc") == [book.docstring(s02)]      # the docstring, exactly
+    assert "s02_tools.py - a tool system" in book.docstring(s02)
+    before = (ROOT / "s01_agent_loop.py").read_text(encoding="utf-8")
+    old, new = book.source_lines(before), book.source_lines(s02)
+    i, j = next((i, j) for rows in book.hunks(old, new) for kind, i, j in rows   # a changed code line
+                if kind == "chg" and i >= book.docstring_end(before) and old[i].strip())
+    assert old[i] in page.having("td", "code", "del", "left")       # both sides of it
+    assert new[j] in page.having("td", "code", "add", "right")
+    assert page.having("details", "doc-hunk")                       # the docstring's part, folded
+    assert "def safe_path(p):" in page.having("td", "code", "add")   # an added line, s02's sandbox
+    assert "def" in page.having("span", "k") and "import" in page.having("span", "kn")  # highlighted
+    assert page.having("div", "hunk-head") and page.having("div", "fold")
+    term = page.having("pre", "term")[0]                             # the demo's transcript
+    assert '> read_file {"path": "/etc/passwd"}' in term
+    assert "is outside the workspace ($TMPDIR/agent-demo-s02-XXXXXXXX)" in term
+    assert "demo s02: ok (" in term and "check held" in term
+    assert "python tests/demo.py s02" in "".join(page.having("code"))
