@@ -156,6 +156,7 @@ class AgentState:
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
         self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
         self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.8)
+        self.agent_type = ""  # full: a subagent's type: Claude Code's SubagentStart/Stop matchers test it
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -1457,6 +1458,7 @@ def run_subagent(prompt, description=None, agent_type=None, fork=False, run_in_b
     settings = child_settings(spec, fork, usage)
     label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
     child = child_state(fork, label[:24])  # s12: made first, so it can get a lane
+    child.agent_type = agent_type or ("fork" if fork else "general-purpose")  # full: for its hooks (full.3)
     prompt = isolate(child, isolation or spec.get("isolation"), settings, prompt, fork)  # s12: told where it is
     fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
     history = fork_messages(agent_state().messages, prompt) if fork else fresh
@@ -2417,6 +2419,8 @@ def compact(client, messages, focus=None, why="auto", options=None):
     say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
         f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
     fire("post_compact", trigger=trigger, summary=summary[:HOOK_OUTPUT_CHARS])  # s08
+    if not agent_state().label:  # full: the main session's SessionStart, source compact (full.3)
+        session_again("compact")  # full
     return True
 
 
@@ -3250,9 +3254,14 @@ class ConfigError(Exception):
 
 
 def config_files(workdir):
-    return {"user": Path.home() / ".agent" / "config.yaml",
-            "project": workdir / ".agent" / "config.yaml",
-            "local": workdir / ".agent" / "config.local.yaml"}
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
 
 
 def parse_rule(text):
@@ -3334,11 +3343,23 @@ def trust_config(path):
     trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def rule_reach(text):
+    """How much an allow rule lets through, for the trust question's order: 0 a whole
+    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
+    ~/notes/**, ../x), 2 anything narrower."""
+    m = RULE.fullmatch(str(text).strip())
+    pattern = (m[2] or "").strip() if m else ""
+    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
+        return 0
+    return 1 if pattern.startswith(("//", "~", "..")) else 2
+
+
 def loosening(data):
-    """What a config file would widen, in a few words for the trust question."""
+    """What a config file would widen, for the trust question: every allow rule, the
+    widest first (a long list must not hide a bare Bash at its end)."""
     perms, parts = data.get("permissions") or {}, []
     if perms.get("allow"):
-        parts.append("allows " + ", ".join(map(str, perms["allow"][:5])) + (" ..." if len(perms["allow"]) > 5 else ""))
+        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
     if perms.get("default_mode"):
@@ -3363,6 +3384,7 @@ def file_trusted(workdir, path, trust_all=False):
         trust_all = answer.strip().lower() in ("y", "yes")
     if trust_all:
         trust_config(path)
+        record_hook_files(read_hooks(path, read_config(path), "project", True), workdir)  # s08: what they run
     return trust_all
 
 
@@ -3371,8 +3393,8 @@ def load_permissions(workdir, trust_all=False):
     settings = {"rules": [], "additional_directories": [], "default_mode": None,
                 "sandbox": dict(SANDBOX_DEFAULTS)}
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
+    settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
     settings["auto_memory"] = True  # s09: any file may turn it off
-    settings["trust_all"] = trust_all  # s10: --trust-workspace answers for schedules.json too
     settings["mcp_servers"] = []  # s12: (scope, file, servers) of the files that may start servers
     for scope, path in settings_files(workdir):  # full: Claude Code's settings files too (full.3)
         data = read_config(path)
@@ -3386,6 +3408,7 @@ def load_permissions(workdir, trust_all=False):
         if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.7)
             settings["mcp_servers"].append((scope, rel(path), data["mcp_servers"]))  # s12
         settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
+        settings["no_bypass"] = settings.get("no_bypass") or data.get("no_bypass") and rel(path)  # full: trusted or not
         perms = data.get("permissions") or {}
         for effect in RULE_EFFECTS if full else ("deny", "ask"):
             settings["rules"] += [parse_rule(t) | {"effect": effect, "scope": scope, "file": str(path)}
@@ -3669,9 +3692,10 @@ def skill_commands(name):
 # process tree, no capabilities. Inside the workspace the files that steer the
 # agent or that other programs execute (its config, hooks, skills, git hooks
 # and config, editor tasks) are bound read-only again, so a command cannot plant
-# instructions for the next session. A protected path that does not exist yet
-# cannot be bound (bwrap would create it in the user's tree): the trust hash of
-# s07.2 is what catches a command creating one. Two differences from the plain
+# instructions for the next session. One that does not exist yet cannot be
+# made either: an empty folder (a stub) is put at its first missing part and
+# mounted read-only, and taken away when the command ends; git and the agent's
+# readers take an empty folder for nothing there. Two differences from the plain
 # shell: the command runs under bash, not /bin/sh, and a background job
 # (`server &`) ends with the command, because its process tree ends with it.
 BWRAP = "bwrap"               # bubblewrap; found on PATH
@@ -3682,13 +3706,14 @@ MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hid
 GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
 HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
                 ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
     ".claude/hooks",  # full: the scripts a Claude Code project's hooks run
-    ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
+    *HOME_DOTFILES]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
@@ -3857,6 +3882,7 @@ def bash_process(command):
     state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
     if state.write_roots is not None:  # s09: the memory consolidator's bash only reads
         protected, writable = [str(state.workdir)] + protected, ()  # s09
@@ -3869,9 +3895,47 @@ def bash_process(command):
                         writable, late), False
 
 
+def place_stubs(protected, state):
+    """A stub (an empty folder) at the first missing part of each protected path in the
+    workspace, for bwrap to mount read-only: a command cannot make a .mcp.json, a
+    .claude/settings.local.json or a hook script that a later start would trust
+    unseen. Recorded in the session, for drop_stubs. A missing .git stays makeable
+    (git init must work; its hooks are then git's samples), and HOME's dotfiles are
+    stubbed only in HOME, the one place a shell or git reads them."""
+    workdir, made = state.workdir, []
+    in_home = workdir == Path.home().resolve()
+    for path in map(Path, protected):
+        parts = path.relative_to(workdir).parts if path.is_relative_to(workdir) else ()
+        if not parts or parts[0] == ".git" or (parts[0] in HOME_DOTFILES and not in_home) \
+                or any(path.is_relative_to(stub) for stub in made):  # inside a stub: hidden with it
+            continue
+        part = workdir
+        for name in parts:
+            part = part / name
+            if not os.path.lexists(part):
+                with contextlib.suppress(OSError):
+                    part.mkdir()
+                    made.append(str(part))
+                break
+            if part.is_symlink() or not part.is_dir():  # nothing is made through a link, or in a file
+                break
+    state.session.setdefault("stubs", {}).setdefault(str(workdir), []).extend(made)
+    return made
+
+
+def drop_stubs(state):
+    """The stubs of the agent's workspace removed, deepest first. rmdir only: a folder
+    something was put in meanwhile stays, as the folder it now is. Returns "", as
+    undo_git_redirects does when there is nothing to tell."""
+    for path in reversed(state.session.get("stubs", {}).pop(str(state.workdir), [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return ""
+
+
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; and git's pointer files are put back if the command changed them."""
+    EROFS; git's pointer files are put back if the command changed them; its stubs go."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
     return note + release_git(agent_state())  # s10: any agent's command may end first
 
@@ -4111,6 +4175,7 @@ def plan_file(state):
 def set_mode(mode, history=None):
     """Switch the running agent's mode; entering plan mode tells the model the rules."""
     state = agent_state()
+    mode = claude_mode(mode, state)  # full: dontAsk, disableBypassPermissionsMode (full.3)
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
     if mode == "plan" and state.mode != "plan":
@@ -4207,6 +4272,7 @@ def start_permissions(argv):
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
     state.permissions["rules"] += cli_rules(state.session.get("cli") or {})  # full: --allowed-tools, counted below
     mode = mode or state.permissions["default_mode"] or "default"
+    mode = claude_mode(mode, state)  # full: dontAsk, disableBypassPermissionsMode (full.3)
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
     state.mode = state.mode_before_plan = mode
@@ -4241,7 +4307,10 @@ command("permissions", "List the effective permission rules and where each comes
 # model's: it runs outside the sandbox and the permission layer. So a project's
 # hooks run only once the human trusts the file they are in (s07's gate), event
 # values reach a command as environment variables and never as its text, and a
-# hook that fails, hangs or crashes is killed and logged, never fatal.
+# hook that fails, hangs or crashes is killed and logged, never fatal. The trust
+# also covers the workspace files a hook's command names (`sh scripts/fmt.sh`):
+# they are hashed with the yes, and one the model (or a command it ran) rewrote
+# asks again before it runs outside the sandbox.
 HOOK_TIMEOUT = 60           # seconds, default for one hook action (the seed's and Claude Code's)
 HOOK_MAX_TIMEOUT = 600      # seconds: the most a config may set
 HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
@@ -4251,6 +4320,10 @@ HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old c
 HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
 HOOK_EXIT_WAIT = 5          # seconds the session's end waits for async hooks, then kills them
 HOOK_LOCK = threading.Lock()  # parallel tool calls fire hooks from several threads
+HOOK_FILES_LOCK = threading.Lock()  # one question at a time about a hook's changed files
+HOOK_FILE_ABSENT = "absent"  # the trust file's record of a file a hook names that is not there yet
+PATH_WORD = re.compile(r"[\w.~/+@%,:-]+")  # a command word that can name a file (no quotes, spaces, $)
+INTERPRETER = re.compile(r"(?:ba|da|k|z)?sh|python[\d.]*|node|deno|bun|ruby|perl|php|tsx|source|\.")  # run a file
 
 # Our event names, and Claude Code's, which its scripts read in hook_event_name.
 HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
@@ -4417,6 +4490,62 @@ def hooks_question(data):
     hooks = data.get("hooks") or []
     lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
     return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
+
+
+def hook_files(hook, workdir):
+    """The workspace files a command hook runs, relative to the workspace: a program
+    given by its path (./check.sh, "$CLAUDE_PROJECT_DIR"/.claude/hooks/x.sh) and the
+    script an interpreter runs (sh scripts/fmt.sh, python3 lint.py), there or not yet:
+    a script made later is as much a change as one rewritten. What it only reads or
+    writes (echo x >> log) is not, nor a program found by name (npx prettier)."""
+    if hook["action"]["type"] != "command":
+        return []
+    here = re.sub(r'[\\"$`]', r"\\\g<0>", str(workdir))  # inside "...", where quote_vars puts the variable
+    try:  # s07's reading of a command line: simple commands, wrappers peeled, bash -c too
+        commands = [cmd["words"] for p in pipelines(quote_vars(hook["action"]["command"]).replace(
+            "${CLAUDE_PROJECT_DIR}", here)) for cmd in p if cmd["words"]]
+    except ValueError:  # bash cannot read it either: the hook runs nothing
+        return []
+    found = []
+    for words in commands:
+        runs = [words[0]] if "/" in words[0] else []  # a bare name is looked up on PATH
+        if INTERPRETER.fullmatch(os.path.basename(words[0])):
+            for word in words[1:]:
+                if word in ("-c", "-m", "-e", "--eval"):  # code or a module follows, not a file
+                    break
+                if not word.startswith("-") and ("/" in word or "." in word):
+                    runs.append(word)
+                    break
+        for word in runs:
+            path = Path(os.path.normpath(workdir / os.path.expanduser(word)))  # a link is followed when hashed
+            if PATH_WORD.fullmatch(word) and path.is_relative_to(workdir) and not path.is_dir():
+                found.append(path.relative_to(workdir).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def hook_file_key(file):
+    """A hook's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by a hook)"
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a hook or a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_hook_files(hooks, workdir):
+    """The human trusted a config file (s07's yes): the files its hooks run are
+    trusted as they are now, a missing one as missing."""
+    for hook in hooks:
+        for file in hook_files(hook, workdir):
+            trust(hook_file_key(file), file_digest(workdir / file) or HOOK_FILE_ABSENT)
 
 # --- s08.2: conditions and the event's values ---
 def payload_value(field, payload):
@@ -4865,10 +4994,13 @@ def fire(event, **fields):
                 if (hook["file"], hook["name"]) in state.hooks["fired"]:
                     continue
                 state.hooks["fired"].add((hook["file"], hook["name"]))
-        if hook["async"]:
+        if not hook_files_trusted(hook, state):  # a script it runs changed since the yes
+            v = skipped_hook(hook, payload["event"])
+        elif hook["async"]:
             start_async(hook, dict(payload), state)
             continue
-        v = run_hook(hook, dict(payload), state)
+        else:
+            v = run_hook(hook, dict(payload), state)
         if v["stop"] and event == "pre_tool_use":  # the turn ends before this call, not after it
             v["block"] = v["block"] or f"the turn was ended by a hook: {v['stop']}"
         if v["input"] is not None and event == "pre_tool_use":
@@ -4878,6 +5010,48 @@ def fire(event, **fields):
         if total["block"] is not None:
             break
     return total
+
+
+def hook_files_trusted(hook, state):
+    """May a project hook run the workspace files its command names as they are now?
+    Each was hashed when its file was trusted (record_hook_files); one changed since
+    (the model, or a command it ran, may have rewritten it) asks before it runs outside
+    the sandbox: --trust-workspace says yes; no human, no; a no holds for the session.
+    Asked here, in the thread that fires: never from an async hook's thread. The user's
+    own hooks are not asked about."""
+    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command":
+        return True
+    with HOOK_FILES_LOCK:  # parallel calls fire hooks at once: one question
+        now = {f: file_digest(state.workdir / f) or HOOK_FILE_ABSENT for f in hook_files(hook, state.workdir)}
+        changed = {f: d for f, d in now.items() if not is_trusted(hook_file_key(f), d)}
+        refused = state.hooks.setdefault("refused", set())
+        if not changed or tuple(changed.items()) in refused:
+            return not changed
+        yes = state.permissions.get("trust_all", False)  # --trust-workspace
+        if not yes:
+            try:
+                yes = ask_human(printable(
+                    f"hook {hook['name']} ({rel(hook['file'])}) runs {', '.join(changed)} from this "
+                    f"workspace, which changed since you trusted it (the agent, or a command it ran, "
+                    f"may have rewritten it). It runs outside the sandbox. Run it? [y/N] "
+                )).strip().lower() in ("y", "yes")
+            except ToolError:  # an agent that may not ask (a background one): no
+                yes = False
+        for file, digest in changed.items() if yes else ():
+            trust(hook_file_key(file), digest)
+        if not yes:
+            refused.add(tuple(changed.items()))
+        return yes
+
+
+def skipped_hook(hook, event):
+    """A hook not run because a file it runs changed and was not trusted again: logged
+    and named once; a reject hook still refuses its call (it fails closed)."""
+    log_hook(hook, event, "not run: a file it runs changed since it was trusted", 0)
+    warn_once(f"[hook {hook['name']} ({event}) was not run: a file it runs changed since you "
+              f"trusted it; .agent/hooks.log has each run]")
+    return verdict(block=f"rejected by hook {hook['name']} (a file it runs changed, so it was not run)"
+                   if hook["reject"] else None)
 
 
 def checked_input(v, tool, hook):
@@ -5051,7 +5225,8 @@ def begin_session():
     if hooks:
         say(f"[hooks: {active} active, {len(hooks) - active} not run (untrusted file); "
             f"/hooks lists them]")
-    v = fire("session_start", source="startup")
+    source = "resume" if state.session.pop("resumed", False) else "startup"  # full: --continue, --resume (full.3)
+    v = fire("session_start", source=source)  # full
     note(v["context"], "session_start")
 
 
@@ -5625,6 +5800,7 @@ def resume(client, path):
     if client is not None and estimate_tokens(kept) > AUTO_COMPACT_AT:
         compact(client, kept, why="resumed over the threshold")
     session_boundary(kept)
+    state.session["resumed"] = True  # full: SessionStart's source (full.3)
     if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
         hours = (time.time() - last_ts) / 3600
         age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
@@ -5673,6 +5849,7 @@ def resume_command(args, ctx):
             say(str(e))
             return
         ctx["history"][:] = loaded
+        session_again("resume")  # full: Claude Code's SessionStart hooks, matcher resume (full.3)
         return
     files, own = session_files(state)[-SESSION_LIST:], own_sessions(state)
     for p in reversed(files):
@@ -6724,14 +6901,16 @@ def guard_git(state):
 
 
 def release_git(state):
-    """A sandboxed command ended: undo redirects against the shared snapshot."""
+    """A sandboxed command ended: undo redirects against the shared snapshot. The
+    stubs go with the last command in the workspace: one still running needs them
+    (removed under it, a stub's mount would vanish and its path be makeable)."""
     with GIT_GUARD_LOCK:
         guard = state.session.get("git_guard", {}).get(str(state.workdir))
         state.git_before = guard["before"] if guard else state.git_before
         note = undo_git_redirects(state)
         if guard:
             guard["running"] = max(0, guard["running"] - 1)
-        return note
+        return note + ("" if guard and guard["running"] else drop_stubs(state))
 
 
 def runtime_dir():
@@ -10636,18 +10815,6 @@ def server_files(spec, workdir):
     return list(dict.fromkeys(found))
 
 
-def file_digest(path):
-    """sha256 of a file, read in chunks (a server may name a big one); None when unreadable."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(READ_CHUNK):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def record_files(servers, state):
     """The human trusted a project file: record the workspace files its servers run."""
     for name, raw in servers.items():
@@ -12313,12 +12480,16 @@ CLAUDE_EVENTS = {v: k for k, v in HOOK_EVENTS.items()} | {
     "StopFailure": "error"}                # the turn ended by an API error
 TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest")
 MATCHED_FIELD = {"SessionStart": "source", "SessionEnd": "reason", "PreCompact": "trigger",
-                 "PostCompact": "trigger"}  # what a matcher tests on other events (else: ignored)
+                 "PostCompact": "trigger", "SubagentStart": "agent_type",
+                 "SubagentStop": "agent_type"}  # what a matcher tests on other events (else: ignored)
 END_REASONS = {"exit": "prompt_input_exit", "interrupted": "other"}  # s08's session_end reasons, as Claude Code's
 SIMPLE_MATCHER = re.compile(r"[\w|]+")  # Bash, Edit|Write: exact names; anything else is a regex
 CLAUDE_HANDLER_KEYS = {"type", "command", "timeout", "async", "once", "if", "url", "headers",
                        "allowedEnvVars", "prompt", "model", "statusMessage", "shell", "asyncRewake"}
 CLAUDE_MODES = {"dontAsk", "auto", "delegate"}  # Claude Code's modes with no match here: ignored
+CLAUDE_PERMISSION_KEYS = {"allow", "deny", "ask", "additionalDirectories", "defaultMode",
+                          "disableBypassPermissionsMode"}  # the others (disableAutoMode, ...): named once
+CLAUDE_SANDBOX_KEYS = {"enabled": "enabled", "autoAllowBashIfSandboxed": "auto_allow_bash"}  # its -> ours
 MODEL_ALIASES = ("inherit", "sonnet", "opus", "haiku", "default")  # an agent file's model: the session's
 AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurns", "model", "isolation")
 
@@ -12326,12 +12497,15 @@ AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurn
 def settings_files(workdir):
     """(scope, path) of every config file, lowest scope first; in each scope Claude
     Code's settings file comes before ours, so a single value (the mode) is ours
-    where both set it. Rules and hooks add up."""
+    where both set it. Rules and hooks add up. In the home directory the project's
+    files are the user's own: read once, as the user's (config_files does the same)."""
     ours = config_files(workdir)
     claude = {"user": Path.home() / CLAUDE_DIR / "settings.json",
               "project": workdir / CLAUDE_DIR / "settings.json",
               "local": workdir / CLAUDE_DIR / "settings.local.json"}
-    return [(scope, path) for scope in CONFIG_SCOPES for path in (claude[scope], ours[scope])]
+    files = [(scope, path) for scope in CONFIG_SCOPES for path in (claude[scope], ours.get(scope)) if path]
+    users = {path.resolve() for scope, path in files if scope == "user"}
+    return [(scope, path) for scope, path in files if scope == "user" or path.resolve() not in users]
 
 
 def claude_dir(kind, scope):
@@ -12357,9 +12531,12 @@ def read_settings(path):
     if not isinstance(data, dict) or not isinstance(data.get("permissions") or {}, dict) \
             or not isinstance(data.get("sandbox") or {}, dict):
         raise ConfigError(f"{path}: the file, its permissions and its sandbox must be JSON objects")
-    out = {"permissions": settings_permissions(path, data.get("permissions") or {}),
-           "sandbox": {ours: data["sandbox"][k] for k, ours in (("enabled", "enabled"),
-                       ("autoAllowBashIfSandboxed", "auto_allow_bash")) if k in (data.get("sandbox") or {})}}
+    perms, sandbox = data.get("permissions") or {}, data.get("sandbox") or {}
+    if bad := [k for k in CLAUDE_SANDBOX_KEYS if not isinstance(sandbox.get(k, False), bool)]:
+        raise ConfigError(f"{path}: sandbox.{bad[0]} must be true or false")
+    out = {"permissions": settings_permissions(path, perms),
+           "sandbox": {ours: sandbox[k] for k, ours in CLAUDE_SANDBOX_KEYS.items() if k in sandbox},
+           "no_bypass": perms.get("disableBypassPermissionsMode") == "disable"}  # load_permissions keeps it
     out = {k: v for k, v in out.items() if v}
     check_config(path, out)  # s07's checks: every rule readable, the mode, the sandbox's values
     hooks = settings_hooks(path, data.get("hooks"))
@@ -12382,14 +12559,37 @@ def settings_permissions(path, perms):
         raise ConfigError(f"{path}: permissions.additionalDirectories must be a list of strings")
     out["additional_directories"] = [str(claude_base(path) / os.path.expanduser(d)) for d in dirs]
     mode = perms.get("defaultMode")
-    if mode in CLAUDE_MODES:
+    if mode is not None and (not isinstance(mode, str) or mode not in (*PERMISSION_MODES, *CLAUDE_MODES)):
+        raise ConfigError(f"{path}: permissions.defaultMode must be one of {', '.join(PERMISSION_MODES)}")
+    if mode in CLAUDE_MODES:  # dontAsk: with -p, what would ask is denied all the same
         warn_once(f"[{rel(path)}: defaultMode {mode} has no match here; the mode is left as it is]")
     elif mode is not None:
-        out["default_mode"] = mode  # check_config refuses an unknown one
+        out["default_mode"] = mode
+    if perms.get("disableBypassPermissionsMode") not in (None, "disable"):  # a safety switch: never guessed
+        raise ConfigError(f"{path}: permissions.disableBypassPermissionsMode must be \"disable\"")
+    if unknown := sorted(set(map(str, perms)) - CLAUDE_PERMISSION_KEYS):
+        warn_once(printable(f"[{rel(path)}: permissions.{', permissions.'.join(unknown)} "
+                            f"{'has' if len(unknown) == 1 else 'have'} no match here: ignored]"))
     if dropped:
         warn_once(printable(f"[{rel(path)}: rules for tools this agent does not have are left out: "
                             f"{', '.join(map(str, dropped[:5]))}{' ...' if len(dropped) > 5 else ''}]"))
     return {k: v for k, v in out.items() if v}
+
+
+def claude_mode(mode, state):
+    """A mode asked for (flag, environment, file or /mode) as Claude Code's settings
+    let it be: dontAsk is default under -p, where what would ask is denied (exactly
+    Claude Code's dontAsk); bypassPermissions is refused once any settings file
+    turned it off (disableBypassPermissionsMode), trusted or not: it only tightens."""
+    if mode == "dontAsk":
+        if not isinstance(FRONT_END.get("current"), Headless):
+            raise ValueError("dontAsk works with -p only (there a question is answered no); "
+                             "interactively use default, with allow rules for what may run unasked")
+        return "default"
+    if mode == "bypassPermissions" and state.permissions.get("no_bypass"):
+        raise ValueError(f"bypassPermissions is turned off by {state.permissions['no_bypass']} "
+                         f"(disableBypassPermissionsMode): use default, acceptEdits or plan")
+    return mode
 
 
 def claude_rule(text):
@@ -12457,19 +12657,23 @@ def claude_handler(path, where, event, matcher, handler):
     """One handler {type, command | url | prompt, timeout, async, once, if} as s08's hook dict."""
     if not isinstance(handler, dict) or handler.get("type") not in ("command", "http", "prompt", "agent"):
         raise ConfigError(f"{path}: {where}.type must be command, http, prompt or agent")
-    if unknown := sorted(set(map(str, handler)) - CLAUDE_HANDLER_KEYS):
-        raise ConfigError(f"{path}: {where}.{unknown[0]} is not a field of a hook here")
-    kind = handler["type"]
+    if unknown := sorted(set(map(str, handler)) - CLAUDE_HANDLER_KEYS):  # a newer Claude Code's fields
+        warn_once(printable(f"[{rel(path)}: {where}: {', '.join(unknown)} not used here: ignored]"))
+    kind, prompt = handler["type"], handler.get("prompt")
     action = ({"type": "command", "command": handler.get("command")} if kind == "command" else
               {"type": "http", "url": handler.get("url"), "headers": handler.get("headers") or {},
                "allowed_env_vars": handler.get("allowedEnvVars") or []} if kind == "http" else
-              {"type": "agent", "prompt": str(handler.get("prompt") or "").replace("$ARGUMENTS", "the event below")})
+              {"type": "agent", "prompt": prompt.replace("$ARGUMENTS", "the event below")
+               if isinstance(prompt, str) else prompt})
     if problem := check_action(action, where):  # s08's check, said in the handler's own keys
         raise ConfigError(f"{path}: {problem.replace('.action.', '.').replace('.action', '')}")
     timeout = handler.get("timeout", CLAUDE_HOOK_TIMEOUT if kind == "command" else HOOK_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= HOOK_MAX_TIMEOUT:
-        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0 and at "
-                          f"most {HOOK_MAX_TIMEOUT}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"{path}: {where}.timeout must be a number of seconds, above 0")
+    if timeout > HOOK_MAX_TIMEOUT:  # Claude Code sets no cap; a hook here still ends
+        warn_once(f"[{rel(path)}: {where}.timeout {timeout:g}s is over the {HOOK_MAX_TIMEOUT}s most: "
+                  f"{HOOK_MAX_TIMEOUT}s]")
+        timeout = HOOK_MAX_TIMEOUT
     if not all(isinstance(handler.get(k, False), bool) for k in ("async", "once")):
         raise ConfigError(f"{path}: {where}: async and once must be true or false")
     rules = handler_rules(path, where, handler.get("if"))
@@ -12509,7 +12713,7 @@ def claude_applies(hook, payload, state):
     elif c["event"] in MATCHED_FIELD:
         values = [str(claude_payload(hook, payload).get(MATCHED_FIELD[c["event"]], ""))]
     else:
-        values = None  # UserPromptSubmit, Stop, SubagentStart, ...: the matcher is not used
+        values = None  # UserPromptSubmit, Stop, ...: the matcher is not used
     if c["matcher"] is not None and values is not None and not any(matcher_hits(c["matcher"], v) for v in values):
         return False
     if not c["rules"] or c["event"] not in TOOL_EVENTS:
@@ -12535,6 +12739,8 @@ def claude_payload(hook, payload):
     out = payload | {"hook_event_name": event}
     if event == "SessionEnd":
         out["reason"] = END_REASONS.get(payload.get("reason"), payload.get("reason"))
+    if event in ("SubagentStart", "SubagentStop"):
+        out["agent_type"] = agent_state().agent_type  # fired in the subagent's own context
     if name is not None:
         out |= {"tool_name": CLAUDE_NAMES.get(name, [name])[0],
                 "tool_input": claude_input(name, payload.get("tool_input"), agent_state())}
@@ -12595,6 +12801,16 @@ def claude_verdict(hook, v, payload):
     if hook.get("claude") and v["input"] is not None:
         v["input"] = our_input(payload.get("tool_name"), v["input"])
     return v
+
+
+def session_again(source):
+    """session_start where Claude Code fires SessionStart again: after /resume and a
+    compaction (source resume, compact; /clear fires its own), so a hook that puts
+    context back (matcher compact) does; that context reaches the model with the next
+    message."""
+    state = agent_state()
+    state.session.pop("resumed", None)  # this resume's start is fired here, not at startup
+    note(fire("session_start", source=source)["context"], "session_start")
 
 
 def claude_agent_meta(path, meta):

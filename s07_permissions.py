@@ -3127,9 +3127,14 @@ class ConfigError(Exception):
 
 
 def config_files(workdir):
-    return {"user": Path.home() / ".agent" / "config.yaml",
-            "project": workdir / ".agent" / "config.yaml",
-            "local": workdir / ".agent" / "config.local.yaml"}
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
 
 
 def parse_rule(text):
@@ -3201,11 +3206,23 @@ def trust_config(path):
     trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def rule_reach(text):
+    """How much an allow rule lets through, for the trust question's order: 0 a whole
+    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
+    ~/notes/**, ../x), 2 anything narrower."""
+    m = RULE.fullmatch(str(text).strip())
+    pattern = (m[2] or "").strip() if m else ""
+    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
+        return 0
+    return 1 if pattern.startswith(("//", "~", "..")) else 2
+
+
 def loosening(data):
-    """What a config file would widen, in a few words for the trust question."""
+    """What a config file would widen, for the trust question: every allow rule, the
+    widest first (a long list must not hide a bare Bash at its end)."""
     perms, parts = data.get("permissions") or {}, []
     if perms.get("allow"):
-        parts.append("allows " + ", ".join(map(str, perms["allow"][:5])) + (" ..." if len(perms["allow"]) > 5 else ""))
+        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
     if perms.get("default_mode"):
@@ -3512,9 +3529,10 @@ def skill_commands(name):
 # process tree, no capabilities. Inside the workspace the files that steer the
 # agent or that other programs execute (its config, hooks, skills, git hooks
 # and config, editor tasks) are bound read-only again, so a command cannot plant
-# instructions for the next session. A protected path that does not exist yet
-# cannot be bound (bwrap would create it in the user's tree): the trust hash of
-# s07.2 is what catches a command creating one. Two differences from the plain
+# instructions for the next session. One that does not exist yet cannot be
+# made either: an empty folder (a stub) is put at its first missing part and
+# mounted read-only, and taken away when the command ends; git and the agent's
+# readers take an empty folder for nothing there. Two differences from the plain
 # shell: the command runs under bash, not /bin/sh, and a background job
 # (`server &`) ends with the command, because its process tree ends with it.
 BWRAP = "bwrap"               # bubblewrap; found on PATH
@@ -3525,12 +3543,13 @@ MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hid
 GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
 HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
                 ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
-    ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
+    *HOME_DOTFILES]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
@@ -3697,6 +3716,7 @@ def bash_process(command):
     state.git_before = git_pointers(state.workdir)
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
     if state.mode == "plan":  # the workspace read-only, but for the plan file
         plan = plan_file(state)
@@ -3707,11 +3727,49 @@ def bash_process(command):
                         writable, late), False
 
 
+def place_stubs(protected, state):
+    """A stub (an empty folder) at the first missing part of each protected path in the
+    workspace, for bwrap to mount read-only: a command cannot make a .mcp.json, a
+    .claude/settings.local.json or a hook script that a later start would trust
+    unseen. Recorded in the session, for drop_stubs. A missing .git stays makeable
+    (git init must work; its hooks are then git's samples), and HOME's dotfiles are
+    stubbed only in HOME, the one place a shell or git reads them."""
+    workdir, made = state.workdir, []
+    in_home = workdir == Path.home().resolve()
+    for path in map(Path, protected):
+        parts = path.relative_to(workdir).parts if path.is_relative_to(workdir) else ()
+        if not parts or parts[0] == ".git" or (parts[0] in HOME_DOTFILES and not in_home) \
+                or any(path.is_relative_to(stub) for stub in made):  # inside a stub: hidden with it
+            continue
+        part = workdir
+        for name in parts:
+            part = part / name
+            if not os.path.lexists(part):
+                with contextlib.suppress(OSError):
+                    part.mkdir()
+                    made.append(str(part))
+                break
+            if part.is_symlink() or not part.is_dir():  # nothing is made through a link, or in a file
+                break
+    state.session.setdefault("stubs", {}).setdefault(str(workdir), []).extend(made)
+    return made
+
+
+def drop_stubs(state):
+    """The stubs of the agent's workspace removed, deepest first. rmdir only: a folder
+    something was put in meanwhile stays, as the folder it now is. Returns "", as
+    undo_git_redirects does when there is nothing to tell."""
+    for path in reversed(state.session.get("stubs", {}).pop(str(state.workdir), [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return ""
+
+
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; and git's pointer files are put back if the command changed them."""
+    EROFS; git's pointer files are put back if the command changed them; its stubs go."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
-    return note + undo_git_redirects(agent_state())
+    return note + undo_git_redirects(agent_state()) + drop_stubs(agent_state())
 
 
 def git_pointers(workdir):

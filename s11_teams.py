@@ -3194,9 +3194,14 @@ class ConfigError(Exception):
 
 
 def config_files(workdir):
-    return {"user": Path.home() / ".agent" / "config.yaml",
-            "project": workdir / ".agent" / "config.yaml",
-            "local": workdir / ".agent" / "config.local.yaml"}
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
 
 
 def parse_rule(text):
@@ -3274,11 +3279,23 @@ def trust_config(path):
     trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def rule_reach(text):
+    """How much an allow rule lets through, for the trust question's order: 0 a whole
+    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
+    ~/notes/**, ../x), 2 anything narrower."""
+    m = RULE.fullmatch(str(text).strip())
+    pattern = (m[2] or "").strip() if m else ""
+    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
+        return 0
+    return 1 if pattern.startswith(("//", "~", "..")) else 2
+
+
 def loosening(data):
-    """What a config file would widen, in a few words for the trust question."""
+    """What a config file would widen, for the trust question: every allow rule, the
+    widest first (a long list must not hide a bare Bash at its end)."""
     perms, parts = data.get("permissions") or {}, []
     if perms.get("allow"):
-        parts.append("allows " + ", ".join(map(str, perms["allow"][:5])) + (" ..." if len(perms["allow"]) > 5 else ""))
+        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
     if perms.get("default_mode"):
@@ -3301,6 +3318,7 @@ def file_trusted(workdir, path, trust_all=False):
         trust_all = answer.strip().lower() in ("y", "yes")
     if trust_all:
         trust_config(path)
+        record_hook_files(read_hooks(path, read_config(path), "project", True), workdir)  # s08: what they run
     return trust_all
 
 
@@ -3309,8 +3327,8 @@ def load_permissions(workdir, trust_all=False):
     settings = {"rules": [], "additional_directories": [], "default_mode": None,
                 "sandbox": dict(SANDBOX_DEFAULTS)}
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
+    settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
     settings["auto_memory"] = True  # s09: any file may turn it off
-    settings["trust_all"] = trust_all  # s10: --trust-workspace answers for schedules.json too
     for scope, path in config_files(workdir).items():
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
@@ -3596,9 +3614,10 @@ def skill_commands(name):
 # process tree, no capabilities. Inside the workspace the files that steer the
 # agent or that other programs execute (its config, hooks, skills, git hooks
 # and config, editor tasks) are bound read-only again, so a command cannot plant
-# instructions for the next session. A protected path that does not exist yet
-# cannot be bound (bwrap would create it in the user's tree): the trust hash of
-# s07.2 is what catches a command creating one. Two differences from the plain
+# instructions for the next session. One that does not exist yet cannot be
+# made either: an empty folder (a stub) is put at its first missing part and
+# mounted read-only, and taken away when the command ends; git and the agent's
+# readers take an empty folder for nothing there. Two differences from the plain
 # shell: the command runs under bash, not /bin/sh, and a background job
 # (`server &`) ends with the command, because its process tree ends with it.
 BWRAP = "bwrap"               # bubblewrap; found on PATH
@@ -3609,12 +3628,13 @@ MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hid
 GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
 HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
                 ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
-    ".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig"]  # workspace = HOME
+    *HOME_DOTFILES]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
@@ -3782,6 +3802,7 @@ def bash_process(command):
     state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
     masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
     if state.write_roots is not None:  # s09: the memory consolidator's bash only reads
         protected, writable = [str(state.workdir)] + protected, ()  # s09
@@ -3794,9 +3815,47 @@ def bash_process(command):
                         writable, late), False
 
 
+def place_stubs(protected, state):
+    """A stub (an empty folder) at the first missing part of each protected path in the
+    workspace, for bwrap to mount read-only: a command cannot make a .mcp.json, a
+    .claude/settings.local.json or a hook script that a later start would trust
+    unseen. Recorded in the session, for drop_stubs. A missing .git stays makeable
+    (git init must work; its hooks are then git's samples), and HOME's dotfiles are
+    stubbed only in HOME, the one place a shell or git reads them."""
+    workdir, made = state.workdir, []
+    in_home = workdir == Path.home().resolve()
+    for path in map(Path, protected):
+        parts = path.relative_to(workdir).parts if path.is_relative_to(workdir) else ()
+        if not parts or parts[0] == ".git" or (parts[0] in HOME_DOTFILES and not in_home) \
+                or any(path.is_relative_to(stub) for stub in made):  # inside a stub: hidden with it
+            continue
+        part = workdir
+        for name in parts:
+            part = part / name
+            if not os.path.lexists(part):
+                with contextlib.suppress(OSError):
+                    part.mkdir()
+                    made.append(str(part))
+                break
+            if part.is_symlink() or not part.is_dir():  # nothing is made through a link, or in a file
+                break
+    state.session.setdefault("stubs", {}).setdefault(str(workdir), []).extend(made)
+    return made
+
+
+def drop_stubs(state):
+    """The stubs of the agent's workspace removed, deepest first. rmdir only: a folder
+    something was put in meanwhile stays, as the folder it now is. Returns "", as
+    undo_git_redirects does when there is nothing to tell."""
+    for path in reversed(state.session.get("stubs", {}).pop(str(state.workdir), [])):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return ""
+
+
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; and git's pointer files are put back if the command changed them."""
+    EROFS; git's pointer files are put back if the command changed them; its stubs go."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
     return note + release_git(agent_state())  # s10: any agent's command may end first
 
@@ -4164,7 +4223,10 @@ command("permissions", "List the effective permission rules and where each comes
 # model's: it runs outside the sandbox and the permission layer. So a project's
 # hooks run only once the human trusts the file they are in (s07's gate), event
 # values reach a command as environment variables and never as its text, and a
-# hook that fails, hangs or crashes is killed and logged, never fatal.
+# hook that fails, hangs or crashes is killed and logged, never fatal. The trust
+# also covers the workspace files a hook's command names (`sh scripts/fmt.sh`):
+# they are hashed with the yes, and one the model (or a command it ran) rewrote
+# asks again before it runs outside the sandbox.
 HOOK_TIMEOUT = 60           # seconds, default for one hook action (the seed's and Claude Code's)
 HOOK_MAX_TIMEOUT = 600      # seconds: the most a config may set
 HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
@@ -4174,6 +4236,10 @@ HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old c
 HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
 HOOK_EXIT_WAIT = 5          # seconds the session's end waits for async hooks, then kills them
 HOOK_LOCK = threading.Lock()  # parallel tool calls fire hooks from several threads
+HOOK_FILES_LOCK = threading.Lock()  # one question at a time about a hook's changed files
+HOOK_FILE_ABSENT = "absent"  # the trust file's record of a file a hook names that is not there yet
+PATH_WORD = re.compile(r"[\w.~/+@%,:-]+")  # a command word that can name a file (no quotes, spaces, $)
+INTERPRETER = re.compile(r"(?:ba|da|k|z)?sh|python[\d.]*|node|deno|bun|ruby|perl|php|tsx|source|\.")  # run a file
 
 # Our event names, and Claude Code's, which its scripts read in hook_event_name.
 HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
@@ -4336,6 +4402,62 @@ def hooks_question(data):
     hooks = data.get("hooks") or []
     lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
     return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
+
+
+def hook_files(hook, workdir):
+    """The workspace files a command hook runs, relative to the workspace: a program
+    given by its path (./check.sh, "$CLAUDE_PROJECT_DIR"/.claude/hooks/x.sh) and the
+    script an interpreter runs (sh scripts/fmt.sh, python3 lint.py), there or not yet:
+    a script made later is as much a change as one rewritten. What it only reads or
+    writes (echo x >> log) is not, nor a program found by name (npx prettier)."""
+    if hook["action"]["type"] != "command":
+        return []
+    here = re.sub(r'[\\"$`]', r"\\\g<0>", str(workdir))  # inside "...", where quote_vars puts the variable
+    try:  # s07's reading of a command line: simple commands, wrappers peeled, bash -c too
+        commands = [cmd["words"] for p in pipelines(quote_vars(hook["action"]["command"]).replace(
+            "${CLAUDE_PROJECT_DIR}", here)) for cmd in p if cmd["words"]]
+    except ValueError:  # bash cannot read it either: the hook runs nothing
+        return []
+    found = []
+    for words in commands:
+        runs = [words[0]] if "/" in words[0] else []  # a bare name is looked up on PATH
+        if INTERPRETER.fullmatch(os.path.basename(words[0])):
+            for word in words[1:]:
+                if word in ("-c", "-m", "-e", "--eval"):  # code or a module follows, not a file
+                    break
+                if not word.startswith("-") and ("/" in word or "." in word):
+                    runs.append(word)
+                    break
+        for word in runs:
+            path = Path(os.path.normpath(workdir / os.path.expanduser(word)))  # a link is followed when hashed
+            if PATH_WORD.fullmatch(word) and path.is_relative_to(workdir) and not path.is_dir():
+                found.append(path.relative_to(workdir).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def hook_file_key(file):
+    """A hook's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by a hook)"
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a hook or a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_hook_files(hooks, workdir):
+    """The human trusted a config file (s07's yes): the files its hooks run are
+    trusted as they are now, a missing one as missing."""
+    for hook in hooks:
+        for file in hook_files(hook, workdir):
+            trust(hook_file_key(file), file_digest(workdir / file) or HOOK_FILE_ABSENT)
 
 # --- s08.2: conditions and the event's values ---
 def payload_value(field, payload):
@@ -4780,10 +4902,13 @@ def fire(event, **fields):
                 if (hook["file"], hook["name"]) in state.hooks["fired"]:
                     continue
                 state.hooks["fired"].add((hook["file"], hook["name"]))
-        if hook["async"]:
+        if not hook_files_trusted(hook, state):  # a script it runs changed since the yes
+            v = skipped_hook(hook, payload["event"])
+        elif hook["async"]:
             start_async(hook, dict(payload), state)
             continue
-        v = run_hook(hook, dict(payload), state)
+        else:
+            v = run_hook(hook, dict(payload), state)
         if v["stop"] and event == "pre_tool_use":  # the turn ends before this call, not after it
             v["block"] = v["block"] or f"the turn was ended by a hook: {v['stop']}"
         if v["input"] is not None and event == "pre_tool_use":
@@ -4793,6 +4918,48 @@ def fire(event, **fields):
         if total["block"] is not None:
             break
     return total
+
+
+def hook_files_trusted(hook, state):
+    """May a project hook run the workspace files its command names as they are now?
+    Each was hashed when its file was trusted (record_hook_files); one changed since
+    (the model, or a command it ran, may have rewritten it) asks before it runs outside
+    the sandbox: --trust-workspace says yes; no human, no; a no holds for the session.
+    Asked here, in the thread that fires: never from an async hook's thread. The user's
+    own hooks are not asked about."""
+    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command":
+        return True
+    with HOOK_FILES_LOCK:  # parallel calls fire hooks at once: one question
+        now = {f: file_digest(state.workdir / f) or HOOK_FILE_ABSENT for f in hook_files(hook, state.workdir)}
+        changed = {f: d for f, d in now.items() if not is_trusted(hook_file_key(f), d)}
+        refused = state.hooks.setdefault("refused", set())
+        if not changed or tuple(changed.items()) in refused:
+            return not changed
+        yes = state.permissions.get("trust_all", False)  # --trust-workspace
+        if not yes:
+            try:
+                yes = ask_human(printable(
+                    f"hook {hook['name']} ({rel(hook['file'])}) runs {', '.join(changed)} from this "
+                    f"workspace, which changed since you trusted it (the agent, or a command it ran, "
+                    f"may have rewritten it). It runs outside the sandbox. Run it? [y/N] "
+                )).strip().lower() in ("y", "yes")
+            except ToolError:  # an agent that may not ask (a background one): no
+                yes = False
+        for file, digest in changed.items() if yes else ():
+            trust(hook_file_key(file), digest)
+        if not yes:
+            refused.add(tuple(changed.items()))
+        return yes
+
+
+def skipped_hook(hook, event):
+    """A hook not run because a file it runs changed and was not trusted again: logged
+    and named once; a reject hook still refuses its call (it fails closed)."""
+    log_hook(hook, event, "not run: a file it runs changed since it was trusted", 0)
+    warn_once(f"[hook {hook['name']} ({event}) was not run: a file it runs changed since you "
+              f"trusted it; .agent/hooks.log has each run]")
+    return verdict(block=f"rejected by hook {hook['name']} (a file it runs changed, so it was not run)"
+                   if hook["reject"] else None)
 
 
 def checked_input(v, tool, hook):
@@ -6633,14 +6800,16 @@ def guard_git(state):
 
 
 def release_git(state):
-    """A sandboxed command ended: undo redirects against the shared snapshot."""
+    """A sandboxed command ended: undo redirects against the shared snapshot. The
+    stubs go with the last command in the workspace: one still running needs them
+    (removed under it, a stub's mount would vanish and its path be makeable)."""
     with GIT_GUARD_LOCK:
         guard = state.session.get("git_guard", {}).get(str(state.workdir))
         state.git_before = guard["before"] if guard else state.git_before
         note = undo_git_redirects(state)
         if guard:
             guard["running"] = max(0, guard["running"] - 1)
-        return note
+        return note + ("" if guard and guard["running"] else drop_stubs(state))
 
 
 def runtime_dir():
