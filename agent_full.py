@@ -106,6 +106,7 @@ class AgentState:
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
         self.label = ""  # s04: a subagent's name, on each of its progress lines
+        self.skills = {}  # s05: SKILL.md files as last parsed, by folder and source (parsed_skill)
         self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
         self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
         self.mode, self.mode_before_plan = "default", "default"  # s07: the permission mode
@@ -1533,9 +1534,22 @@ def parse_skill(folder, source):
             "user": flag(meta, "user-invocable", True)}
 
 
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
+
+
 def discover_skills():
     """name -> skill from every source. A broken SKILL.md is skipped with a warning."""
-    skills = {}
+    skills, parsed = {}, {}  # parsed: the agent's next cache, only the files seen now (bounded)
     for source, root in skill_dirs():
         try:
             folders = sorted(root.iterdir()) if root.is_dir() else []
@@ -1546,13 +1560,14 @@ def discover_skills():
             if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
                 continue
             try:
-                skill = parse_skill(folder, source)
+                skill = parsed_skill(folder, source, parsed)
             except (OSError, ValueError) as e:
                 warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
             if skill["name"] in skills:  # a later source wins; say whose skill it replaced
                 skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
+    agent_state().skills = parsed
     return skills
 
 
