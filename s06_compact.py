@@ -2054,13 +2054,18 @@ def clear_old_results(messages, min_tokens=0):
     over budget, clearing each result as it ages out would break the cached
     prefix every turn to save a few hundred tokens. It waits until it pays.
     """
-    view = update_view(messages)
-    results, end = view["results"], max(len(view["results"]) - KEEP_RESULTS, 0)  # newest few kept
-    start = min(view["settled"], end)  # the results before it never become clearable: this
-    while start < end and not clearable(results[start]):  # runs every call once over budget,
-        start += 1  # and a history of small results would be checked all again each time
-    view["settled"] = start
-    fresh = [b for b in results[start:end] if b.get("_sent") and clearable(b)]
+    view = update_view(messages)  # this runs every call once over budget: the messages
+    start = view["settled"]  # before "settled" hold no result that can become clearable
+    results = tool_results(messages[start:])
+    old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
+    passed = 0  # and it moves on past the messages that hold none either
+    for m in messages[start:]:
+        mine = tool_results([m])
+        if passed + len(mine) > len(old) or any(map(clearable, mine)):
+            break  # one still among the newest few, or one that may be cleared
+        passed += len(mine)
+        view["settled"] += 1
+    fresh = [b for b in old if b.get("_sent") and clearable(b)]
     if sum(estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
            for b in fresh) < min_tokens:
         return 0
@@ -2088,20 +2093,20 @@ def shown_messages(messages):
 # sent, to look for a batch to clear), and a turn changes only the end: made
 # from the whole history each time, they were most of a turn's CPU by turn 500
 # (tests/bench_full.py). So each agent keeps its history as last shown
-# (state.view) and makes again only what may have changed: the view's newest
-# message, and all from the first message that is no longer the one it saw in
-# its place. The messages are compared as one list of objects, at C speed:
-# looking into each of 2,000 messages (or copying the list) cost ~1.5 ms a
-# call, as each is a cache miss by then. So a message changed in place before
-# the view's newest one goes unseen, and only two places do that: a later
-# chapter puts reminders in front of the first message's content (that one is
-# checked), and clear_old_results marks results cleared (it starts the view
-# again). Any other code that changes an older message in place must start the
-# view again too (agent_state().view = new_view()).
+# (state.view) and makes again only what may have changed: what the history's
+# newest message (the one results join) touches, and all from the first
+# message that is no longer the one it saw in its place. The messages are
+# compared as one list of objects, at C speed: looking into each of 2,000
+# messages (or copying the list) cost ~1.5 ms a call, as each is a cache miss
+# by then. So an older message changed in place goes unseen, and only two
+# places do that: a later chapter puts reminders in front of the first
+# message's content (that one is checked), and clear_old_results marks results
+# cleared (it starts the view again). Any other code that changes an older
+# message in place must start the view again too (agent_state().view = new_view()).
 def new_view():
     """An empty view: state.view until the agent's first request."""
     return {"messages": [], "first": None, "done": [], "next": [], "sizes": [], "size": 0,
-            "counts": [], "results": [], "sent": 0, "settled": 0, "tail": []}
+            "tail": [], "sent": 0, "settled": 0}
 
 
 def view_mark(m):
@@ -2138,18 +2143,18 @@ def update_view(messages):
     """The agent's view brought up to date with messages: its messages made from
     history messages before the first that may have changed are kept ("done",
     shared with later calls: never change them), and normalize_messages' steps
-    make the rest ("tail"); "results" is tool_results(messages), not to be changed.
-    Where no agent runs (a helper thread), the view is one of its own, kept by nobody."""
+    make the rest ("tail"). Where no agent runs (a helper thread), the view is one
+    of its own, kept by nobody."""
     view = agent_state().view if CURRENT.get(None) else new_view()
-    same, keep = unchanged(view, messages), max(len(view["next"]) - 1, 0)  # done[j] holds while
-    while keep and view["next"][keep - 1] >= same:  # messages[:next[j] + 1] do, and done[-1]
-        keep -= 1  # ends where the newest begins, which may change in place: made again
+    same = min(unchanged(view, messages), max(len(messages) - 1, 0))  # the newest may change
+    keep = len(view["next"])  # in place; done[j] holds while messages[:next[j] + 1] do
+    while keep and view["next"][keep - 1] >= same:
+        keep -= 1
     view["size"] -= sum(view["sizes"][keep:])
-    for key in ("done", "next", "sizes", "counts"):
+    for key in ("done", "next", "sizes"):
         del view[key][keep:]
-    del view["results"][view["counts"][-1] if keep else 0:]
-    view["sent"] = min(view["sent"], len(view["results"]))  # after_call's mark: all before it
-    view["settled"] = min(view["settled"], len(view["results"]))  # clear_old_results' skip
+    view["sent"] = min(view["sent"], same)  # messages counted by after_call and by
+    view["settled"] = min(view["settled"], same)  # clear_old_results hold what they did
     done, now = view["done"], None  # now: the view's newest message, which may still grow
     for i in range(view["next"][-1] if keep else 0, len(messages)):
         role, blocks = messages[i]["role"], api_blocks(shown(messages[i]))
@@ -2160,11 +2165,9 @@ def update_view(messages):
                 done.append(with_results(done[-1] if done else None, now) if now
                             else normalize_messages([])[0])  # "(continuing)" opens the view
                 view["next"].append(i)
-                view["counts"].append(len(view["results"]))  # the results before messages[i]
                 view["sizes"].append(json_size(done[-1]))
                 view["size"] += view["sizes"][-1]
             now = {"role": role, "content": blocks}
-        view["results"] += tool_results(messages[i:i + 1])
     tail = [now] if now else [] if done else normalize_messages([])  # nothing at all: "(continuing)"
     if now and now["role"] == "assistant" and any(b["type"] == "tool_use" for b in now["content"]):
         tail.append({"role": "user", "content": []})  # its calls' placeholders, paired below
@@ -2275,9 +2278,9 @@ def charge(message, usage=None):
 def after_call(messages, message):
     """Mark what the model has now seen, anchor the size, print the status line."""
     view = update_view(messages)
-    for b in view["results"][view["sent"]:]:  # the results before it are marked already
+    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
         b["_sent"] = True
-    view["sent"] = len(view["results"])
+    view["sent"] = len(messages)
     u = message.usage
     read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
     total = u.input_tokens + read + write + u.output_tokens
