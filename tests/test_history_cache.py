@@ -40,7 +40,8 @@ class Histories:
         if rng.random() < 0.5:  # a result, maybe for no call of the reply before it
             call = rng.randint(max(1, self.ids - 3), self.ids + 1)
             saved = "<persisted-output>\nsaved to: a/b.txt\n" + "y" * 200
-            b = {"type": "tool_result", "tool_use_id": f"t{call}", "content": rng.choice(["r", "x" * 300, saved])}
+            b = {"type": "tool_result", "tool_use_id": f"t{call}",
+                 "content": rng.choice(["r", "x" * 300, saved])}
             if rng.random() < 0.3:
                 b["_sent"] = True
             return b
