@@ -831,12 +831,17 @@ def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
 def normalize_messages(messages):
     out = []
     for m in messages:
-        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-        if not blocks:
+        if not (blocks := api_blocks(m)):
             continue
         if out and out[-1]["role"] == m["role"]:
             out[-1]["content"] += blocks

@@ -92,6 +92,7 @@ class AgentState:
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
         self.label = ""  # s04: a subagent's name, on each of its progress lines
+        self.skills = {}  # s05: SKILL.md files as last parsed, by folder and source (parsed_skill)
 
 
 CURRENT = contextvars.ContextVar("agent_state")  # the AgentState running in this context
@@ -835,12 +836,17 @@ def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
 def normalize_messages(messages):
     out = []
     for m in messages:
-        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-        if not blocks:
+        if not (blocks := api_blocks(m)):
             continue
         if out and out[-1]["role"] == m["role"]:
             out[-1]["content"] += blocks
@@ -1429,9 +1435,22 @@ def parse_skill(folder, source):
             "user": flag(meta, "user-invocable", True)}
 
 
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
+
+
 def discover_skills():
     """name -> skill from every source. A broken SKILL.md is skipped with a warning."""
-    skills = {}
+    skills, parsed = {}, {}  # parsed: the agent's next cache, only the files seen now (bounded)
     for source, root in skill_dirs():
         try:
             folders = sorted(root.iterdir()) if root.is_dir() else []
@@ -1442,13 +1461,14 @@ def discover_skills():
             if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
                 continue
             try:
-                skill = parse_skill(folder, source)
+                skill = parsed_skill(folder, source, parsed)
             except (OSError, ValueError) as e:
                 warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
             if skill["name"] in skills:  # a later source wins; say whose skill it replaced
                 skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
+    agent_state().skills = parsed
     return skills
 
 

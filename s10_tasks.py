@@ -104,8 +104,10 @@ class AgentState:
         self.plan = {"items": [], "rounds_since_update": 0}  # s03: items is replaced, never mutated
         self.client = self.messages = self.tools = None  # s04: its loop (tools None: every tool)
         self.label = ""  # s04: a subagent's name, on each of its progress lines
+        self.skills = {}  # s05: SKILL.md files as last parsed, by folder and source (parsed_skill)
         self.compaction = {"failures": 0, "requested": False, "focus": None}  # s06: of its history
         self.session = {"cost": 0.0}  # s06: the session's bill, shared with its subagents
+        self.view = new_view()  # s06: its history as last shown to the API (update_view)
         self.mode, self.mode_before_plan = "default", "default"  # s07: the permission mode
         self.permissions = {"rules": [], "additional_directories": [],  # s07: from the config
                             "sandbox": dict(SANDBOX_DEFAULTS)}  # s07: files, shared with subagents
@@ -884,12 +886,17 @@ def as_blocks(content):
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
 def normalize_messages(messages):
     out = []
     for m in messages:
-        blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-        blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-        if not blocks:
+        if not (blocks := api_blocks(m)):
             continue
         if out and out[-1]["role"] == m["role"]:
             out[-1]["content"] += blocks
@@ -1499,9 +1506,22 @@ def parse_skill(folder, source):
             "user": flag(meta, "user-invocable", True)}
 
 
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
+
+
 def discover_skills():
     """name -> skill from every source. A broken SKILL.md is skipped with a warning."""
-    skills = {}
+    skills, parsed = {}, {}  # parsed: the agent's next cache, only the files seen now (bounded)
     for source, root in skill_dirs():
         try:
             folders = sorted(root.iterdir()) if root.is_dir() else []
@@ -1512,13 +1532,14 @@ def discover_skills():
             if folder.name.startswith(".") or not (folder / "SKILL.md").is_file():
                 continue
             try:
-                skill = parse_skill(folder, source)
+                skill = parsed_skill(folder, source, parsed)
             except (OSError, ValueError) as e:
                 warn_once(f"[skipped skill {folder / 'SKILL.md'}: {e}]")
                 continue
             if skill["name"] in skills:  # a later source wins; say whose skill it replaced
                 skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
+    agent_state().skills = parsed
     return skills
 
 
@@ -2082,6 +2103,11 @@ def cleared_stub(block):
     return {**block, "content": f"[old tool result cleared to save context; {where}]"}
 
 
+def clearable(b):
+    """Not cleared yet, and its placeholder would be shorter."""
+    return not b.get("_cleared") and len(str(b.get("content"))) > len(cleared_stub(b)["content"])
+
+
 def clear_old_results(messages, min_tokens=0):
     """One batch: every result the model has seen, except the newest few, becomes
     a placeholder. Returns how many were cleared (the prefix breaks once).
@@ -2091,15 +2117,25 @@ def clear_old_results(messages, min_tokens=0):
     over budget, clearing each result as it ages out would break the cached
     prefix every turn to save a few hundred tokens. It waits until it pays.
     """
-    results = tool_results(messages)
+    view = update_view(messages)  # this runs every call once over budget: the messages
+    start = view["settled"]  # before "settled" hold no result that can become clearable
+    results = tool_results(messages[start:])
     old = results[:-KEEP_RESULTS] if KEEP_RESULTS else results
-    fresh = [b for b in old if b.get("_sent") and not b.get("_cleared")
-             and len(str(b.get("content"))) > len(cleared_stub(b)["content"])]
+    passed = 0  # and it moves on past the messages that hold none either
+    for m in messages[start:]:
+        mine = tool_results([m])
+        if passed + len(mine) > len(old) or any(map(clearable, mine)):
+            break  # one still among the newest few, or one that may be cleared
+        passed += len(mine)
+        view["settled"] += 1
+    fresh = [b for b in old if b.get("_sent") and clearable(b)]
     if sum(estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
            for b in fresh) < min_tokens:
         return 0
     for b in fresh:
         b["_cleared"] = True
+    if fresh and CURRENT.get(None):  # older messages changed in place, which update_view
+        agent_state().view = new_view()  # cannot see: the agent's view starts again
     return len(fresh)
 
 
@@ -2113,6 +2149,102 @@ def shown(m):
 def shown_messages(messages):
     """The history as the API sees it: normalised, cleared results as placeholders."""
     return normalize_messages([shown(m) for m in messages])
+
+
+# The loop wants the view three times a model call (its size before the call,
+# the request, its size after) and the history's results twice (to mark them
+# sent, to look for a batch to clear), and a turn changes only the end: made
+# from the whole history each time, they were most of a turn's CPU by turn 500
+# (tests/bench_full.py). So each agent keeps its history as last shown
+# (state.view) and makes again only what may have changed: what the history's
+# newest message (the one results join) touches, and all from the first
+# message that is no longer the one it saw in its place. The messages are
+# compared as one list of objects, at C speed: looking into each of 2,000
+# messages (or copying the list) cost ~1.5 ms a call, as each is a cache miss
+# by then. So an older message changed in place goes unseen, and only two
+# places do that: a later chapter puts reminders in front of the first
+# message's content (that one is checked), and clear_old_results marks results
+# cleared (it starts the view again). Any other code that changes an older
+# message in place must start the view again too (agent_state().view = new_view()).
+def new_view():
+    """An empty view: state.view until the agent's first request."""
+    return {"messages": [], "first": None, "done": [], "next": [], "sizes": [], "size": 0,
+            "tail": [], "sent": 0, "settled": 0}
+
+
+def view_mark(m):
+    return m["role"], m["content"], len(m["content"])
+
+
+def unchanged(view, messages):
+    """How many leading messages are still the ones the view was made from;
+    view["messages"] becomes a copy of messages, changing only what differs."""
+    old, n = view["messages"], min(len(view["messages"]), len(messages))
+    if n and view_mark(messages[0]) != view["first"]:
+        n = 0
+    del old[n:]
+    old += messages[n:]
+    if old != messages:  # one compare at C speed: it looks at no message that did not move
+        n = next(i for i in range(n) if old[i] is not messages[i])
+        old[n:] = messages[n:]
+    view["first"] = view_mark(messages[0]) if messages else None
+    return n
+
+
+def json_size(obj):
+    return len(json.dumps(obj, ensure_ascii=False, default=str))  # estimate_tokens' measure
+
+
+def with_results(prev, m):
+    """m, paired as normalize_messages pairs it with the message before it."""
+    if m["role"] == "user":
+        m["content"] = pair_results(prev, m["content"])
+    return m
+
+
+def update_view(messages):
+    """The agent's view brought up to date with messages: its messages made from
+    history messages before the first that may have changed are kept ("done",
+    shared with later calls: never change them), and normalize_messages' steps
+    make the rest ("tail"). Where no agent runs (a helper thread), the view is one
+    of its own, kept by nobody."""
+    view = agent_state().view if CURRENT.get(None) else new_view()
+    same = min(unchanged(view, messages), max(len(messages) - 1, 0))  # the newest may change
+    keep = len(view["next"])  # in place; done[j] holds while messages[:next[j] + 1] do
+    while keep and view["next"][keep - 1] >= same:
+        keep -= 1
+    view["size"] -= sum(view["sizes"][keep:])
+    for key in ("done", "next", "sizes"):
+        del view[key][keep:]
+    view["sent"] = min(view["sent"], same)  # messages counted by after_call and by
+    view["settled"] = min(view["settled"], same)  # clear_old_results hold what they did
+    done, now = view["done"], None  # now: the view's newest message, which may still grow
+    for i in range(view["next"][-1] if keep else 0, len(messages)):
+        role, blocks = messages[i]["role"], api_blocks(shown(messages[i]))
+        if now and blocks and now["role"] == role:
+            now["content"] += blocks
+        elif blocks:
+            if now or (not done and role == "assistant"):  # the one before is whole now
+                done.append(with_results(done[-1] if done else None, now) if now
+                            else normalize_messages([])[0])  # "(continuing)" opens the view
+                view["next"].append(i)
+                view["sizes"].append(json_size(done[-1]))
+                view["size"] += view["sizes"][-1]
+            now = {"role": role, "content": blocks}
+    tail = [now] if now else [] if done else normalize_messages([])  # nothing at all: "(continuing)"
+    if now and now["role"] == "assistant" and any(b["type"] == "tool_use" for b in now["content"]):
+        tail.append({"role": "user", "content": []})  # its calls' placeholders, paired below
+    prev = done[-1] if done else None
+    for m in tail:
+        prev = with_results(prev, m)
+    view["tail"] = tail
+    return view
+
+
+def shown_view(messages):
+    """shown_messages(messages), from the agent's view (update_view)."""
+    view = update_view(messages)
+    return view["done"] + view["tail"]
 
 
 # --- s06.3: prompt caching ---
@@ -2132,9 +2264,10 @@ def cached(prefix):
 
 
 def request_messages(messages):
-    out = shown_messages(messages)
-    for m in out[-1:-4:-2]:  # newest message, and the previous request's last one
-        m["content"][-1] = {**m["content"][-1], "cache_control": EPHEMERAL}
+    out = shown_view(messages)  # its older messages are the agent's view, kept: marked on copies
+    for i in (-1, -3)[:(len(out) + 1) // 2]:  # newest message, and the previous request's last one
+        *blocks, last = out[i]["content"]
+        out[i] = {**out[i], "content": blocks + [{**last, "cache_control": EPHEMERAL}]}
     return out
 
 
@@ -2147,6 +2280,13 @@ def estimate_tokens(obj):
     return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
 
 
+def view_tokens(messages):
+    """estimate_tokens(shown_messages(messages)), from the agent's view (update_view)."""
+    view = update_view(messages)
+    size = view["size"] + sum(map(json_size, view["tail"]))  # a list's JSON: its items, ", "
+    return (size + 2 * (len(view["done"]) + len(view["tail"]))) // 4  # between them, "[" and "]"
+
+
 def last_usage(messages):
     return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
 
@@ -2156,7 +2296,7 @@ def context_tokens(messages):
     anchor = last_usage(messages)
     if anchor is None:
         return None
-    return max(0, anchor["tokens"] + estimate_tokens(shown_messages(messages)) - anchor["estimate"])
+    return max(0, anchor["tokens"] + view_tokens(messages) - anchor["estimate"])
 
 
 def loop_prefix(options=None):
@@ -2201,13 +2341,15 @@ def charge(message, usage=None):
 
 def after_call(messages, message):
     """Mark what the model has now seen, anchor the size, print the status line."""
-    for b in tool_results(messages):
+    view = update_view(messages)
+    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
         b["_sent"] = True
+    view["sent"] = len(messages)
     u = message.usage
     read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
     total = u.input_tokens + read + write + u.output_tokens
-    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": estimate_tokens(
-        shown_messages(messages)) + estimate_tokens(assistant_message(message))}
+    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": view_tokens(messages)
+                              + estimate_tokens(assistant_message(message))}
     # No `usage` here: call_model already added this call's tokens to a child's bill.
     say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
 
