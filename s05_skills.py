@@ -4,7 +4,7 @@
 New since s04: discover_skills, parse_skill, skills_prompt, load_skill,
 substitute, run_dynamic, render_skill, skill_file, ask_human, may_run,
 load_trusted, trust, command, COMMANDS, handle_slash, run_slash_once, /help,
-/skills.
+/skills, parsed_skill (a SKILL.md is parsed again only when it changes).
 
     skills/<name>/SKILL.md  <  ~/.agent/skills/  <  <workdir>/.agent/skills/
         |  frontmatter: name, description, argument-hint, flags...

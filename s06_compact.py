@@ -4,7 +4,8 @@ batches, auto-compaction near the window, error recovery, prompt caching.
 
 New since s05: persist_large, fit_results, clear_old_results, context_tokens,
 request_tokens, compact, compact_now, SUMMARY_PROMPT, call_with_recovery,
-recover, LineWatch, request_messages, cached, the compact tool and /compact.
+recover, LineWatch, request_messages, cached, the compact tool and /compact,
+update_view (the view kept between calls, so no call passes over the whole history).
 
     tool result --> persist_large: > 30K chars -> .agent/tool-results/ (the model
          |          gets preview + path); one message's results > 90K -> the
