@@ -810,6 +810,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # streaming, which is what makes a cut stream detectable: without the
     # final zero-length chunk the client knows the body is incomplete.
     protocol_version = "HTTP/1.1"
+    # A streamed reply is many small writes: with Nagle's algorithm on, each waits
+    # for the client's delayed ACK (~40 ms a reply), as no real server makes it wait.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args) -> None:       # keep test output clean
         pass

@@ -459,11 +459,19 @@ def test_a_plan_is_approved_and_a_permission_answered_through_the_lead(mod, api,
         last = json.dumps(body["messages"][-1]["content"])
         assert "Go ahead." in last and "plan mode is off, permission mode default" in last
         return reply(tool("write_file", {"path": "notes.txt", "content": "planned, approved, written\n"}))
+    lead_turn_ended = threading.Event()
+
+    def lead_ends_its_turn(body):
+        lead_turn_ended.set()
+        return reply("Alice is planning.")
+    def alice_plans(body):                                           # once the lead's turn has made its last call:
+        assert lead_turn_ended.wait(30)                              # her plan is what wakes the idle lead, and is
+        return reply(tool("exit_plan_mode", {"plan": "1. write notes.txt"}))   # not news joining that call
     scripts = {
         "lead": [reply(tool("spawn_teammate", {"name": "alice", "role": "writes notes", "plan_mode_required": True,
                                                "prompt": "alice: plan notes.txt, then write it."})),
-                 reply("Alice is planning."), lead_judges, reply("Approved alice's plan.")],
-        "alice": [reply(tool("exit_plan_mode", {"plan": "1. write notes.txt"})), reply("Waiting for the lead."),
+                 lead_ends_its_turn, lead_judges, reply("Approved alice's plan.")],
+        "alice": [alice_plans, reply("Waiting for the lead."),
                   alice_woken, reply(tool("send_message", {"to": "lead", "content": "notes.txt written"})),
                   reply("Done.")]}
     api.script(routed(scripts))
