@@ -10,7 +10,8 @@ prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-j
 --max-turns, --model, --allowed-tools, --disallowed-tools, --append-system-prompt:
 start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, LineEditor,
 completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
-/context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit.
+/context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit;
+(full.6) request_body, open_stream: each message of a request encoded once.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
@@ -52,7 +53,8 @@ Where each chapter's mechanism lives (each defined here, as in its chapter file;
                          parse_server, StdioTransport, HttpTransport, connect, call_mcp_tool,
                          plan_deferral, tool_search
     full front end       emit, PlainText, Headless, run_headless, read_settings, claude_rule,
-                         claude_hooks, RichUI, LineEditor, completions, attach_mentions
+                         claude_hooks, RichUI, LineEditor, completions, attach_mentions,
+                         request_body, open_stream
 
 Key insight: the loop never prints; it says what happened, and a front end
 decides what that looks like, so one engine drives a terminal and a script alike.
@@ -13571,6 +13573,70 @@ command("init", "Ask the model to study the repository and write an AGENTS.md",
         lambda a, ctx: INIT_PROMPT + (f"\n\nAlso: {a}" if a else ""), arg_hint="[NOTES]", kind="prompt")
 command("exit", "Quit", exit_command, aliases=("quit",))
 
+# --- full.6: the request, each message encoded once ---
+# The SDK copies every request body whole in Python (a walk of every dict and
+# list) before it encodes it: at turn 500 of a session (2,000 messages) that was
+# most of a turn's CPU, twice a turn. A message of the view's "done" part never
+# changes (s06.2), so its JSON is made once and kept, the kept texts joined in
+# one string; a request is that string (copied at C speed, no message looked
+# at) and the few last messages encoded again: the newest, and request_messages'
+# marked copies. The bytes go through the client's own post (its retries,
+# timeouts, headers and errors) and its own stream helper, so the loop reads the
+# reply exactly as from client.messages.stream.
+MARKED_WITHIN = 3  # request_messages copies (to mark) only messages among the request's last 3
+JSON_KEYS = ("json_of", "json_ends")  # in the view: done messages encoded, where each one's JSON ends
+
+
+def to_json(obj):
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # as the SDK sends
+
+
+def kept_prefix(of, done):
+    """How many leading messages of `of` are still done's own. done is only cut
+    short and added to, and `of` keeps its old messages alive (no id is reused),
+    so those form a prefix: found in log(n) looks, none at the other messages,
+    each of which is a cache miss by turn 500 (s06.2's view, the same reason)."""
+    lo, hi = 0, min(len(of), len(done))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if of[mid] is done[mid] else (lo, mid)
+    return lo
+
+
+def done_json(view, k):
+    """The JSON of view["done"][:k], comma-joined; each message encoded once."""
+    of, ends = (view.setdefault(key, []) for key in JSON_KEYS)
+    done = view["done"]
+    n = kept_prefix(of, done)
+    del of[n:], ends[n:]
+    text = view.get("json", "")[:ends[-1] if ends else 0]
+    for m in done[n:]:
+        text += ("," if of else "") + to_json(m)
+        of.append(m)
+        ends.append(len(text))
+    view["json"] = text
+    return text[:ends[k - 1]] if k else ""
+
+
+def request_body(model, max_tokens, system, tools, messages):
+    """The Messages request as bytes: what client.messages.stream would send."""
+    out = request_messages(messages)
+    view = agent_state().view if CURRENT.get(None) else new_view()
+    k = max(0, min(len(view["done"]), len(out) - MARKED_WITHIN))  # out[:k] are the view's own messages
+    texts = [done_json(view, k)] if k else []
+    texts += map(to_json, out[k:])
+    head = to_json({"model": model, "max_tokens": max_tokens, "system": system, "tools": tools, "stream": True})
+    return f'{head[:-1]},"messages":[{",".join(texts)}]}}'.encode()
+
+
+def open_stream(client, model, max_tokens, system, tools, messages):
+    """client.messages.stream(...) for this request, its body encoded by request_body."""
+    body = request_body(model, max_tokens, system, tools, messages)
+    return anthropic.lib.streaming.MessageStreamManager(functools.partial(  # the SDK's own helper
+        client.post, "/v1/messages", content=body, cast_to=anthropic.types.Message, stream=True,
+        stream_cls=anthropic.Stream[anthropic.types.RawMessageStreamEvent]), output_format=anthropic.NOT_GIVEN)
+
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -13618,8 +13684,8 @@ def call_model(client, messages, tools=None, system=None, model=None, out=None, 
     tools = request_tools(TOOLS if tools is None else tools)  # s04: None = the main agent's; s12: deferred out
     model, system = model or model_id(), system or system_prompt()  # s04: None = the main agent's
     started = time.monotonic()  # full: the session's time in model calls (headless duration_api_ms)
-    with client.messages.stream(model=model, max_tokens=max_tokens, system=cached(system),  # s06: cache
-                                tools=cached(tools), messages=request_messages(messages)) as stream:  # s06
+    with open_stream(client, model, max_tokens, cached(system), cached(tools),  # s06: cache; full: encoded
+                     messages) as stream:  # once a message (full.6)
         for text in reply_text(stream, out):  # s06: out learns which blocks began
             show_text(text, out)  # s04: a child's text goes to stderr
         message = stream.get_final_message()

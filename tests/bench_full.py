@@ -11,8 +11,8 @@
    is the median of the ten turns around turn 10 and around turn N; both are
    printed with their ratio (the issue's target: at most 2x at turn 500), and
    beside them the same less the SDK's own time in each turn (call_model's row:
-   the request copied and encoded, the stream parsed; that part carries the
-   whole history by nature). Then where it goes: the functions that pass over
+   the request sent, the stream parsed; before full.6 also the SDK's copy and
+   encoding of the whole body, twice a turn). Then where it goes: the functions that pass over
    the history, timed in the loop (each row its own time, less the rows it
    calls), the garbage collector's share, and what one pass over the final
    history costs alone.
@@ -81,11 +81,12 @@ WATCHED = [("update_view", "the agent's view brought up to date, its end made ag
            ("clear_old_results", "the batch clear's check, each call past WORKING_BUDGET (s06.2)"),
            ("tool_results", "the results found in the history (s06.2)"),
            ("request_messages", "the cache marks, on copies (s06.3)"),
-           ("call_model", "the SDK: the request copied, encoded, sent; the stream parsed"),
+           ("request_body", "the request's bytes: kept JSON joined, the newest encoded (full.6)"),
+           ("call_model", "the SDK: the request sent, the stream parsed"),
            ("system_prompt", "the prompt rebuilt, skill files read and hashed (s05, s09)"),
            ("sync_session", "the session file (s09.3)"),
            ("report_call", "the reply and status events (full.1)")]
-SDK = "call_model"  # the row that is the SDK's own work (its request_messages is a row of its own)
+SDK = "call_model"  # the row that is the SDK's own work (request_messages, request_body: rows of their own)
 
 
 class Timers:
@@ -194,11 +195,15 @@ def passes(mod, history):
             ("tool_results", 4, lambda: mod.tool_results(history), "of the whole history (after_call, the clear)"),
             ("clear_old_results", 2, lambda: mod.clear_old_results(history, never), "each call past budget"),
             ("the SDK's request", 2, lambda: serialize_data(body, location="body"),
-             "copied and JSON-encoded: the request carries it all, inherent"),
+             "the SDK's copy and encoding of the body (before full.6)"),
+            ("request_body", 2, lambda: mod.request_body(body["model"], body["max_tokens"], body["system"],
+                                                         body["tools"], history),
+             "the same bytes from the kept JSON (full.6)"),
             ("sync_session", 6, lambda: mod.sync_session(history), "already incremental")]
-    if hasattr(mod, "update_view"):  # those no longer on the loop's path: what they would cost
-        rows = [(name, 0 if name in ("shown_messages", "estimate_tokens", "tool_results") else n, fn, note)
-                for name, n, fn, note in rows]
+    gone = ("shown_messages", "estimate_tokens", "tool_results") if hasattr(mod, "update_view") else ()
+    gone += ("the SDK's request",) if hasattr(mod, "request_body") else ()
+    rows = [(name, 0 if name in gone else n, fn, note)  # those no longer on the loop's path: what they would cost
+            for name, n, fn, note in rows]
     print("   one pass over the final history, alone, x the passes a turn makes:")
     for name, per_turn, fn, note in rows:
         if hasattr(mod, name) or name == "the SDK's request":

@@ -125,6 +125,10 @@ def test_the_kept_view_equals_the_view_made_from_scratch(mod, seed):
             assert mod.view_tokens(h) == mod.estimate_tokens(scratch) == len(json.dumps(
                 scratch, ensure_ascii=False, default=str)) // 4
             assert mod.request_messages(h) == old_request(mod, h)   # the marks went on copies
+            if hasattr(mod, "request_body"):                         # full.6: the bytes sent, each message
+                assert json.loads(mod.request_body("m", 9, [], [], h)) == {  # encoded once
+                    "model": "m", "max_tokens": 9, "system": [], "tools": [], "stream": True,
+                    "messages": json.loads(json.dumps(old_request(mod, h)))}, (trial, step)
             assert mod.shown_view(h + [{"role": "assistant", "content": "prefill"}]) == \
                 mod.shown_messages(h + [{"role": "assistant", "content": "prefill"}])
 
@@ -202,6 +206,8 @@ def test_every_request_and_size_of_a_long_loop_equals_the_full_pass(mod, api, cl
     assert len(requests) >= 15 and len(sizes) >= 30
     assert all(kept == scratch for kept, scratch in requests)
     assert all(kept == scratch for kept, scratch in sizes)
+    scratch = [json.loads(json.dumps(s)) for _, s in requests]    # and what reached the server is that
+    assert [m for m in (b["messages"] for b in message_bodies(api)) if m in scratch] == scratch
 
 
 @from_s06
