@@ -72,6 +72,7 @@ import functools
 import gc
 import hashlib
 import http.client
+import inspect
 import io
 import itertools
 import json
@@ -92,6 +93,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -13585,10 +13587,12 @@ command("exit", "Quit", exit_command, aliases=("quit",))
 # reply exactly as from client.messages.stream.
 MARKED_WITHIN = 3  # request_messages copies (to mark) only messages among the request's last 3
 JSON_KEYS = ("json_of", "json_ends")  # in the view: done messages encoded, where each one's JSON ends
+STREAM_HEADERS = {"X-Stainless-Helper-Method": "stream", "X-Stainless-Stream-Helper": "messages"}  # as
+# client.messages.stream sends them
 
 
 def to_json(obj):
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # as the SDK sends
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()  # as the SDK
 
 
 def kept_prefix(of, done):
@@ -13604,18 +13608,24 @@ def kept_prefix(of, done):
 
 
 def done_json(view, k):
-    """The JSON of view["done"][:k], comma-joined; each message encoded once."""
+    """The JSON of view["done"][:k], comma-joined bytes; each message encoded once.
+    A Ctrl+C can land between any two steps here: the kept parts are checked
+    against each other first, and what does not agree is made again."""
     of, ends = (view.setdefault(key, []) for key in JSON_KEYS)
-    done = view["done"]
-    n = kept_prefix(of, done)
+    kept = view.get("json", b"")
+    if len(of) != len(ends) or len(kept) != (ends[-1] if ends else 0):
+        del of[:], ends[:]
+    n = kept_prefix(of, view["done"])
+    fresh = [to_json(m) for m in view["done"][n:]]  # nothing kept has changed yet
     del of[n:], ends[n:]
-    text = view.get("json", "")[:ends[-1] if ends else 0]
-    for m in done[n:]:
-        text += ("," if of else "") + to_json(m)
-        of.append(m)
-        ends.append(len(text))
-    view["json"] = text
-    return text[:ends[k - 1]] if k else ""
+    at, added = ends[-1] if ends else 0, []
+    for piece in fresh:
+        at += len(piece) + (1 if at else 0)  # a comma before all but the first
+        added.append(at)
+    view["json"] = b",".join(([kept[:ends[-1]]] if ends else []) + fresh)
+    ends += added
+    of += view["done"][n:]
+    return view["json"][:ends[k - 1]] if k else b""
 
 
 def request_body(model, max_tokens, system, tools, messages):
@@ -13623,17 +13633,37 @@ def request_body(model, max_tokens, system, tools, messages):
     out = request_messages(messages)
     view = agent_state().view if CURRENT.get(None) else new_view()
     k = max(0, min(len(view["done"]), len(out) - MARKED_WITHIN))  # out[:k] are the view's own messages
-    texts = [done_json(view, k)] if k else []
-    texts += map(to_json, out[k:])
+    kept = done_json(view, k)  # also when k is 0: a view started again lets go of the old JSON
+    parts = ([kept] if k else []) + [to_json(m) for m in out[k:]]
     head = to_json({"model": model, "max_tokens": max_tokens, "system": system, "tools": tools, "stream": True})
-    return f'{head[:-1]},"messages":[{",".join(texts)}]}}'.encode()
+    return b"".join([head[:-1], b',"messages":[', b",".join(parts), b"]}"])
+
+
+@functools.cache
+def takes_raw_body(client_type):
+    """The SDK's post takes a body as bytes (content=) since 2.x; before, only as data."""
+    return "content" in inspect.signature(client_type.post).parameters
+
+
+def warn_if_deprecated(model):
+    """client.messages.stream's warning for a model near its end of life, from the SDK's list."""
+    ends_of_life = getattr(anthropic.resources.messages.messages, "DEPRECATED_MODELS", {})
+    if model in ends_of_life:
+        warnings.warn(f"The model '{model}' is deprecated and will reach end-of-life on {ends_of_life[model]}."
+                      "\nPlease migrate to a newer model. Visit https://docs.anthropic.com/en/docs/resources/"
+                      "model-deprecations for more information.", DeprecationWarning, stacklevel=4)
 
 
 def open_stream(client, model, max_tokens, system, tools, messages):
     """client.messages.stream(...) for this request, its body encoded by request_body."""
+    if not takes_raw_body(type(client)):  # an SDK before 2.x: it encodes the request itself
+        return client.messages.stream(model=model, max_tokens=max_tokens, system=system, tools=tools,
+                                      messages=request_messages(messages))
+    warn_if_deprecated(model)
     body = request_body(model, max_tokens, system, tools, messages)
     return anthropic.lib.streaming.MessageStreamManager(functools.partial(  # the SDK's own helper
-        client.post, "/v1/messages", content=body, cast_to=anthropic.types.Message, stream=True,
+        client.post, "/v1/messages", content=body, cast_to=anthropic.types.Message,
+        options={"headers": STREAM_HEADERS}, stream=True,
         stream_cls=anthropic.Stream[anthropic.types.RawMessageStreamEvent]), output_format=anthropic.NOT_GIVEN)
 
 

@@ -114,5 +114,25 @@ def test_after_clear_the_view_no_longer_holds_the_old_conversation(mod, api, cli
     api.script([reply("a short answer")])
     assert mod.agent_loop(client, history) == "end_turn"
     view = mod.agent_state().view
-    held = view.get("json", "") + "".join(json.dumps(m) for m in view.get("json_of", []))
+    held = view.get("json", b"").decode() + "".join(json.dumps(m) for m in view.get("json_of", []))
     assert "OLD-CONVERSATION" not in held
+
+
+# --- the SDK before 2.x ---------------------------------------------------------------------------
+
+def test_an_sdk_whose_post_takes_no_raw_body_still_streams_through_messages_stream(mod, api, client):
+    """requirements.txt allows the SDK from 0.60, whose post has no content= (it takes data
+    only): there open_stream is client.messages.stream as before, and the turn works."""
+    import anthropic
+
+    class OldClient(anthropic.Anthropic):
+        def post(self, path, *, cast_to, body=None, options={}, files=None, stream=False, stream_cls=None):
+            return super().post(path, cast_to=cast_to, body=body, options=options, files=files,
+                                stream=stream, stream_cls=stream_cls)
+    old = OldClient(api_key="test", base_url=api.url, max_retries=0)
+    api.script([reply("hi from the old SDK")])
+    history = [{"role": "user", "content": "hi"}]
+    assert mod.agent_loop(old, history) == "end_turn"
+    assert history[-1]["content"][0]["text"] == "hi from the old SDK"
+    assert not mod.agent_state().view.get("json_of")                 # the body was not made here
+    assert message_bodies(api)[-1]["messages"] == scratch(mod, history[:-1])
