@@ -287,9 +287,14 @@ def test_a_stray_line_at_start_is_skipped_and_logged(mod, api, client, servers, 
 def test_a_slow_server_does_not_hold_up_the_first_prompt(mod, api, client, servers, capsys):
     up = servers({"slow": {"command": PY, "args": [TINY, "--slow-start", "1"]},
                   "quick": {"command": PY, "args": [TINY]}}, wait=0.2)
-    assert up["slow"]["state"] == "connecting" and up["quick"]["state"] == "connected"
+    assert up["slow"]["state"] == "connecting"                         # the start did not wait for it
     assert not any(n.startswith("mcp__slow__") for n in mod.TOOL_HANDLERS)
     assert "slow still connecting after 0.2 s" in capsys.readouterr().err
+    for _ in range(200):                                               # quick's own start, on a loaded
+        if up["quick"]["state"] != "connecting":                       # machine, may take over 0.2 s too
+            break
+        time.sleep(0.05)
+    assert up["quick"]["state"] == "connected"
     for _ in range(200):
         if up["slow"]["state"] != "connecting":
             break
