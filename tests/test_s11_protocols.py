@@ -526,10 +526,14 @@ def test_a_teammate_killed_mid_task_is_noticed_by_the_lead_and_another_claims_it
         wait_until(lambda: "May teammates claim them?" in err.text, "the question about a task from before", err)
         tell(lead, "y")                                              # the test made it: yes, claim it
         assert working.wait(60), err.text
-        roster = json.loads(next((workspace / ".agent" / "team").glob("*/config.json")).read_text())
-        alice = next(m for m in roster["members"] if m["name"] == "alice")
+        roster_file = next((workspace / ".agent" / "team").glob("*/config.json"))
+
+        def alice_pid():                                             # the lead records it once it has checked
+            roster = json.loads(roster_file.read_text())             # the join: alice may be working by then
+            return next(m for m in roster["members"] if m["name"] == "alice")["pid"]
+        wait_until(lambda: alice_pid() is not None, "the lead to record alice's pid", err)
         assert board(workspace)["1"]["owner"] == "alice"
-        os.kill(alice["pid"], signal.SIGKILL)
+        os.kill(alice_pid(), signal.SIGKILL)
         wait_until(lambda: "took over #1; done" in err.text, "bob's news at the lead's prompt", err)
         release.set()
         out = leave(lead, err)
@@ -539,7 +543,7 @@ def test_a_teammate_killed_mid_task_is_noticed_by_the_lead_and_another_claims_it
     assert (board(workspace)["1"]["owner"], board(workspace)["1"]["status"]) == ("bob", "completed")
     assert "[alice's process has ended; task(s) #1 back on the board]" in err.text
     assert "Both are waiting" in out
-    assert teammate_pids(roster["team"]) == [] and api.exhausted == 0
+    assert teammate_pids(roster_file.parent.name) == [] and api.exhausted == 0
 
 
 def test_a_shutdown_request_ends_a_wait_for_an_answer_with_a_no(crew, workspace):

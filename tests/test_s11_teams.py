@@ -594,8 +594,9 @@ def team_round(mod, api, workspace, lead, before_second=lambda body: None):
     api.script(routed(scripts))
     lead.stdin.write("build a team of two\n")
     lead.stdin.flush()
-    wait_for(lambda: statuses(workspace).get("alice") == statuses(workspace).get("bob") == "idle", lead,
-             "both teammates to finish their turn")
+    wait_for(lambda: statuses(workspace).get("alice") == statuses(workspace).get("bob") == "idle"
+             and all(m["pid"] for m in roster_of(workspace)["members"][1:]), lead,
+             "both teammates to finish their turn")                 # a pid is recorded once the join is checked
     team = roster_of(workspace)["team"]
     members = {m["name"]: m for m in roster_of(workspace)["members"]}
     pids = sorted(members[n]["pid"] for n in ("alice", "bob"))
