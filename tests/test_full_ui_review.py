@@ -129,7 +129,12 @@ def test_a_line_from_another_thread_prints_above_the_prompt_not_into_it(mod, wor
             pipe.send_text("\r")
         pipe.send_text("now I am typing")
         timer = threading.Timer(0.3, later)
-        timer.start()
+        watch = editor.watch
+
+        def started():  # pre_run: the prompt is up, inside patch_stdout; a clock from before it races
+            watch()
+            timer.start()
+        editor.watch = started
         line = editor.read("agent >> ")
         timer.join()
     assert line == "now I am typing"

@@ -493,8 +493,8 @@ def test_a_stop_is_a_stop_during_retries_and_during_the_final_reply(agents, api,
     the child has said it will retry, so the check must come after it too), nor while
     its last reply streams (~2.5 s; the stop goes out ~10 ms after the request)."""
     mod = agents
-    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 0.5)
-    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 0.5)
+    monkeypatch.setattr(mod, "RETRY_BASE_DELAY", 2)   # a back-off of 1.5-2 s: the stop surely lands in it
+    monkeypatch.setattr(mod, "RETRY_MAX_DELAY", 2)
     as_parent(mod, client)
 
     def backing_off(record):                    # its line just before the back-off's sleep

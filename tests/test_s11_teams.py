@@ -667,7 +667,9 @@ def test_inside_tmux_each_teammate_gets_a_pane_of_its_own(mod, api, workspace):
         pids = {str(members[n]["pid"]) for n in ("alice", "bob")}
         assert len(panes[0]) == 3 and pids <= set(panes[0])             # the lead's pane and one each
         assert homes == [str(workspace.parent / "home")] * 2
-        left = subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"], capture_output=True, text=True)
-        assert not pids & set(left.stdout.split())                      # their panes closed with them
+        def left():                                                     # tmux reaps a pane's process and
+            return subprocess.run(tmux + ["list-panes", "-a", "-F", "#{pane_pid}"],  # closes it on its own time
+                                  capture_output=True, text=True).stdout.split()
+        wait_for(lambda: not pids & set(left()), None, "their panes to close with them")
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)

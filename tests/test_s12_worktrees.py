@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -639,9 +640,18 @@ def test_a_background_isolated_agent_reports_its_branch_in_its_notification(mod,
         note = json.dumps(body["messages"][-1]["content"])
         assert "<task-notification>" in note and "[worktree agent-" in note and "1 file changed" in note
         return reply("Its branch has a.txt.")
+    waiting = threading.Event()
+
+    def parent_waits(body):                  # the parent's second call is out before the child works,
+        waiting.set()                        # so the child's news cannot join it
+        return reply("Waiting.")
+
+    def child_writes(body):
+        assert waiting.wait(30)
+        return reply(tool("write_file", {"path": "a.txt", "content": "a\n"}))
     two = Two(parent=[reply(tool("agent", {"prompt": "Write a.txt", "run_in_background": True,
-                                           "isolation": "worktree"})), reply("Waiting."), notified],
-              child=[reply(tool("write_file", {"path": "a.txt", "content": "a\n"})), reply("Wrote a.txt.")])
+                                           "isolation": "worktree"})), parent_waits, notified],
+              child=[child_writes, reply("Wrote a.txt.")])
     two.install(api)
     history = [{"role": "user", "content": "go"}]
     assert mod.agent_loop(client, history) == "end_turn"
