@@ -5611,7 +5611,7 @@ def sessions_dir(state):
 def new_session(state):
     stamp_ = time.strftime("%Y%m%d-%H%M%S")
     return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
-            "written": 0, "last": None}
+            "written": 0, "last": None, "fresh": True}  # fresh: its file is made at the first write
 
 
 def session_id(state):
@@ -5620,13 +5620,34 @@ def session_id(state):
     return state.record["path"].stem if state.record else state.parent_session or state.run_id
 
 
+def claim_session_file(state):
+    """Make a new session's file with O_EXCL: processes started in the same second
+    (a lead's teammates) may draw the same name, and two must never append to one
+    file. The one that writes second draws again, before it writes anything. Other
+    errors are the write's to report."""
+    state.record["fresh"] = False
+    for _ in range(100):
+        path = state.record["path"]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except FileExistsError:  # another's (written first, or at once), or a planted link
+            state.record["path"] = new_session(state)["path"]
+            continue
+        except OSError:
+            pass
+        return path
+    return path
+
+
 def write_records(records):
     """Append and flush; a session file that cannot be written is one warning, not a crash."""
     state = agent_state()
     if state.record is None or not records:
         return
     path = state.record["path"]
-    if not path.exists():  # a new file opens with the mode, so a resume knows it
+    if state.record.get("fresh") or not path.exists():  # a new file opens with the mode, so a resume knows it
+        path = claim_session_file(state)
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
         if not os.getenv(TEAMMATE_ENV):  # s11: a teammate's session is not the user's to --continue
             register_session(state, path)

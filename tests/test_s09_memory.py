@@ -99,9 +99,12 @@ def prompt_turn(mod, api, client, history, prompt, steps):
 
 
 def recording(mod):
-    """A session file for the running agent, as main() starts one."""
+    """A session file for the running agent, as main() starts one (drawn again on a
+    name a session of this same second has: claim_session_file would, at its first write)."""
     state = mod.agent_state()
     state.record = mod.new_session(state)
+    while state.record["path"].exists():
+        state.record = mod.new_session(state)
     return state.record["path"]
 
 
@@ -1004,6 +1007,26 @@ def test_the_git_roots_agents_md_is_read_from_a_subfolder_but_its_includes_stay_
         text = mod.load_instructions(state)
     assert "ROOT-TEXT" in text and "Use tabs." not in text and "not read: outside the workspace" in text
 
+
+
+def test_two_sessions_that_draw_one_name_never_share_its_file(mod, workspace, tmp_path):
+    """Teammates start in the same second: the one that writes second draws again."""
+    state = mod.agent_state()
+    state.record = mod.new_session(state)
+    taken = state.record["path"]
+    taken.parent.mkdir(parents=True)
+    taken.write_text('{"type": "mode", "mode": "default"}\n')       # the other process's, written first
+    mod.sync_session([{"role": "user", "content": "mine"}])
+    mine = state.record["path"]
+    assert mine != taken and taken.read_text() == '{"type": "mode", "mode": "default"}\n'
+    assert [m["content"] for m in mod.read_session(mine)[0]] == ["mine"] and mod.session_id(state) == mine.stem
+    outside = tmp_path / "planted-target"
+    state.record = mod.new_session(state)
+    state.record["path"].symlink_to(outside)                           # a dangling link, left by a clone
+    link = state.record["path"]
+    mod.sync_session([{"role": "user", "content": "again"}])
+    assert not outside.exists() and state.record["path"] != link
+    assert [m["content"] for m in mod.read_session(state.record["path"])[0]] == ["again"]
 
 
 def test_the_session_file_follows_no_planted_link_and_stays_out_of_git(mod, workspace, tmp_path):
