@@ -28,6 +28,13 @@ for _var in ("NO_PROXY", "no_proxy"):
 # every process the suite starts, unless a test turns them on (marker memory).
 os.environ["AGENT_AUTO_MEMORY"] = "0"
 
+# What the shell running the suite may set, and the agent or its UI reads: a turn cap,
+# a teammate's mark, a tmux session (teammates would open panes in it), colour and
+# size. Tests that want one set it themselves.
+for _var in ("AGENT_MAX_TURNS", "AGENT_TEAMMATE", "TMUX", "TMUX_PANE", "NO_COLOR", "FORCE_COLOR",
+             "COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(TESTS)]

@@ -875,6 +875,22 @@ class _Server(http.server.ThreadingHTTPServer):
         # are expected here; don't spray tracebacks over the test output.
         pass
 
+    # Open connections, counted from the accept (in the serving thread) to the
+    # end of the connection's own thread: see ScriptedAPI.settle.
+    def process_request(self, request, client_address) -> None:
+        self.api._connections(+1)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.api._connections(-1)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.api._connections(-1)
+
 
 class ScriptedAPI:
     """A local Messages API that answers from a script of steps."""
@@ -886,6 +902,7 @@ class ScriptedAPI:
         self._invalid: list = []     # every refused request, kept across reset()
         self.exhausted = 0
         self.cache = PromptCache()
+        self._open = 0               # connections being served
         self._server = None
         self._thread = None
         self.url = None
@@ -950,6 +967,22 @@ class ScriptedAPI:
     def remaining(self) -> int:
         with self._lock:
             return len(self._steps)
+
+    def _connections(self, change: int) -> None:
+        with self._lock:
+            self._open += change
+
+    def settle(self, wait: float = 10) -> None:
+        """Until no connection is open: a killed client's last request has been
+        served or dropped, so it cannot take a step scripted for the next one.
+        Only for clients that are gone (an SDK client keeps its pool open)."""
+        deadline, quiet = time.monotonic() + wait, None
+        while quiet is None or time.monotonic() - quiet < 0.05:  # and stays so: a queued
+            with self._lock:                                     # connection is accepted late
+                busy = self._open > 0
+            quiet = None if busy else quiet or time.monotonic()
+            assert time.monotonic() < deadline, "a connection to the scripted API stayed open"
+            time.sleep(0.005)
 
     # -- serving one request -------------------------------------------------
 

@@ -88,7 +88,7 @@ def test_piped_prompt_makes_file_and_exits_0(name, api, tmp_path):
 @pytest.mark.parametrize("name", ENDS)
 def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
     words = [f"word{i} " for i in range(30)]
-    api.script([reply("".join(words), delay=0.03)])   # ~40 events, spread out
+    api.script([reply("".join(words), delay=0.1)])    # ~40 events over ~4 s: a stall cannot hide it
     env = os.environ | {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url,
                         "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     p = start([str(ROOT / f"{name}.py"), "say words"], tmp_path, env)
@@ -102,6 +102,10 @@ def test_text_streams_before_the_reply_is_finished(name, api, tmp_path):
         assert p.wait(timeout=30) == 0
     finally:
         p.kill()
+    deadline = time.monotonic() + 10                   # the server notes it just after its last write
+    while "done_at" not in api.requests[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     done = api.requests[0]["done_at"]
     # Causal, not timed: the first word was on stdout before the server had
     # even sent the end of the reply.

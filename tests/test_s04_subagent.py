@@ -271,7 +271,8 @@ def test_files_read_by_one_agent_must_be_read_again_by_the_other(mod, api, clien
     (workspace / "a.txt").write_text("one\n")
     edit = {"path": "a.txt", "old_string": "one", "new_string": "two"}
     blind, child_read = tool("edit_file", edit), tool("read_file", {"path": "a.txt"})
-    child_edit, parent_edit = tool("edit_file", edit), tool("edit_file", edit)
+    child_edit = tool("edit_file", edit | {"new_string": "three"})  # a new size: seen even within one mtime tick
+    parent_edit = tool("edit_file", edit)
     run(mod, api, client, [reply(tool("read_file", {"path": "a.txt"})), reply(agent("fix a.txt")),
                            reply(blind), reply(child_read), reply(child_edit), reply("changed"),
                            reply(parent_edit)])
@@ -279,7 +280,7 @@ def test_files_read_by_one_agent_must_be_read_again_by_the_other(mod, api, clien
     assert not result_of(body(api, 5), child_edit).get("is_error")
     stale = result_of(body(api, 7), parent_edit)  # the parent's read predates the child's edit
     assert stale["is_error"] and "changed on disk" in stale["content"]
-    assert (workspace / "a.txt").read_text() == "two\n"
+    assert (workspace / "a.txt").read_text() == "three\n"
 
 
 @each

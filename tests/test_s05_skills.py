@@ -314,8 +314,15 @@ def test_dynamic_context_runs_in_workspace_through_run_bash(mod, workspace, monk
     make_skill(project_skills(workspace), "ctx", "description: Context demo.", body=(
         "Files:\n!`ls`\nEcho: !`echo got-$0`\nRefused: !`sudo true`\nSlow: !`sleep 5`\n"
         "Plain `code` stays."))
-    monkeypatch.setattr(mod, "DYNAMIC_TIMEOUT", 1)
+    monkeypatch.setattr(mod, "DYNAMIC_TIMEOUT", 7)
+    real, timeouts = mod.run_bash, []
+
+    def run_bash(line, timeout=None):      # the skill's own timeout is asked for; only the slow command
+        timeouts.append(timeout)           # gets 1 s, so a loaded machine cannot time out `ls`
+        return real(line, 1 if line.startswith("sleep") else 60)
+    monkeypatch.setattr(mod, "run_bash", run_bash)
     out = mod.handle_slash("/ctx xyz", {})
+    assert timeouts == [7] * 4             # ls, echo, sudo (refused by run_bash itself), sleep
     assert "marker.txt" in out and "Echo: got-xyz" in out
     assert re.search(r"Refused: \[command `sudo true` failed: Refused by the blocklist", out)
     assert "timed out after 1s" in out

@@ -16,6 +16,7 @@ import shlex
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -316,13 +317,20 @@ def test_a_sandboxed_command_that_times_out_or_is_interrupted_still_has_its_git_
     import subprocess
     subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
     plant = "mkdir -p evil && echo ../evil > .git/commondir && sleep 30"
+    real_watch, commondir = mod.watch_command, workspace / ".git" / "commondir"
+
+    def planted(p, sink, timeout):                                   # the clock starts once the write is
+        deadline = time.monotonic() + 30                             # made: bwrap may take over 1 s to start
+        while not (commondir.exists() and commondir.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_watch(p, sink, timeout)
+    monkeypatch.setattr(mod, "watch_command", planted)
     with pytest.raises(mod.ToolError, match="were undone"):
         mod.run_bash(plant, timeout=1)                               # stopped by its timeout
-    assert not (workspace / ".git" / "commondir").exists()
-    real_watch = mod.watch_command
+    assert not commondir.exists()
 
     def interrupted(p, sink, timeout):
-        real_watch(p, sink, 1)                                       # the write happens, then Ctrl+C
+        planted(p, sink, 0.01)                                       # the write happens, then Ctrl+C
         raise KeyboardInterrupt
     monkeypatch.setattr(mod, "watch_command", interrupted)
     with pytest.raises(KeyboardInterrupt):

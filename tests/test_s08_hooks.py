@@ -119,6 +119,15 @@ def asking(mod, mode="default"):
     return state
 
 
+def written(path, wait=10):
+    """A file's text once it has some: `echo $! > f` makes the file before it writes."""
+    deadline = time.monotonic() + wait
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path.name} was never written"
+        time.sleep(0.02)
+    return path.read_text()
+
+
 def gone(pid):
     """A process that no longer exists, or only as a zombie nobody reaped yet."""
     try:
@@ -146,7 +155,7 @@ class Receiver:
                                        "raw": raw.decode(), "body": json.loads(raw or b"null")})
                 receiver.got.set()
                 if receiver.hold is not None:
-                    receiver.hold.wait(3)
+                    receiver.hold.wait(60)               # the fixture lets go at the end
                 data = json.dumps(receiver.answer).encode()
                 receiver.replied.set()                   # before the bytes: the client may be quicker
                 self.send_response(receiver.status)
@@ -611,7 +620,7 @@ def test_session_start_context_reaches_the_first_request(mod, api, client, works
 
 @each
 def test_an_async_http_hook_does_not_hold_up_the_turn(mod, api, client, workspace, receiver):
-    receiver.hold = threading.Event()                            # the receiver answers only when told (or in 3 s)
+    receiver.hold = threading.Event()                            # the receiver answers only when told
     state = use_hooks(mod, hook("post_tool_use", action={"type": "http", "url": receiver.url}, **{"async": True}))
     run_turn(mod, api, client, [reply(tool("write_file", {"path": "a.txt", "content": "x"}))])
     assert receiver.got.wait(5)
@@ -636,15 +645,15 @@ def test_once_fires_once_in_a_session(mod, api, client, workspace):
 @each
 def test_a_hook_past_its_timeout_is_killed_with_its_children(mod, api, client, workspace):
     command = script(Path.home(), "slow.sh", "sleep 60 &\necho $! > child.pid\nsleep 30\n")
-    use_hooks(mod, hook("pre_tool_use", command.replace(str(Path.home()), "~"), timeout=1))
+    use_hooks(mod, hook("pre_tool_use", command.replace(str(Path.home()), "~"), timeout=3))  # time to start
     run_turn(mod, api, client, [reply(tool("write_file", {"path": "a.txt", "content": "x"}))])
     assert (workspace / "a.txt").exists()                        # the call went ahead, the loop went on
-    pid = int((workspace / "child.pid").read_text())
+    pid = int(written(workspace / "child.pid"))
     deadline = time.monotonic() + 5
     while not gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone(pid)
-    assert "killed: still running after its timeout of 1s" in hooks_log(workspace)
+    assert "killed: still running after its timeout of 3s" in hooks_log(workspace)
 
 
 @each
@@ -705,10 +714,7 @@ def test_the_session_end_stops_async_hooks_still_running(mod, api, client, works
     monkeypatch.setattr(mod, "HOOK_EXIT_WAIT", 0.2)
     state = use_hooks(mod, hook("session_start", "sleep 60 & echo $! > child.pid; sleep 60", **{"async": True}))
     mod.begin_session()
-    deadline = time.monotonic() + 5
-    while not (workspace / "child.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    pid = int((workspace / "child.pid").read_text() or 0)
+    pid = int(written(workspace / "child.pid"))
     mod.end_session("exit")
     for job in state.hooks["jobs"]:
         job.join(5)

@@ -172,6 +172,7 @@ class Session:
                           lambda: self.file_text().count('"type": "boundary"') > self.boundaries)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=WAIT)
+        self.api.settle()               # its last request, if it got out, is served before the next script
         if moment.startswith("torn"):   # what a kill inside a write leaves: half a record
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(FRAGMENT)
