@@ -820,6 +820,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.server.api._serve(self)
 
+    # A request is in flight from its first line to the end of its answer (an idle
+    # keep-alive connection is not): see ScriptedAPI.settle.
+    def parse_request(self) -> bool:
+        if not getattr(self, "_counted", False):
+            self._counted = True
+            self.server.api._in_flight(+1)
+        return super().parse_request()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        finally:
+            if getattr(self, "_counted", False):
+                self._counted = False
+                self.server.api._in_flight(-1)
+
     do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
 
     def read_body(self) -> bytes:
@@ -875,22 +891,6 @@ class _Server(http.server.ThreadingHTTPServer):
         # are expected here; don't spray tracebacks over the test output.
         pass
 
-    # Open connections, counted from the accept (in the serving thread) to the
-    # end of the connection's own thread: see ScriptedAPI.settle.
-    def process_request(self, request, client_address) -> None:
-        self.api._connections(+1)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.api._connections(-1)
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.api._connections(-1)
-
 
 class ScriptedAPI:
     """A local Messages API that answers from a script of steps."""
@@ -902,7 +902,7 @@ class ScriptedAPI:
         self._invalid: list = []     # every refused request, kept across reset()
         self.exhausted = 0
         self.cache = PromptCache()
-        self._open = 0               # connections being served
+        self._busy = 0               # requests being served
         self._server = None
         self._thread = None
         self.url = None
@@ -968,20 +968,21 @@ class ScriptedAPI:
         with self._lock:
             return len(self._steps)
 
-    def _connections(self, change: int) -> None:
+    def _in_flight(self, change: int) -> None:
         with self._lock:
-            self._open += change
+            self._busy += change
 
-    def settle(self, wait: float = 10) -> None:
-        """Until no connection is open: a killed client's last request has been
-        served or dropped, so it cannot take a step scripted for the next one.
-        Only for clients that are gone (an SDK client keeps its pool open)."""
+    def settle(self, wait: float = 30) -> None:
+        """Until no request is in flight, for 0.2 s on end: a killed client's last
+        request has been served or dropped, so it cannot take a step scripted for
+        the next client. (The quiet time covers a request whose bytes arrived but
+        whose first line the server's thread has not read yet.)"""
         deadline, quiet = time.monotonic() + wait, None
-        while quiet is None or time.monotonic() - quiet < 0.05:  # and stays so: a queued
-            with self._lock:                                     # connection is accepted late
-                busy = self._open > 0
+        while quiet is None or time.monotonic() - quiet < 0.2:
+            with self._lock:
+                busy = self._busy > 0
             quiet = None if busy else quiet or time.monotonic()
-            assert time.monotonic() < deadline, "a connection to the scripted API stayed open"
+            assert time.monotonic() < deadline, f"a request to the scripted API was still in flight after {wait} s"
             time.sleep(0.005)
 
     # -- serving one request -------------------------------------------------
