@@ -7289,7 +7289,7 @@ def drain_notifications():
     command whose process has ended is waited for first (its watcher records it in
     moments), so the first request after the end carries it, not a later one."""
     for r in background_running():
-        if (p := r.get("_proc")) is not None and p.poll() is not None:
+        if (p := r.get("_proc")) is not None and has_exited(p):
             r["_thread"].join(timeout=BACKGROUND_STOP_WAIT)
     with BACKGROUND_LOCK:
         done = [r for r in agent_state().background.values()
@@ -7297,6 +7297,17 @@ def drain_notifications():
         for r in done:
             r["notified"] = True
     return done
+
+
+def has_exited(p):
+    """Whether the process has ended, without reaping it. Not p.poll(): that answers
+    None whenever the watcher thread holds the process's wait lock, even after the end."""
+    if p.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already, by the watcher, which records it next
+        return True
 
 
 def deliver_notifications(messages):

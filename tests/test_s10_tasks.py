@@ -442,18 +442,30 @@ def test_the_model_works_on_while_a_background_command_runs(background, api, cli
     assert status_file(workspace, seen["id"])["exit_code"] == 0
 
 
+@pytest.mark.parametrize("slow", ["record", "wait"])
 def test_a_command_that_has_ended_is_in_the_very_next_request(background, api, client, workspace,
-                                                               monkeypatch):
+                                                               monkeypatch, slow):
     """Its watcher may not have recorded the end yet when the next call is made (here a
-    slow one): the loop waits for it, instead of leaving the news for a later request."""
+    slow one): the loop waits for it, instead of leaving the news for a later request.
+    "wait": the watcher has not even reaped the process, and Popen.poll answers None
+    meanwhile, as it does whenever another thread holds the process's wait lock."""
     mod, state, seen = background, background.agent_state(), {}
-    tail = mod.read_tail
+    tail, watch = mod.read_tail, mod.watch_command
 
     def slow_tail(fh, limit):
         time.sleep(0.3)
         return tail(fh, limit)
 
-    monkeypatch.setattr(mod, "read_tail", slow_tail)
+    def slow_watch(p, sink, timeout):
+        wait_for(lambda: gone(p.pid), "the end of the run")   # it ends before its watcher looks
+        time.sleep(0.3)
+        return watch(p, sink, timeout)
+
+    if slow == "record":
+        monkeypatch.setattr(mod, "read_tail", slow_tail)
+    else:
+        monkeypatch.setattr(mod, "watch_command", slow_watch)
+        monkeypatch.setattr(subprocess.Popen, "poll", lambda self: self.returncode)
 
     def ended(body):
         (record,) = state.background.values()
