@@ -72,12 +72,20 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import anthropic
-import yaml
-from dotenv import load_dotenv
-from dotenv import find_dotenv
-from rich.console import Console
-from rich.text import Text
+try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
+    import anthropic
+    import yaml
+    from dotenv import load_dotenv
+    from dotenv import find_dotenv
+    from rich.console import Console
+    from rich.text import Text
+except ModuleNotFoundError as e:
+    if __name__ != "__main__":
+        raise  # an importer (a test, the demo) says it its own way
+    requirements = os.path.relpath(Path(__file__).with_name("requirements.txt"))
+    print(f"No module named {e.name!r}: install the packages with pip install -r {requirements}",
+          file=sys.stderr)
+    sys.exit(2)
 
 # --- config ---
 DEFAULT_MODEL = "claude-sonnet-5-5"  # override with MODEL_ID

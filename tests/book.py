@@ -40,6 +40,10 @@ import tokenize
 import urllib.parse
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from packages import require  # noqa: E402
+
+require("pygments")  # before pip install: one line that says how, not a traceback
 from pygments.lexers import PythonLexer   # pygments comes with rich
 from pygments.token import STANDARD_TYPES
 

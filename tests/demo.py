@@ -46,6 +46,10 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
+from packages import require  # noqa: E402
+
+require()  # before pip install: one line that says how, not a traceback
+
 from fake_api import ScriptedAPI  # noqa: E402
 
 TIMEOUT = 300          # seconds a chapter may run before the demo gives up on it

@@ -39,6 +39,10 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 sys.path[:0] = [str(TESTS)]
 
+from packages import require  # noqa: E402
+
+require()  # before pip install: one line that says how, not a traceback
+
 from fake_api import ScriptedAPI, reply  # noqa: E402
 
 MODULE = "exercise_target"      # the name your file is loaded under

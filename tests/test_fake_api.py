@@ -557,17 +557,18 @@ def test_hangup_raises_connection_error_and_server_recovers(api, client):
 
 
 def test_cut_stream_raises_during_iteration(api, client):
-    # A stream dropped mid-body is NOT wrapped by the SDK: the HTTP library's
-    # own RemoteProtocolError ("incomplete chunked read") escapes from the
-    # iteration, after the events that did arrive were already delivered.
-    # Agent code that retries cut streams must catch it explicitly.
+    # A stream dropped mid-body fails the iteration, after the events that did
+    # arrive were delivered. Which class it raises is the SDK's choice and has
+    # changed (the HTTP library's RemoteProtocolError escaped before anthropic
+    # 2.17; since then the SDK wraps it as APIConnectionError), so this pins only
+    # what the fake promises: the text sent so far, then a transport failure of
+    # either form. What the agent does with it is s06's recovery tests' to show.
     api.script([reply("a" * 60, cut_after=5)])
     seen = []
-    with pytest.raises(httpx.RemoteProtocolError) as exc:
+    with pytest.raises((anthropic.APIConnectionError, httpx.TransportError)):
         with client.messages.stream(model=MODEL, max_tokens=10, messages=HI) as stream:
             for chunk in stream.text_stream:
                 seen.append(chunk)
-    assert not isinstance(exc.value, anthropic.APIError)
     # 5 events = message_start, ping, block start, 2 text deltas.
     assert "".join(seen) == "a" * 24
 

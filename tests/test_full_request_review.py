@@ -76,46 +76,45 @@ def test_after_a_ctrl_c_in_a_resumed_session_the_next_turn_still_reaches_the_mod
 
 # --- 2: what client.messages.stream did besides sending the body ---------------------------------
 
+def sdk_stream(client, model="claude-test"):
+    """One request as the SDK's own client.messages.stream makes it: the reference."""
+    with client.messages.stream(model=model, max_tokens=9, messages=[{"role": "user", "content": "hi"}]) as s:
+        s.get_final_message()
+
+
 def test_a_deprecated_model_still_gets_the_sdks_deprecation_warning(mod, api, client, monkeypatch):
     """client.messages.stream warns when the model is past its deprecation date
-    (MODEL_ID=claude-opus-4-5): client.post says nothing."""
-    import anthropic.resources.messages.messages as sdk_messages
-    model = next(iter(sdk_messages.DEPRECATED_MODELS))
-    api.script([reply("hi")])
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        mod.call_model(client, [{"role": "user", "content": "hi"}], model=model)
-    assert any(issubclass(w.category, DeprecationWarning) and model in str(w.message) for w in seen)
+    (MODEL_ID=claude-opus-4-5): client.post says nothing. The promise is the SDK's
+    own warning, whichever it is, so the reference is the SDK's stream itself."""
+    ends_of_life = getattr(getattr(getattr(getattr(__import__("anthropic"), "resources", None), "messages", None),
+                                   "messages", None), "DEPRECATED_MODELS", None)
+    if not ends_of_life:
+        pytest.skip("this SDK names no deprecated model: there is no warning to keep")
+    model = next(iter(ends_of_life))
+
+    def warned(call):
+        api.script([reply("hi")])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            call()
+        return [(w.category, str(w.message)) for w in seen if issubclass(w.category, DeprecationWarning)]
+    expected = warned(lambda: sdk_stream(client, model))
+    assert expected and any(model in text for _, text in expected)
+    assert warned(lambda: mod.call_model(client, [{"role": "user", "content": "hi"}], model=model)) == expected
 
 
 def test_the_request_carries_the_stream_helpers_headers(mod, api, client):
-    """client.messages.stream adds X-Stainless-Helper-Method: stream and
-    X-Stainless-Stream-Helper: messages to each request; the body sent by hand lacks both."""
-    api.script([reply("hi")])
+    """client.messages.stream adds its helper headers (X-Stainless-Helper-Method: stream,
+    X-Stainless-Stream-Helper: messages in 2.x) to each request; the body sent by hand
+    lacked them. The reference is the SDK's own stream request, header for header."""
+    api.script([reply("hi"), reply("hi")])
+    sdk_stream(client)
     mod.call_model(client, [{"role": "user", "content": "hi"}])
-    [entry] = [r for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
-    assert entry["headers"].get("x-stainless-helper-method") == "stream"
-    assert entry["headers"].get("x-stainless-stream-helper") == "messages"
-
-
-# --- 3: memory ------------------------------------------------------------------------------------
-
-def test_after_clear_the_view_no_longer_holds_the_old_conversation(mod, api, client, workspace):
-    """/clear empties the history, and s06.2's view lets go of its messages at the next
-    request; the kept JSON (json, json_of) is cut only by a request of 4 messages or
-    more, so a long conversation stays in memory through every short one after /clear."""
-    (workspace / "big.txt").write_text("OLD-CONVERSATION " * 2_000)
-    history = [{"role": "user", "content": "read big.txt"}]
-    api.script([reply(tool("read_file", {"path": "big.txt"})), reply(tool("read_file", {"path": "big.txt"})),
-                reply("read")])
-    assert mod.agent_loop(client, history) == "end_turn"
-    mod.clear_command("", {"client": client, "history": history})
-    mod.add_user_text(history, "a short question")
-    api.script([reply("a short answer")])
-    assert mod.agent_loop(client, history) == "end_turn"
-    view = mod.agent_state().view
-    held = view.get("json", b"").decode() + "".join(json.dumps(m) for m in view.get("json_of", []))
-    assert "OLD-CONVERSATION" not in held
+    sdk, ours = [r["headers"] for r in api.requests if r["path"].split("?")[0] == "/v1/messages"]
+    helpers = {k: v for k, v in sdk.items() if "helper" in k.lower()}
+    assert helpers                                   # the SDK marks its stream helper somehow
+    assert {k: ours.get(k) for k in helpers} == helpers
+    assert set(ours) - {"content-length"} == set(sdk) - {"content-length"}
 
 
 # --- the SDK before 2.x ---------------------------------------------------------------------------

@@ -199,6 +199,26 @@ SENTENCE = "The parser reads one token at a time. "
 
 
 @each
+def test_a_cut_stream_is_transient_in_either_form_the_sdk_raises(mod):
+    """A stream cut mid-body surfaces as the SDK's APIConnectionError (anthropic 2.17
+    on) or as the HTTP library's own RemoteProtocolError (before): both are waited
+    for and retried, so an SDK upgrade cannot turn a cut into a failed turn."""
+    import anthropic
+    try:
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+    request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
+    cut = httpx.RemoteProtocolError("peer closed connection without sending complete message body",
+                                    request=request)
+    assert mod.is_transient(cut) and mod.is_api_failure(cut)
+    wrapped = anthropic.APIConnectionError(request=request)
+    wrapped.__cause__ = cut
+    assert mod.is_transient(wrapped) and mod.is_api_failure(wrapped)
+    assert not mod.is_transient(ValueError("a bug in the chapter"))
+
+
+@each
 def test_a_cut_reply_is_continued_by_prefill_so_stdout_holds_one_reply(fast, api, client, capsys):
     answer = (SENTENCE * 20).strip()
     seen = []
