@@ -5,7 +5,7 @@ runs inside an OS sandbox (bubblewrap) when the machine has one.
 
 New since s06: decide, permit, subcommands, blocked_command, load_permissions,
 parse_rule, protected, ask_permission, narrow_rule, plan mode (/plan,
-exit_plan_mode, PLAN_MODE_REMINDER), /mode, /permissions, sandbox_argv,
+exit_plan_mode, PLAN_MODE_REMINDER, announce_plan_mode), /mode, /permissions, sandbox_argv,
 bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 
     tool_use --> decide(tool, input, mode, rules)
@@ -3258,13 +3258,15 @@ def blocked_command(command):
 #     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
 # A cloned repository ships the project file (and can ship a "local" one), so
 # both may only tighten until the human trusts them: their deny and ask rules
-# always apply; their allow rules, directories, sandbox and mode keys count
-# only once the file's sha256 is recorded in ~/.agent/trusted.yaml for this
-# workspace. A changed file has a new hash, so it asks again.
+# always apply, and so does a mode that widens nothing (default, plan); their
+# allow rules, directories, sandbox and wider modes count only once the file's
+# sha256 is recorded in ~/.agent/trusted.yaml for this workspace. A changed
+# file has a new hash, so it asks again.
 CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
 RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
 PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+WIDENING_MODES = ("acceptEdits", "bypassPermissions")  # a config's default or plan widens nothing
 RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
 TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
                 "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Task": "agent",
@@ -3344,7 +3346,7 @@ def loosens(data):
     """Does this file hold anything that widens what the agent may do?"""
     perms = data.get("permissions") or {}
     return bool(perms.get("allow") or perms.get("additional_directories")
-                or perms.get("default_mode") or data.get("sandbox"))
+                or perms.get("default_mode") in WIDENING_MODES or data.get("sandbox"))
 
 
 def config_trusted(path):
@@ -3375,7 +3377,7 @@ def loosening(data):
         parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
-    if perms.get("default_mode"):
+    if perms.get("default_mode") in WIDENING_MODES:
         parts.append(f"starts in {perms['default_mode']}")
     if data.get("sandbox"):
         parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
@@ -3404,7 +3406,7 @@ def load_permissions(workdir, trust_all=False):
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
-            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and mode "
+            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
                 f"settings are ignored; its deny and ask rules apply]")
         perms = data.get("permissions") or {}
         for effect in RULE_EFFECTS if full else ("deny", "ask"):
@@ -3413,8 +3415,9 @@ def load_permissions(workdir, trust_all=False):
         if full:
             settings["additional_directories"] += [
                 Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
-            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
             settings["sandbox"].update(data.get("sandbox") or {})
+        if full or perms.get("default_mode") not in WIDENING_MODES:  # default and plan only tighten
+            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
     return settings
 
 
@@ -3614,7 +3617,7 @@ def read_denied(relpath, state):
 
 
 def is_plan_file(path, state):
-    return path == (state.workdir / ".agent" / "plans" / f"{state.run_id}.md").resolve()
+    return path == plan_file(state).resolve()
 
 
 def decide(name, args, state):
@@ -3633,7 +3636,7 @@ def decide(name, args, state):
         return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
     if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
         return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
-                                     f".agent/plans/{state.run_id}.md")
+                                     f"{rel(plan_file(state))}")
     if outside := [p for p in paths if not inside(p, state, approved=False)  # asked every time
                    and not (name == "read_file" and skill_file(str(p)))]:  # s05's skill files
         if mode == "bypassPermissions":
@@ -4144,6 +4147,22 @@ def plan_file(state):
     return state.workdir / ".agent" / "plans" / f"{state.run_id}.md"
 
 
+def announce_plan_mode(messages):
+    """A session that starts in plan mode (the flag, the variable, the config) is told so
+    before its first call, as /plan tells it later: the reminder joins the latest user
+    message, after its tool results, unless the history already holds it (a resumed
+    session told before gets nothing new; /plan and a teammate's start already told it)."""
+    state = agent_state()
+    if state.mode != "plan" or state.label or not messages or messages[-1]["role"] != "user":
+        return
+    reminder = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state)))
+    if any(b.get("text") == reminder for m in messages if m["role"] == "user" for b in as_blocks(m["content"])):
+        return
+    blocks = as_blocks(messages[-1]["content"])
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    messages[-1]["content"] = results + [{"type": "text", "text": reminder}] + blocks[len(results):]
+
+
 def set_mode(mode, history=None):
     """Switch the running agent's mode; entering plan mode tells the model the rules."""
     state = agent_state()
@@ -4353,6 +4372,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
     unknown = 0
     try:
         prepare_agent_tool(client, messages, tools)  # s04: the agent tool needs this loop
+        announce_plan_mode(messages)  # s07: a session started in plan mode is told before its first call
         for _ in range(max_turns or turn_limit()):  # s04: a child has its own cap
             message = call_with_recovery(client, messages, tools=tools, **settings)  # s06: recovery
             messages.append(assistant_message(message))

@@ -3355,13 +3355,15 @@ def blocked_command(command):
 #     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
 # A cloned repository ships the project file (and can ship a "local" one), so
 # both may only tighten until the human trusts them: their deny and ask rules
-# always apply; their allow rules, directories, sandbox and mode keys count
-# only once the file's sha256 is recorded in ~/.agent/trusted.yaml for this
-# workspace. A changed file has a new hash, so it asks again.
+# always apply, and so does a mode that widens nothing (default, plan); their
+# allow rules, directories, sandbox and wider modes count only once the file's
+# sha256 is recorded in ~/.agent/trusted.yaml for this workspace. A changed
+# file has a new hash, so it asks again.
 CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
 RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
 PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+WIDENING_MODES = ("acceptEdits", "bypassPermissions")  # a config's default or plan widens nothing
 RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
 TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
                 "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Task": "agent",
@@ -3449,7 +3451,7 @@ def loosens(data):
     if data.get("mcp_servers"):  # s12: so do MCP servers
         return True  # s12
     return bool(perms.get("allow") or perms.get("additional_directories")
-                or perms.get("default_mode") or data.get("sandbox"))
+                or perms.get("default_mode") in WIDENING_MODES or data.get("sandbox"))
 
 
 def config_trusted(path):
@@ -3480,7 +3482,7 @@ def loosening(data):
         parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
     if perms.get("additional_directories"):
         parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
-    if perms.get("default_mode"):
+    if perms.get("default_mode") in WIDENING_MODES:
         parts.append(f"starts in {perms['default_mode']}")
     if data.get("sandbox"):
         parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
@@ -3518,7 +3520,7 @@ def load_permissions(workdir, trust_all=False):
         data = read_config(path)
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
-            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and mode "
+            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
                 f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
             if data.get("mcp_servers"):  # s12
                 say(f"[{rel(path)} is not trusted: its MCP servers are not started]")  # s12
@@ -3533,8 +3535,9 @@ def load_permissions(workdir, trust_all=False):
         if full:
             settings["additional_directories"] += [
                 Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
-            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
             settings["sandbox"].update(data.get("sandbox") or {})
+        if full or perms.get("default_mode") not in WIDENING_MODES:  # default and plan only tighten
+            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
     return settings
 
 
@@ -3738,7 +3741,7 @@ def read_denied(relpath, state):
 
 
 def is_plan_file(path, state):
-    return path == (state.workdir / ".agent" / "plans" / f"{state.run_id}.md").resolve()
+    return path == plan_file(state).resolve()
 
 
 def decide(name, args, state):
@@ -3760,7 +3763,7 @@ def decide(name, args, state):
         return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
     if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
         return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
-                                     f".agent/plans/{state.run_id}.md")
+                                     f"{rel(plan_file(state))}")
     if outside := [p for p in paths if not inside(p, state, approved=False)  # asked every time
                    and not (name == "read_file" and skill_file(str(p)))]:  # s05's skill files
         if mode == "bypassPermissions":
@@ -4281,7 +4284,23 @@ def denial_reminder():
 
 
 def plan_file(state):
-    return state.workdir / ".agent" / "plans" / f"{state.run_id}.md"
+    return state.workdir / ".agent" / "plans" / f"{session_id(state)}.md"  # s09: the session's: a resume keeps it
+
+
+def announce_plan_mode(messages):
+    """A session that starts in plan mode (the flag, the variable, the config) is told so
+    before its first call, as /plan tells it later: the reminder joins the latest user
+    message, after its tool results, unless the history already holds it (a resumed
+    session told before gets nothing new; /plan and a teammate's start already told it)."""
+    state = agent_state()
+    if state.mode != "plan" or state.label or not messages or messages[-1]["role"] != "user":
+        return
+    reminder = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state)))
+    if any(b.get("text") == reminder for m in messages if m["role"] == "user" for b in as_blocks(m["content"])):
+        return
+    blocks = as_blocks(messages[-1]["content"])
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    messages[-1]["content"] = results + [{"type": "text", "text": reminder}] + blocks[len(results):]
 
 
 def set_mode(mode, history=None):
@@ -5390,6 +5409,9 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
 INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
+SECRET_FILE = re.compile(r"^(\.env(\.(?!example$|sample$|template$)[\w.-]+)?|\.netrc|\.pgpass|\.npmrc|\.pypirc"
+                         r"|\.git-credentials|credentials(\.\w+)?|id_(rsa|ecdsa|ed25519|dsa)\w*"
+                         r"|.*\.(pem|key|p12|pfx|jks|keystore))$", re.I)  # never included, wherever it lies
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
 USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
 INDEX_LINES = 200           # lines of one MEMORY.md (seed)
@@ -5515,11 +5537,14 @@ def instruction_files(state):
 
 def include_allowed(path, state, root=None):
     """Why `path` (resolved) may not be read, or None: inside the workspace (or
-    `root`) or ~/.agent only, and s07's read rules apply (a denied .env stays
-    unread). The chain's own files pass the same check with the git root as
-    `root`: a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
+    `root`, the git root the chain walked from) or ~/.agent only, never a file that
+    looks like a secret, and s07's read rules apply (a denied path stays unread).
+    The chain's files and their includes pass the same check with the same root:
+    a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
     if not (path.is_relative_to(root or state.workdir) or path.is_relative_to(user_agent_dir())):
-        return "outside the workspace and ~/.agent"
+        return "outside the repository and ~/.agent"
+    if SECRET_FILE.match(path.name):
+        return "it looks like a secret (a key, a token file, a .env)"
     rules = state.permissions["rules"]
     if path == own_dotenv() or first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], state.workdir):
         return "a read rule denies it"
@@ -5583,7 +5608,7 @@ def included(ref, path, state, depth, chain, budget):
         return f"(@{ref} skipped: it includes itself)"
     if depth >= INCLUDE_DEPTH:
         return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
-    if why := include_allowed(target, state):
+    if why := include_allowed(target, state, repo_root(state.workdir)):  # the chain's repository
         return None if why == "no such file" else f"(@{ref} not read: {why})"
     if target.is_relative_to(user_agent_dir()) and not path.resolve().is_relative_to(user_agent_dir()):
         return f"(@{ref} not read: a project file cannot include your ~/.agent files)"
@@ -12143,6 +12168,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
     unknown = 0
     try:
         prepare_agent_tool(client, messages, tools)  # s04: the agent tool needs this loop
+        announce_plan_mode(messages)  # s07: a session started in plan mode is told before its first call
         if stopped := start_hooks(messages):  # s08: user_prompt_submit may drop the prompt
             return stopped  # s08
         attach_context(messages)  # s09: instructions and the memory index open the conversation

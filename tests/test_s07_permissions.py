@@ -7,13 +7,14 @@ human's questions through a fake stdin.
 import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import chapters_from, run_chapter, run_turn
+from conftest import chapters_from, message_bodies, run_chapter, run_turn
 from fake_api import reply, text, tool
 
 def rules(**by_effect):
@@ -264,6 +265,25 @@ def test_an_untrusted_project_config_can_only_tighten(mod, workspace, monkeypatc
 
 @pytest.mark.permissions
 @pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+@pytest.mark.parametrize("mode", ["plan", "default"])
+def test_an_untrusted_config_may_still_ask_for_a_mode_that_widens_nothing(mod, workspace, monkeypatch,
+                                                                          capsys, mode):
+    """default_mode: plan in a cloned repository's config tightens; it used to count as
+    loosening, so the question asked about it and a no dropped it."""
+    write_config(workspace / ".agent" / "config.yaml", {"permissions": {"default_mode": mode}})
+    answers(monkeypatch)                                   # no question: nothing widens
+    assert mod.load_permissions(mod.agent_state().workdir)["default_mode"] == mode
+    assert "Trust" not in capsys.readouterr().err
+    write_config(workspace / ".agent" / "config.yaml", {"permissions": {"default_mode": mode,
+                                                                        "allow": ["bash"]}})
+    answers(monkeypatch, "n")                              # the allow rule is refused, the mode still holds
+    settings = mod.load_permissions(mod.agent_state().workdir)
+    assert settings["default_mode"] == mode and not [r for r in settings["rules"] if r["effect"] == "allow"]
+    assert "starts in" not in capsys.readouterr().err
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
 def test_trust_is_per_file_hash_and_a_changed_file_asks_again(mod, workspace, monkeypatch):
     cfg = workspace / ".agent" / "config.yaml"
     write_config(cfg, {"permissions": {"allow": ["bash(make *)"]}})
@@ -446,6 +466,66 @@ def test_plan_mode_round_trip(mod, api, client, workspace, monkeypatch):
     assert state.mode == "acceptEdits"
     mod.handle_slash("/mode default", ctx)
     assert state.mode == "default"
+
+
+PLAN_PATH = re.compile(r"The only file you may write is the plan file: (\.agent/plans/[\w.-]+\.md)")
+
+
+def write_the_named_plan(body):
+    """The model's first reply in plan mode: write the plan file the reminder named."""
+    [path] = PLAN_PATH.findall(json.dumps(body["messages"][0]))
+    return reply(tool("write_file", {"path": path, "content": "# Plan\n1. edit app.py"}))
+
+
+@pytest.mark.e2e("s07")
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+@pytest.mark.parametrize("how", ["one-shot, the flag", "piped, the variable", "piped, the config"])
+def test_a_session_started_in_plan_mode_is_told_in_its_first_request(mod, api, workspace, how):
+    """Before, the model learnt it was in plan mode only from a denial, after it had
+    tried to write: /plan added the reminder, a start in plan mode did not."""
+    env = {"HOME": str(workspace.parent / "home"), "AGENT_PERMISSION_MODE": "default"}
+    args, stdin = ["plan the change"], None
+    if how == "one-shot, the flag":
+        args = ["--permission-mode", "plan", *args]
+    elif how == "piped, the variable":
+        env["AGENT_PERMISSION_MODE"], args, stdin = "plan", [], "plan the change\n"
+    else:
+        write_config(workspace / ".agent" / "config.local.yaml", {"permissions": {"default_mode": "plan"}})
+        env["AGENT_PERMISSION_MODE"], args, stdin = "", [], "plan the change\n"   # unset: the config's
+    api.script([write_the_named_plan, reply(tool("write_file", {"path": "app.py", "content": "x"})),
+                reply("Planned.")])
+    r = run_chapter(mod.__name__, *args, api=api, cwd=workspace, input=stdin, env=env)
+    assert r.returncode == 0, r.stderr
+    first = message_bodies(api)[0]["messages"]
+    assert len(first) == 1 and first[0]["role"] == "user"
+    texts = [b["text"] for b in first[0]["content"]]
+    assert texts[0].startswith("<system-reminder>\nPlan mode is active") and texts[-1] == "plan the change"
+    [plan] = (workspace / ".agent" / "plans").glob("*.md")             # the file it named is the plan file
+    assert plan.read_text() == "# Plan\n1. edit app.py" and not (workspace / "app.py").exists()
+    assert "plan mode" in message_bodies(api)[2]["messages"][-1]["content"][0]["content"]
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_plan_mode_reminder_comes_once_after_any_tool_results(mod, workspace):
+    state = mod.agent_state()
+    state.mode = "plan"
+    reminder = mod.PLAN_MODE_REMINDER.format(plan_file=mod.rel(mod.plan_file(state)))
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                                     {"type": "text", "text": "go on"}]}]
+    mod.announce_plan_mode(history)
+    assert [b.get("text", b["type"]) for b in history[-1]["content"]] == ["tool_result", reminder, "go on"]
+    mod.announce_plan_mode(history)                                    # told already: nothing new
+    mod.add_user_text(history, "more")
+    mod.announce_plan_mode(history)
+    assert json.dumps(history).count("Plan mode is active") == 1
+    state.mode = "default"
+    fresh = [{"role": "user", "content": "b"}]
+    mod.announce_plan_mode(fresh)                                      # not in plan mode: nothing
+    assert fresh == [{"role": "user", "content": "b"}]
 
 
 @pytest.mark.permissions

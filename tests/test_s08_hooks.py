@@ -912,7 +912,7 @@ def test_an_untrusted_project_hook_does_not_run(mod, api, client, workspace, mon
     err = capsys.readouterr().err
     assert "runs 3 hook(s) on your machine" in err and "touch pwned-start" in err     # the question says what
     assert [line for line in err.splitlines() if "hooks" in line and "not trusted" in line] == [
-        "[.agent/config.yaml is not trusted: its allow rules, directories, sandbox and mode settings "
+        "[.agent/config.yaml is not trusted: its allow rules, directories, sandbox and wider mode settings "
         "and its hooks are ignored; its deny and ask rules apply]"]                 # one line says so
 
 

@@ -147,7 +147,7 @@ def instruction_tree(workspace):
         "DEEPER-CLAUDE",
         "<!-- HIDDEN-COMMENT @comment.md -->",
         "Style: @a.md",
-        "Outside: @../../outside.md",
+        "Outside: @../../../outside.md",
         "Secrets: @.env",
         "Chain: @d1.md",
         "Inline `see @span.md` stays as written.",
@@ -158,7 +158,7 @@ def instruction_tree(workspace):
     ]) + "\n")
     write(deeper / "a.md", "A-TEXT @b.md\n")
     write(deeper / "b.md", "B-TEXT @a.md\n")
-    write(workspace / "outside.md", "OUTSIDE-TEXT\n")
+    write(workspace.parent / "outside.md", "OUTSIDE-TEXT\n")   # outside the repository
     write(deeper / ".env", "SECRET=hunter2\n")
     for k in range(1, 8):
         write(deeper / f"d{k}.md", f"D{k}-TEXT @d{k + 1}.md\n")
@@ -188,8 +188,8 @@ def test_the_instruction_chain_one_file_per_folder_root_first_includes_guarded(m
     assert text.count("A-TEXT") == 1 and text.count("B-TEXT") == 1
     assert "(@a.md skipped: it includes itself)" in text
     # outside the workspace, and a denied .env: named, not read
-    assert "OUTSIDE-TEXT" not in text and "(@../../outside.md not read: outside the workspace" in text
-    assert "hunter2" not in text and "(@.env not read: a read rule denies it)" in text
+    assert "OUTSIDE-TEXT" not in text and "(@../../../outside.md not read: outside the repository" in text
+    assert "hunter2" not in text and "(@.env not read: it looks like a secret" in text
     # five levels of includes, then a note
     assert all(f"D{k}-TEXT" in text for k in range(1, 6))
     assert "D6-TEXT" not in text and "(@d6.md skipped: includes go 5 levels deep at most)" in text
@@ -200,12 +200,18 @@ def test_the_instruction_chain_one_file_per_folder_root_first_includes_guarded(m
     assert "HIDDEN-COMMENT" not in text and "COMMENT-TEXT" not in text
 
 
-def test_an_env_include_without_a_deny_rule_is_read_so_the_rule_is_what_stops_it(mod, workspace):
+def test_a_secret_looking_include_is_never_read_rule_or_not(mod, workspace):
+    """It used to take a read-deny rule to stop `@conf/.env`: an instruction file sent the
+    repository's secrets to the model unless the human had thought to deny them."""
     write(workspace / "conf" / ".env", "SECRET=hunter2\n")  # not the .env the agent's own key may be in
-    write(workspace / "AGENTS.md", "Secrets: @conf/.env\n")
-    assert "hunter2" in mod.load_instructions(mod.agent_state())
-    mod.agent_state().permissions["rules"] = [deny_rule(mod, "read_file(**/.env)")]
-    assert "hunter2" not in mod.load_instructions(mod.agent_state())
+    write(workspace / "conf" / "deploy.pem", "PRIVATE-KEY-TEXT\n")
+    write(workspace / "conf" / ".env.example", "SECRET=<yours>\n")
+    write(workspace / "AGENTS.md", "Secrets: @conf/.env @conf/deploy.pem, a template: @conf/.env.example\n")
+    text = mod.load_instructions(mod.agent_state())
+    assert "hunter2" not in text and "PRIVATE-KEY-TEXT" not in text and "SECRET=<yours>" in text
+    assert text.count("it looks like a secret") == 2
+    mod.agent_state().permissions["rules"] = [deny_rule(mod, "read_file(**/.env.example)")]
+    assert "SECRET=<yours>" not in mod.load_instructions(mod.agent_state())   # a rule still denies more
 
 
 def test_instructions_over_the_cap_are_cut_with_a_note_naming_what_was_cut(mod, workspace):
@@ -837,6 +843,33 @@ def test_continue_brings_back_the_history_in_a_new_process(mod, api, workspace):
     assert api.exhausted == 0  # and the api fixture checks that both requests were valid
 
 
+@pytest.mark.e2e("s09")
+@pytest.mark.permissions
+@pytest.mark.parametrize("first_mode", ["plan", "default"])
+def test_a_resumed_plan_mode_session_keeps_its_plan_file_and_is_told_once(mod, api, workspace, first_mode):
+    """The plan file was named per process: after --continue the reminder named a new,
+    empty file and the plan was orphaned. It is the session's now. A history that holds
+    the reminder gets nothing new; one that lacks it (started in default) gets it once."""
+    from test_s07_permissions import PLAN_PATH, write_the_named_plan
+    env = {"HOME": str(workspace.parent / "home"), "AGENT_PERMISSION_MODE": first_mode}
+    api.script([write_the_named_plan, reply("Planned.")] if first_mode == "plan" else [reply("Hello.")])
+    r = run_chapter(mod.__name__, "plan the change", api=api, cwd=workspace, env=env)
+    assert r.returncode == 0, r.stderr
+    api.script([reply("Going on.")])
+    r = run_chapter(mod.__name__, "--permission-mode", "plan", "--continue", "go on", api=api,
+                    cwd=workspace, env=env)
+    assert r.returncode == 0, r.stderr
+    body = json.dumps(message_bodies(api)[-1])
+    [named] = PLAN_PATH.findall(body)                                 # told once, in either case
+    [session] = (workspace / ".agent" / "sessions").glob("*.jsonl")
+    assert named == f".agent/plans/{session.stem}.md"                 # the session's plan file
+    if first_mode == "plan":
+        assert (workspace / named).read_text() == "# Plan\n1. edit app.py"   # the plan is still there
+    else:
+        last = message_bodies(api)[-1]["messages"][-1]["content"]
+        assert [b["text"][:40] for b in last][-2:] == ["<system-reminder>\nPlan mode is active. Y", "go on"]
+
+
 def run_main(mod, api, monkeypatch, *argv):
     """main() in this process, as `python sNN_x.py ARGV` would run it."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
@@ -996,16 +1029,27 @@ def test_a_linked_agents_md_outside_the_project_is_not_read(mod, workspace, tmp_
     assert "PRIVATE KEY" not in text and "not read: outside" in text
 
 
-def test_the_git_roots_agents_md_is_read_from_a_subfolder_but_its_includes_stay_in_the_workspace(
-        mod, workspace):
-    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
-    (workspace / "docs").mkdir()
-    (workspace / "docs" / "style.md").write_text("Use tabs.\n")
-    (workspace / "AGENTS.md").write_text("ROOT-TEXT @docs/style.md\n")
-    (workspace / "sub").mkdir()
-    with mod.acting_as(mod.AgentState(workspace / "sub")) as state:
+def test_started_in_a_subfolder_the_git_roots_includes_are_read_within_its_repository(mod, workspace,
+                                                                                     tmp_path):
+    """The root's AGENTS.md was read but its own @includes were refused as "outside the
+    workspace": an include resolves within the repository its file belongs to, as in
+    Claude Code. It still never leaves that repository, by a path or a link, and never
+    reads a secret."""
+    repo = workspace
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    write(repo / "docs" / "style.md", "Use tabs.\n")
+    write(repo / ".env", "TOKEN=hunter2\n")
+    write(tmp_path / "outside.md", "OUTSIDE-TEXT\n")
+    (repo / "docs" / "away.md").symlink_to(tmp_path / "outside.md")
+    write(repo / "AGENTS.md", "ROOT-TEXT @docs/style.md\nnot these: @../outside.md @docs/away.md @.env\n")
+    (repo / "sub" / "deeper").mkdir(parents=True)
+    with mod.acting_as(mod.AgentState(repo / "sub" / "deeper")) as state:
         text = mod.load_instructions(state)
-    assert "ROOT-TEXT" in text and "Use tabs." not in text and "not read: outside the workspace" in text
+    assert "ROOT-TEXT" in text and "Use tabs." in text
+    assert "OUTSIDE-TEXT" not in text and "hunter2" not in text
+    assert "(@../outside.md not read: outside the repository" in text
+    assert "(@docs/away.md not read: outside the repository" in text      # the link is followed, then refused
+    assert "(@.env not read: it looks like a secret" in text
 
 
 
