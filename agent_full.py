@@ -1727,7 +1727,7 @@ def ask_human(question):
         return ""  # s11: no
     if (answer := emit(EVENTS.question, text=question)) is not None:  # full: a front end that answers
         return answer  # full: (headless: no); None: the terminal's prompt below asks
-    print(question, end="", file=sys.stderr, flush=True)
+    print(printable(question), end="", file=sys.stderr, flush=True)
     try:
         answer = input()
     except (EOFError, OSError, RuntimeError):
@@ -2703,7 +2703,8 @@ class LineWatch:
             self.skipped, text = self.skipped + same, text[same:]
         self.attempt += text
         self.open = not text.endswith("\n") if text else self.open
-        return (self.out or sys.stdout).write(text)
+        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
+        return len(text)
 
     def flush(self):
         (self.out or sys.stdout).flush()
@@ -4155,12 +4156,6 @@ on an approach first.
 </system-reminder>"""
 
 
-def printable(text):
-    """Text for the terminal: control characters shown as escapes, so a model cannot
-    hide or rewrite a question with cursor movements."""
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f\x9b]", lambda m: repr(m[0])[1:-1], str(text))
-
-
 def show_request(name, args):
     """What the human needs to judge the call: a diff for edits, the head of new
     files, and every other input in full (a long one with its head and its end)."""
@@ -4171,13 +4166,14 @@ def show_request(name, args):
         text = Text()
         for line in diff:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            text.append(printable(line) + "\n", style=style)
+            text.append(printable(line, newlines=False) + "\n", style=style)
         Console(stderr=True, highlight=False).print(text, end="")
         if args.get("replace_all"):
             say("  replace_all: every occurrence in the file")
     elif name == "write_file" and isinstance(args.get("content"), str):
         lines = args["content"].splitlines()
-        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines"))
+        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines",
+            newlines=False))
         say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
         if len(lines) > ASK_PREVIEW_LINES:
             say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
@@ -4186,7 +4182,7 @@ def show_request(name, args):
         if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
             half = ASK_SHOW_CHARS // 2
             shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
-        say(printable(f"  {name} {shown}"))
+        say(f"  {name} {shown}")
 
 
 PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
@@ -4251,7 +4247,7 @@ def remember_rules(rules, state):
 def ask_permission(name, args, reason, state):
     """None when the human says yes, else the denial text."""
     who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
-    say(printable(f"permission needed: {reason}"))
+    say(printable(f"permission needed: {reason}", newlines=False))  # a path's newline makes no fake line
     show_request(name, args)
     answer = ask_human(f"{lead_detail(name, args, reason)}{who}Allow {name}? "  # s11: the call, for the lead's user
                        f"[y]es / [n]o / [a]lways / or tell it what to do instead: ")  # s11
@@ -4403,7 +4399,7 @@ def exit_plan_mode(plan):
         raise ToolError("Plan mode is not active; carry on with the task.")
     if is_teammate():  # s11: the lead approves a teammate's plan
         return ask_plan_approval(plan)  # s11
-    say(f"\nProposed plan:\n{plan}\n")
+    say("\nProposed plan:\n" + "\n".join(f"  | {line}" for line in str(plan).split("\n")) + "\n")
     answer = ask_human("Approve the plan? [a] approve and accept edits / [y] approve, ask "
                        "before edits / anything else: keep planning (your words go to the model): ")
     word = answer.strip().lower()
@@ -5126,7 +5122,7 @@ def run_hook(hook, payload, state):
     outcome = f"blocked: {v['block']}" if v["block"] else v["decision"] or "ok"
     log_hook(hook, payload["event"], outcome, time.monotonic() - start)
     for text in v["messages"]:
-        say(printable(f"[hook {hook['name']}: {text}]"))
+        say(f"[hook {hook['name']}: {text}]")
     return v
 
 
@@ -5264,7 +5260,7 @@ def pre_tool_hooks(block):
     v = fire("pre_tool_use", tool_name=block.name, tool_input=args, tool_use_id=block.id)
     if v["input"] is not None and v["block"] is None:
         block.input = v["input"]
-        say(printable(f"  [hook {v['by']} rewrote the input: {json.dumps(v['input'], ensure_ascii=False)[:200]}]"))
+        say(f"  [hook {v['by']} rewrote the input: {json.dumps(v['input'], ensure_ascii=False)[:200]}]")
     note(v["context"], "pre_tool_use")
     if v["stop"]:
         state.halt = v["stop"]
@@ -5352,7 +5348,7 @@ def start_hooks(messages):
     v = fire(event, prompt=prompt)
     if (v["block"] is not None or v["stop"]) and event == "user_prompt_submit":
         drop_prompt(messages)
-        say(printable(f"[prompt blocked by hook {v['by']}: {v['block'] or v['stop']}]"))
+        say(f"[prompt blocked by hook {v['by']}: {v['block'] or v['stop']}]")
         return "prompt_blocked"
     notes = hook_notes() + hook_reminder(v["context"], event)
     if notes:
@@ -5375,7 +5371,7 @@ def stop_hooks(messages):
         state.stop_blocked = False
         return False
     state.stop_blocked = True
-    say(printable(f"[hook {v['by']}: not done yet: {v['block']}]"))
+    say(f"[hook {v['by']}: not done yet: {v['block']}]")
     add_user_text(messages, f"<system-reminder>\nA stop hook says the task is not finished: "
                             f"{v['block']}\nContinue working on it.\n</system-reminder>")
     return True
@@ -5385,7 +5381,7 @@ def hook_halt():
     """A hook's continue: false ends the turn after the current round."""
     state = agent_state()
     if state.halt:
-        say(printable(f"[turn ended by a hook: {state.halt}]"))
+        say(f"[turn ended by a hook: {state.halt}]")
         return True
     return False
 
@@ -7408,7 +7404,7 @@ def deliver_notifications(messages):
         return
     if not (done := drain_notifications()):
         return
-    say(printable(f"[background: {', '.join(background_line(r) for r in done)}]"))
+    say(f"[background: {', '.join(background_line(r) for r in done)}]")
     content = messages[-1]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     messages[-1]["content"] = blocks + [{"type": "text", "text": notification(r)} for r in done]
@@ -7436,11 +7432,11 @@ def stop_all_background():
     agents = [r for r in running if r["kind"] == "agent"]
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         if commands:
-            say(printable(f"[stopping {len(commands)} background command(s): "
-                          f"{', '.join(background_line(r) for r in commands)}]"))
+            say(f"[stopping {len(commands)} background command(s): "
+                f"{', '.join(background_line(r) for r in commands)}]")
         if agents:
-            say(printable(f"[cancelling {len(agents)} background agent(s): "
-                          f"{', '.join(background_line(r) for r in agents)}]"))
+            say(f"[cancelling {len(agents)} background agent(s): "
+                f"{', '.join(background_line(r) for r in agents)}]")
     for record in running:
         stop_background(record, wait=False)
     deadline = time.monotonic() + BACKGROUND_STOP_WAIT
@@ -7486,7 +7482,7 @@ def start_background_agent(client, history, child, settings, name):
     with BACKGROUND_LOCK:
         state.background[id] = record
         save_status(record)
-    say(printable(f"[background agent {id} started: {name}]"))
+    say(f"[background agent {id} started: {name}]")
     record["_thread"].start()
     return (f"Started agent {id} in the background: {name}\nIt works beside you; its report comes "
             f"as a <task-notification> when it ends. background_check {id} shows its progress, "
@@ -7677,7 +7673,7 @@ def tell(text):
         if s["checker"] is not None:
             s["notes"] = s["notes"][-SCHEDULE_NOTES:] + [text]
             return
-    say(printable(text))
+    say(text)
 
 
 def show_notes():
@@ -7685,7 +7681,7 @@ def show_notes():
     with SCHEDULE_LOCK:
         notes, agent_state().schedules["notes"] = agent_state().schedules["notes"], []
     for text in notes:
-        say(printable(text))
+        say(text)
 
 
 def schedules_path():
@@ -7991,10 +7987,10 @@ def scheduled_turn():
         try:
             job = fire_job(key, local_now())
         except (ToolError, OSError) as e:
-            say(printable(f"[schedule {key[0]} not run: {e}]"))
+            say(f"[schedule {key[0]} not run: {e}]")
             continue
         if job:
-            say(printable(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]"))
+            say(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]")
             prompt = re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", job["prompt"])  # data, not a tag
             return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
 
@@ -8969,7 +8965,7 @@ def lead_news(r):
         post(r["from"], "permission_response", word or "no", request_id=r["request_id"],
              approve=word.lower() in ("y", "yes", "a", "always"))
     except ToolError as e:
-        say(printable(f"[the answer did not reach {r['from']}: {e} It took the question as a no.]"))
+        say(f"[the answer did not reach {r['from']}: {e} It took the question as a no.]")
     return None
 
 
@@ -11083,8 +11079,8 @@ def mcp_json(state):
             raise ValueError(f"it is over {MCP_FILE_BYTES:,} bytes")
         servers = json.loads(path.read_text(encoding="utf-8")).get("mcpServers") or {}
     except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
-        say(printable(f"[{MCP_FILE} cannot be used ({' '.join(str(e).split())[:200]}): its servers "
-                      f"are not started]"))
+        say(f"[{MCP_FILE} cannot be used ({' '.join(str(e).split())[:200]}): its servers "
+            f"are not started]")
         return []
     if servers and not mcp_trusted(path, servers, state):
         say(f"[{MCP_FILE} is not trusted: its MCP servers are not started]")
@@ -11107,7 +11103,7 @@ def server_specs(state):
             try:  # a project's server: its workspace files are checked at each start
                 found[str(name)] = (parse_server(str(name), raw) | {"project": scope != "user"}, source, raw)
             except ValueError as e:
-                say(printable(f"[mcp {name} ({source}): {e}; not started]"))
+                say(f"[mcp {name} ({source}): {e}; not started]")
     return found
 
 # --- s12.5: the stdio transport ---
@@ -11595,9 +11591,9 @@ def connect_and_say(server, late_after):
     ok = connect(server)
     took = server.get("took", 0)
     when = f" after {took:.1f} s: its tools join at the next model call" if took > late_after else ""
-    say(printable(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
-                  f"{len(server['tools'])} tool(s){when}]" if ok else
-                  f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]"))
+    say(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
+        f"{len(server['tools'])} tool(s){when}]" if ok else
+        f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]")
 
 
 def log_note(server):
@@ -11613,7 +11609,7 @@ def start_mcp(wait=None):
     for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
         if not files_trusted(server):
-            say(printable(f"[mcp {name}: {server['error']}]"))
+            say(f"[mcp {name}: {server['error']}]")
     if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
         return
     say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
@@ -11772,7 +11768,7 @@ def refresh_stale():
         try:
             tools = list_tools(server["transport"])
         except McpError as e:
-            say(printable(f"[mcp {server['name']}: its changed tool list could not be read: {e}]"))
+            say(f"[mcp {server['name']}: its changed tool list could not be read: {e}]")
             continue
         if tools != server["tools"]:
             server.update(tools=tools, changed=True)
@@ -12216,7 +12212,7 @@ class PlainText:
         elif (line := plain_line(event)) is not None:
             if label:
                 line = "\n".join(f"  [{label}] {part}" for part in line.split("\n"))
-            print(line, file=self.log or sys.stderr, flush=True)
+            print(printable(line), file=self.log or sys.stderr, flush=True)
         return None  # a question: ask_human's own prompt asks at the terminal
 
 
@@ -12565,7 +12561,7 @@ class Headless:
         with self.lock:
             if event["kind"] == EVENTS.question:
                 hint = HEADLESS_TRUST if "from this workspace" in event["text"] else ""
-                print(f"{event['text']}no (headless run: nobody to ask{hint})", file=sys.stderr, flush=True)
+                print(printable(f"{event['text']}no (headless run: nobody to ask{hint})"), file=sys.stderr, flush=True)
                 return HEADLESS_ANSWER
             if event["kind"] == EVENTS.notice:  # agent_loop's Ctrl+C line: nobody types here
                 event = event | {"text": event["text"].replace(", you can keep typing", "")}
@@ -12636,8 +12632,8 @@ class Headless:
         errors = [] if subtype == "success" else \
             self.errors or [event.get("error") or f"the turn stopped: {event['reason']}"]
         if self.fmt == "text":
-            if not errors:
-                self.write(event["result"])
+            if not errors:  # at a terminal its control characters are shown, not obeyed
+                self.write(printable(event["result"]) if is_terminal(sys.stdout) else event["result"])
             return
         self.out({"type": "result", "subtype": subtype, "is_error": bool(errors),
                   "duration_ms": round((time.monotonic() - self.started) * 1000),
@@ -13065,10 +13061,6 @@ MENTION = re.compile(r'(?<!\S)@(?:"([^"\n]+)"|(\S+))')  # @path or @"a name with
 TAIL_MENTION = re.compile(r'(?<!\S)@("[^"\n]*|[^\s"]*)\Z')  # the one being typed, for Tab
 
 
-def is_terminal(stream):
-    return hasattr(stream, "isatty") and stream.isatty()
-
-
 def no_color():
     """NO_COLOR present and not empty (no-color.org): colour off."""
     return bool(os.environ.get("NO_COLOR"))
@@ -13322,7 +13314,7 @@ def attach_mentions(line):
     for word in mentioned(line, state.workdir):
         block, told = mention_block(word, state, budget)
         blocks += [block] if block else []
-        say(printable(f"[@{word}: {told}]"))
+        say(f"[@{word}: {told}]")
     return "\n\n".join([line, *blocks])
 
 
@@ -13738,14 +13730,36 @@ def open_stream(client, model, max_tokens, system, tools, messages):
 # (stderr), show_text() for the model's answer as it streams (stdout), and
 # read_line() for what the human types (questions get their own, ask_human(),
 # in the chapter that first asks one). stdout carries nothing but answers.
+#
+# Every byte a file, a tool or the model controls passes printable() before it
+# reaches the terminal (say() and show_text() call it, so callers need not): an
+# escape sequence in a README's first line could retitle the window or rewrite
+# the line above. Newlines and tabs stay, unless the text must be one line.
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text, newlines=True):
+    """Control characters (C0, DEL, C1 such as CSI, bidi overrides) shown as escapes,
+    never obeyed; newlines=False escapes line breaks too, for a one-line field."""
+    text = CONTROL_CHARS.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return text if newlines else text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     emit(EVENTS.notice, text=str(text))  # full: an event; the front end shows it (plain: as the chapters did)
 
 
 def show_text(text, out=None):
-    """The model's text, the moment it arrives (out None: stdout)."""
-    print(text, end="", flush=True, file=out)
+    """The model's text, the moment it arrives (out None: stdout). At a terminal its
+    control characters are shown, not obeyed; a pipe or a file gets the bytes."""
+    out = out or sys.stdout
+    out.write(printable(text) if is_terminal(out) else text)
+    out.flush()
 
 
 def add_result(result, results):

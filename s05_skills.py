@@ -1584,7 +1584,7 @@ def ask_human(question):
     """One question to the human: the prompt on stderr, the answer read from stdin,
     a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
     input, or no stdin at all, answers no."""
-    print(question, end="", file=sys.stderr, flush=True)
+    print(printable(question), end="", file=sys.stderr, flush=True)
     try:
         answer = input()
     except (EOFError, OSError, RuntimeError):
@@ -1821,16 +1821,38 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # (stderr), show_text() for the model's answer as it streams (stdout), and
 # read_line() for what the human types (questions get their own, ask_human(),
 # in the chapter that first asks one). stdout carries nothing but answers.
+#
+# Every byte a file, a tool or the model controls passes printable() before it
+# reaches the terminal (say() and show_text() call it, so callers need not): an
+# escape sequence in a README's first line could retitle the window or rewrite
+# the line above. Newlines and tabs stay, unless the text must be one line.
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text, newlines=True):
+    """Control characters (C0, DEL, C1 such as CSI, bidi overrides) shown as escapes,
+    never obeyed; newlines=False escapes line breaks too, for a one-line field."""
+    text = CONTROL_CHARS.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return text if newlines else text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
         text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=sys.stderr, flush=True)
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 def show_text(text, out=None):
-    """The model's text, the moment it arrives (out None: stdout)."""
-    print(text, end="", flush=True, file=out)
+    """The model's text, the moment it arrives (out None: stdout). At a terminal its
+    control characters are shown, not obeyed; a pipe or a file gets the bytes."""
+    out = out or sys.stdout
+    out.write(printable(text) if is_terminal(out) else text)
+    out.flush()
 
 
 def add_result(result, results):

@@ -1607,7 +1607,7 @@ def ask_human(question):
     """One question to the human: the prompt on stderr, the answer read from stdin,
     a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
     input, or no stdin at all, answers no."""
-    print(question, end="", file=sys.stderr, flush=True)
+    print(printable(question), end="", file=sys.stderr, flush=True)
     try:
         answer = input()
     except (EOFError, OSError, RuntimeError):
@@ -2572,7 +2572,8 @@ class LineWatch:
             self.skipped, text = self.skipped + same, text[same:]
         self.attempt += text
         self.open = not text.endswith("\n") if text else self.open
-        return (self.out or sys.stdout).write(text)
+        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
+        return len(text)
 
     def flush(self):
         (self.out or sys.stdout).flush()
@@ -3983,12 +3984,6 @@ on an approach first.
 </system-reminder>"""
 
 
-def printable(text):
-    """Text for the terminal: control characters shown as escapes, so a model cannot
-    hide or rewrite a question with cursor movements."""
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f\x9b]", lambda m: repr(m[0])[1:-1], str(text))
-
-
 def show_request(name, args):
     """What the human needs to judge the call: a diff for edits, the head of new
     files, and every other input in full (a long one with its head and its end)."""
@@ -3999,13 +3994,14 @@ def show_request(name, args):
         text = Text()
         for line in diff:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            text.append(printable(line) + "\n", style=style)
+            text.append(printable(line, newlines=False) + "\n", style=style)
         Console(stderr=True, highlight=False).print(text, end="")
         if args.get("replace_all"):
             say("  replace_all: every occurrence in the file")
     elif name == "write_file" and isinstance(args.get("content"), str):
         lines = args["content"].splitlines()
-        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines"))
+        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines",
+            newlines=False))
         say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
         if len(lines) > ASK_PREVIEW_LINES:
             say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
@@ -4014,7 +4010,7 @@ def show_request(name, args):
         if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
             half = ASK_SHOW_CHARS // 2
             shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
-        say(printable(f"  {name} {shown}"))
+        say(f"  {name} {shown}")
 
 
 PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
@@ -4078,7 +4074,7 @@ def remember_rules(rules, state):
 def ask_permission(name, args, reason, state):
     """None when the human says yes, else the denial text."""
     who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
-    say(printable(f"permission needed: {reason}"))
+    say(printable(f"permission needed: {reason}", newlines=False))  # a path's newline makes no fake line
     show_request(name, args)
     answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
     word = answer.strip()
@@ -4217,7 +4213,7 @@ def exit_plan_mode(plan):
     state = agent_state()
     if state.mode != "plan":
         raise ToolError("Plan mode is not active; carry on with the task.")
-    say(f"\nProposed plan:\n{plan}\n")
+    say("\nProposed plan:\n" + "\n".join(f"  | {line}" for line in str(plan).split("\n")) + "\n")
     answer = ask_human("Approve the plan? [a] approve and accept edits / [y] approve, ask "
                        "before edits / anything else: keep planning (your words go to the model): ")
     word = answer.strip().lower()
@@ -4280,16 +4276,38 @@ command("permissions", "List the effective permission rules and where each comes
 # (stderr), show_text() for the model's answer as it streams (stdout), and
 # read_line() for what the human types (questions get their own, ask_human(),
 # in the chapter that first asks one). stdout carries nothing but answers.
+#
+# Every byte a file, a tool or the model controls passes printable() before it
+# reaches the terminal (say() and show_text() call it, so callers need not): an
+# escape sequence in a README's first line could retitle the window or rewrite
+# the line above. Newlines and tabs stay, unless the text must be one line.
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text, newlines=True):
+    """Control characters (C0, DEL, C1 such as CSI, bidi overrides) shown as escapes,
+    never obeyed; newlines=False escapes line breaks too, for a one-line field."""
+    text = CONTROL_CHARS.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return text if newlines else text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
         text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=sys.stderr, flush=True)
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 def show_text(text, out=None):
-    """The model's text, the moment it arrives (out None: stdout)."""
-    print(text, end="", flush=True, file=out)
+    """The model's text, the moment it arrives (out None: stdout). At a terminal its
+    control characters are shown, not obeyed; a pipe or a file gets the bytes."""
+    out = out or sys.stdout
+    out.write(printable(text) if is_terminal(out) else text)
+    out.flush()
 
 
 def add_result(result, results):

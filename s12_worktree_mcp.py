@@ -1695,7 +1695,7 @@ def ask_human(question):
         return ask_lead(question)  # s11
     if os.getenv(TEAMMATE_ENV):  # s11: not joined yet (start-up); the lead's answers are in trusted.yaml
         return ""  # s11: no
-    print(question, end="", file=sys.stderr, flush=True)
+    print(printable(question), end="", file=sys.stderr, flush=True)
     try:
         answer = input()
     except (EOFError, OSError, RuntimeError):
@@ -2669,7 +2669,8 @@ class LineWatch:
             self.skipped, text = self.skipped + same, text[same:]
         self.attempt += text
         self.open = not text.endswith("\n") if text else self.open
-        return (self.out or sys.stdout).write(text)
+        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
+        return len(text)
 
     def flush(self):
         (self.out or sys.stdout).flush()
@@ -4114,12 +4115,6 @@ on an approach first.
 </system-reminder>"""
 
 
-def printable(text):
-    """Text for the terminal: control characters shown as escapes, so a model cannot
-    hide or rewrite a question with cursor movements."""
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f\x9b]", lambda m: repr(m[0])[1:-1], str(text))
-
-
 def show_request(name, args):
     """What the human needs to judge the call: a diff for edits, the head of new
     files, and every other input in full (a long one with its head and its end)."""
@@ -4130,13 +4125,14 @@ def show_request(name, args):
         text = Text()
         for line in diff:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            text.append(printable(line) + "\n", style=style)
+            text.append(printable(line, newlines=False) + "\n", style=style)
         Console(stderr=True, highlight=False).print(text, end="")
         if args.get("replace_all"):
             say("  replace_all: every occurrence in the file")
     elif name == "write_file" and isinstance(args.get("content"), str):
         lines = args["content"].splitlines()
-        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines"))
+        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines",
+            newlines=False))
         say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
         if len(lines) > ASK_PREVIEW_LINES:
             say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
@@ -4145,7 +4141,7 @@ def show_request(name, args):
         if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
             half = ASK_SHOW_CHARS // 2
             shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
-        say(printable(f"  {name} {shown}"))
+        say(f"  {name} {shown}")
 
 
 PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
@@ -4210,7 +4206,7 @@ def remember_rules(rules, state):
 def ask_permission(name, args, reason, state):
     """None when the human says yes, else the denial text."""
     who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
-    say(printable(f"permission needed: {reason}"))
+    say(printable(f"permission needed: {reason}", newlines=False))  # a path's newline makes no fake line
     show_request(name, args)
     answer = ask_human(f"{lead_detail(name, args, reason)}{who}Allow {name}? "  # s11: the call, for the lead's user
                        f"[y]es / [n]o / [a]lways / or tell it what to do instead: ")  # s11
@@ -4360,7 +4356,7 @@ def exit_plan_mode(plan):
         raise ToolError("Plan mode is not active; carry on with the task.")
     if is_teammate():  # s11: the lead approves a teammate's plan
         return ask_plan_approval(plan)  # s11
-    say(f"\nProposed plan:\n{plan}\n")
+    say("\nProposed plan:\n" + "\n".join(f"  | {line}" for line in str(plan).split("\n")) + "\n")
     answer = ask_human("Approve the plan? [a] approve and accept edits / [y] approve, ask "
                        "before edits / anything else: keep planning (your words go to the model): ")
     word = answer.strip().lower()
@@ -5073,7 +5069,7 @@ def run_hook(hook, payload, state):
     outcome = f"blocked: {v['block']}" if v["block"] else v["decision"] or "ok"
     log_hook(hook, payload["event"], outcome, time.monotonic() - start)
     for text in v["messages"]:
-        say(printable(f"[hook {hook['name']}: {text}]"))
+        say(f"[hook {hook['name']}: {text}]")
     return v
 
 
@@ -5211,7 +5207,7 @@ def pre_tool_hooks(block):
     v = fire("pre_tool_use", tool_name=block.name, tool_input=args, tool_use_id=block.id)
     if v["input"] is not None and v["block"] is None:
         block.input = v["input"]
-        say(printable(f"  [hook {v['by']} rewrote the input: {json.dumps(v['input'], ensure_ascii=False)[:200]}]"))
+        say(f"  [hook {v['by']} rewrote the input: {json.dumps(v['input'], ensure_ascii=False)[:200]}]")
     note(v["context"], "pre_tool_use")
     if v["stop"]:
         state.halt = v["stop"]
@@ -5299,7 +5295,7 @@ def start_hooks(messages):
     v = fire(event, prompt=prompt)
     if (v["block"] is not None or v["stop"]) and event == "user_prompt_submit":
         drop_prompt(messages)
-        say(printable(f"[prompt blocked by hook {v['by']}: {v['block'] or v['stop']}]"))
+        say(f"[prompt blocked by hook {v['by']}: {v['block'] or v['stop']}]")
         return "prompt_blocked"
     notes = hook_notes() + hook_reminder(v["context"], event)
     if notes:
@@ -5322,7 +5318,7 @@ def stop_hooks(messages):
         state.stop_blocked = False
         return False
     state.stop_blocked = True
-    say(printable(f"[hook {v['by']}: not done yet: {v['block']}]"))
+    say(f"[hook {v['by']}: not done yet: {v['block']}]")
     add_user_text(messages, f"<system-reminder>\nA stop hook says the task is not finished: "
                             f"{v['block']}\nContinue working on it.\n</system-reminder>")
     return True
@@ -5332,7 +5328,7 @@ def hook_halt():
     """A hook's continue: false ends the turn after the current round."""
     state = agent_state()
     if state.halt:
-        say(printable(f"[turn ended by a hook: {state.halt}]"))
+        say(f"[turn ended by a hook: {state.halt}]")
         return True
     return False
 
@@ -7351,7 +7347,7 @@ def deliver_notifications(messages):
         return
     if not (done := drain_notifications()):
         return
-    say(printable(f"[background: {', '.join(background_line(r) for r in done)}]"))
+    say(f"[background: {', '.join(background_line(r) for r in done)}]")
     content = messages[-1]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     messages[-1]["content"] = blocks + [{"type": "text", "text": notification(r)} for r in done]
@@ -7379,11 +7375,11 @@ def stop_all_background():
     agents = [r for r in running if r["kind"] == "agent"]
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         if commands:
-            say(printable(f"[stopping {len(commands)} background command(s): "
-                          f"{', '.join(background_line(r) for r in commands)}]"))
+            say(f"[stopping {len(commands)} background command(s): "
+                f"{', '.join(background_line(r) for r in commands)}]")
         if agents:
-            say(printable(f"[cancelling {len(agents)} background agent(s): "
-                          f"{', '.join(background_line(r) for r in agents)}]"))
+            say(f"[cancelling {len(agents)} background agent(s): "
+                f"{', '.join(background_line(r) for r in agents)}]")
     for record in running:
         stop_background(record, wait=False)
     deadline = time.monotonic() + BACKGROUND_STOP_WAIT
@@ -7429,7 +7425,7 @@ def start_background_agent(client, history, child, settings, name):
     with BACKGROUND_LOCK:
         state.background[id] = record
         save_status(record)
-    say(printable(f"[background agent {id} started: {name}]"))
+    say(f"[background agent {id} started: {name}]")
     record["_thread"].start()
     return (f"Started agent {id} in the background: {name}\nIt works beside you; its report comes "
             f"as a <task-notification> when it ends. background_check {id} shows its progress, "
@@ -7620,7 +7616,7 @@ def tell(text):
         if s["checker"] is not None:
             s["notes"] = s["notes"][-SCHEDULE_NOTES:] + [text]
             return
-    say(printable(text))
+    say(text)
 
 
 def show_notes():
@@ -7628,7 +7624,7 @@ def show_notes():
     with SCHEDULE_LOCK:
         notes, agent_state().schedules["notes"] = agent_state().schedules["notes"], []
     for text in notes:
-        say(printable(text))
+        say(text)
 
 
 def schedules_path():
@@ -7934,10 +7930,10 @@ def scheduled_turn():
         try:
             job = fire_job(key, local_now())
         except (ToolError, OSError) as e:
-            say(printable(f"[schedule {key[0]} not run: {e}]"))
+            say(f"[schedule {key[0]} not run: {e}]")
             continue
         if job:
-            say(printable(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]"))
+            say(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]")
             prompt = re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", job["prompt"])  # data, not a tag
             return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
 
@@ -8912,7 +8908,7 @@ def lead_news(r):
         post(r["from"], "permission_response", word or "no", request_id=r["request_id"],
              approve=word.lower() in ("y", "yes", "a", "always"))
     except ToolError as e:
-        say(printable(f"[the answer did not reach {r['from']}: {e} It took the question as a no.]"))
+        say(f"[the answer did not reach {r['from']}: {e} It took the question as a no.]")
     return None
 
 
@@ -11026,8 +11022,8 @@ def mcp_json(state):
             raise ValueError(f"it is over {MCP_FILE_BYTES:,} bytes")
         servers = json.loads(path.read_text(encoding="utf-8")).get("mcpServers") or {}
     except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
-        say(printable(f"[{MCP_FILE} cannot be used ({' '.join(str(e).split())[:200]}): its servers "
-                      f"are not started]"))
+        say(f"[{MCP_FILE} cannot be used ({' '.join(str(e).split())[:200]}): its servers "
+            f"are not started]")
         return []
     if servers and not mcp_trusted(path, servers, state):
         say(f"[{MCP_FILE} is not trusted: its MCP servers are not started]")
@@ -11050,7 +11046,7 @@ def server_specs(state):
             try:  # a project's server: its workspace files are checked at each start
                 found[str(name)] = (parse_server(str(name), raw) | {"project": scope != "user"}, source, raw)
             except ValueError as e:
-                say(printable(f"[mcp {name} ({source}): {e}; not started]"))
+                say(f"[mcp {name} ({source}): {e}; not started]")
     return found
 
 # --- s12.5: the stdio transport ---
@@ -11538,9 +11534,9 @@ def connect_and_say(server, late_after):
     ok = connect(server)
     took = server.get("took", 0)
     when = f" after {took:.1f} s: its tools join at the next model call" if took > late_after else ""
-    say(printable(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
-                  f"{len(server['tools'])} tool(s){when}]" if ok else
-                  f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]"))
+    say(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
+        f"{len(server['tools'])} tool(s){when}]" if ok else
+        f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]")
 
 
 def log_note(server):
@@ -11556,7 +11552,7 @@ def start_mcp(wait=None):
     for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
         if not files_trusted(server):
-            say(printable(f"[mcp {name}: {server['error']}]"))
+            say(f"[mcp {name}: {server['error']}]")
     if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
         return
     say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
@@ -11715,7 +11711,7 @@ def refresh_stale():
         try:
             tools = list_tools(server["transport"])
         except McpError as e:
-            say(printable(f"[mcp {server['name']}: its changed tool list could not be read: {e}]"))
+            say(f"[mcp {server['name']}: its changed tool list could not be read: {e}]")
             continue
         if tools != server["tools"]:
             server.update(tools=tools, changed=True)
@@ -12076,16 +12072,38 @@ register("tool_search", (
 # (stderr), show_text() for the model's answer as it streams (stdout), and
 # read_line() for what the human types (questions get their own, ask_human(),
 # in the chapter that first asks one). stdout carries nothing but answers.
+#
+# Every byte a file, a tool or the model controls passes printable() before it
+# reaches the terminal (say() and show_text() call it, so callers need not): an
+# escape sequence in a README's first line could retitle the window or rewrite
+# the line above. Newlines and tabs stay, unless the text must be one line.
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text, newlines=True):
+    """Control characters (C0, DEL, C1 such as CSI, bidi overrides) shown as escapes,
+    never obeyed; newlines=False escapes line breaks too, for a one-line field."""
+    text = CONTROL_CHARS.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return text if newlines else text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def is_terminal(stream):
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
 def say(text):
     """Progress for the human goes to stderr so stdout carries only the answer."""
     if label := getattr(CURRENT.get(None), "label", ""):  # s04: a subagent's lines carry its name
         text = "\n".join(f"  [{label}] {line}" for line in str(text).split("\n"))  # s04
-    print(text, file=getattr(CURRENT.get(None), "progress", None) or sys.stderr, flush=True)  # s10: see AgentState
+    print(printable(text), file=getattr(CURRENT.get(None), "progress", None) or sys.stderr, flush=True)  # s10: see AgentState
 
 
 def show_text(text, out=None):
-    """The model's text, the moment it arrives (out None: stdout)."""
-    print(text, end="", flush=True, file=out)
+    """The model's text, the moment it arrives (out None: stdout). At a terminal its
+    control characters are shown, not obeyed; a pipe or a file gets the bytes."""
+    out = out or sys.stdout
+    out.write(printable(text) if is_terminal(out) else text)
+    out.flush()
 
 
 def add_result(result, results):
