@@ -3417,8 +3417,8 @@ def load_permissions(workdir, trust_all=False):
             settings["additional_directories"] += [
                 Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
             settings["sandbox"].update(data.get("sandbox") or {})
-        if full or perms.get("default_mode") not in WIDENING_MODES:  # default and plan only tighten
-            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
+        if perms.get("default_mode") and (full or perms["default_mode"] not in WIDENING_MODES):  # default
+            settings["default_mode"], settings["mode_file"] = perms["default_mode"], rel(path)  # and plan tighten
     return settings
 
 
@@ -3966,6 +3966,8 @@ ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
 ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
+PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
+                   "change files again, within that mode's rules.\n</system-reminder>")
 PLAN_MODE_REMINDER = """<system-reminder>
 Plan mode is active. You must not make any change: do not edit files, do not commit, \
 do not change configuration. The only file you may write is the plan file: {plan_file}
@@ -4143,20 +4145,32 @@ def plan_file(state):
     return state.workdir / ".agent" / "plans" / f"{state.run_id}.md"
 
 
+def plan_mode_said(messages):
+    """What the history last told the model of plan mode: True on, False off or never."""
+    for m in reversed(messages):
+        for b in reversed(as_blocks(m["content"])):
+            text = b.get("text") if b.get("type") == "text" else b.get("content")
+            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", "The user approved the plan")):
+                return text.startswith("<system-reminder>\nPlan mode is active")
+    return False
+
+
 def announce_plan_mode(messages):
-    """A session that starts in plan mode (the flag, the variable, the config) is told so
-    before its first call, as /plan tells it later: the reminder joins the latest user
-    message, after its tool results, unless the history already holds it (a resumed
-    session told before gets nothing new; /plan and a teammate's start already told it)."""
+    """The model works in the mode it was last told of. A session that starts in plan mode
+    (the flag, the variable, the config) is told before its first call, as /plan tells it
+    later; a resumed one whose history says otherwise is told the mode it is in now.
+    Nothing when the history's last word is right. The note joins the latest user
+    message, after its tool results."""
     state = agent_state()
-    if state.mode != "plan" or state.label or not messages or messages[-1]["role"] != "user":
+    if state.label or not messages or messages[-1]["role"] != "user":
         return
-    reminder = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state)))
-    if any(b.get("text") == reminder for m in messages if m["role"] == "user" for b in as_blocks(m["content"])):
+    if plan_mode_said(messages) == (state.mode == "plan"):
         return
+    note = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))) if state.mode == "plan" \
+        else PLAN_MODE_ENDED.format(mode=state.mode)
     blocks = as_blocks(messages[-1]["content"])
     results = [b for b in blocks if b.get("type") == "tool_result"]
-    messages[-1]["content"] = results + [{"type": "text", "text": reminder}] + blocks[len(results):]
+    messages[-1]["content"] = results + [{"type": "text", "text": note}] + blocks[len(results):]
 
 
 def set_mode(mode, history=None):
@@ -4168,6 +4182,8 @@ def set_mode(mode, history=None):
         state.mode_before_plan = state.mode
         if history is not None:
             add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
+    elif mode != "plan" and state.mode == "plan" and history is not None:  # leaving it is news too
+        add_user_text(history, PLAN_MODE_ENDED.format(mode=mode))
     state.mode = mode
     say(f"[permission mode: {mode}]")
 
@@ -4253,12 +4269,13 @@ def start_permissions(argv):
     mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
     state = agent_state()
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    chosen = "" if mode or not state.permissions["default_mode"] else f" (from {state.permissions['mode_file']})"
     mode = mode or state.permissions["default_mode"] or "default"
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
-    state.mode = state.mode_before_plan = mode
+    state.mode, state.mode_before_plan = mode, mode if mode != "plan" else "default"  # /plan leaves it
     check_sandbox(state)
-    say(f"[permission mode: {mode} | sandbox: {sandbox_summary(state)} | "
+    say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
         f"{len(state.permissions['rules'])} rule(s); /permissions lists them]")
     return argv
 

@@ -3487,8 +3487,8 @@ def load_permissions(workdir, trust_all=False):
             settings["additional_directories"] += [
                 Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
             settings["sandbox"].update(data.get("sandbox") or {})
-        if full or perms.get("default_mode") not in WIDENING_MODES:  # default and plan only tighten
-            settings["default_mode"] = perms.get("default_mode") or settings["default_mode"]
+        if perms.get("default_mode") and (full or perms["default_mode"] not in WIDENING_MODES):  # default
+            settings["default_mode"], settings["mode_file"] = perms["default_mode"], rel(path)  # and plan tighten
     return settings
 
 
@@ -4041,6 +4041,8 @@ ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
 ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
+PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
+                   "change files again, within that mode's rules.\n</system-reminder>")
 PLAN_MODE_REMINDER = """<system-reminder>
 Plan mode is active. You must not make any change: do not edit files, do not commit, \
 do not change configuration. The only file you may write is the plan file: {plan_file}
@@ -4223,23 +4225,37 @@ def denial_reminder():
 
 
 def plan_file(state):
+    if state.record is not None and state.record.get("fresh"):  # s09: a new session's name may still be
+        write_records([{"type": "mode", "mode": state.mode}])  # s09: redrawn: claim its file before naming it
     return state.workdir / ".agent" / "plans" / f"{session_id(state)}.md"  # s09: the session's: a resume keeps it
 
 
+def plan_mode_said(messages):
+    """What the history last told the model of plan mode: True on, False off or never."""
+    for m in reversed(messages):
+        for b in reversed(as_blocks(m["content"])):
+            text = b.get("text") if b.get("type") == "text" else b.get("content")
+            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", "The user approved the plan")):
+                return text.startswith("<system-reminder>\nPlan mode is active")
+    return False
+
+
 def announce_plan_mode(messages):
-    """A session that starts in plan mode (the flag, the variable, the config) is told so
-    before its first call, as /plan tells it later: the reminder joins the latest user
-    message, after its tool results, unless the history already holds it (a resumed
-    session told before gets nothing new; /plan and a teammate's start already told it)."""
+    """The model works in the mode it was last told of. A session that starts in plan mode
+    (the flag, the variable, the config) is told before its first call, as /plan tells it
+    later; a resumed one whose history says otherwise is told the mode it is in now.
+    Nothing when the history's last word is right. The note joins the latest user
+    message, after its tool results."""
     state = agent_state()
-    if state.mode != "plan" or state.label or not messages or messages[-1]["role"] != "user":
+    if state.label or not messages or messages[-1]["role"] != "user":
         return
-    reminder = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state)))
-    if any(b.get("text") == reminder for m in messages if m["role"] == "user" for b in as_blocks(m["content"])):
+    if plan_mode_said(messages) == (state.mode == "plan"):
         return
+    note = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))) if state.mode == "plan" \
+        else PLAN_MODE_ENDED.format(mode=state.mode)
     blocks = as_blocks(messages[-1]["content"])
     results = [b for b in blocks if b.get("type") == "tool_result"]
-    messages[-1]["content"] = results + [{"type": "text", "text": reminder}] + blocks[len(results):]
+    messages[-1]["content"] = results + [{"type": "text", "text": note}] + blocks[len(results):]
 
 
 def set_mode(mode, history=None):
@@ -4251,6 +4267,8 @@ def set_mode(mode, history=None):
         state.mode_before_plan = state.mode
         if history is not None:
             add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
+    elif mode != "plan" and state.mode == "plan" and history is not None:  # leaving it is news too
+        add_user_text(history, PLAN_MODE_ENDED.format(mode=mode))
     state.mode = mode
     note_mode(mode)  # s09
     say(f"[permission mode: {mode}]")
@@ -4337,12 +4355,13 @@ def start_permissions(argv):
     mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
     state = agent_state()
     state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    chosen = "" if mode or not state.permissions["default_mode"] else f" (from {state.permissions['mode_file']})"
     mode = mode or state.permissions["default_mode"] or "default"
     if mode not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
-    state.mode = state.mode_before_plan = mode
+    state.mode, state.mode_before_plan = mode, mode if mode != "plan" else "default"  # /plan leaves it
     check_sandbox(state)
-    say(f"[permission mode: {mode} | sandbox: {sandbox_summary(state)} | "
+    say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
         f"{len(state.permissions['rules'])} rule(s); /permissions lists them]")
     return argv
 
@@ -5346,9 +5365,13 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
 INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
-SECRET_FILE = re.compile(r"^(\.env(\.(?!example$|sample$|template$)[\w.-]+)?|\.netrc|\.pgpass|\.npmrc|\.pypirc"
-                         r"|\.git-credentials|credentials(\.\w+)?|id_(rsa|ecdsa|ed25519|dsa)\w*"
-                         r"|.*\.(pem|key|p12|pfx|jks|keystore))$", re.I)  # never included, wherever it lies
+SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never included, wherever it lies
+    r"^(\.env([._-](?!(example|sample|template)$)[\w.-]+)?|[\w.-]+\.env|\.envrc|\.secrets?|secrets?\.\w+"
+    r"|_?\.?netrc|\.pgpass|\.npmrc|\.pypirc|\.git-credentials|\.vault-token|\.htpasswd|\.my\.cnf|\.s3cfg"
+    r"|credentials(\.\w+)?|token\.json|service-account[\w.-]*\.json|id_(rsa|ecdsa|ed25519|dsa)(?!.*\.pub$)[\w.-]*"
+    r"|.*\.(pem|key|p12|p8|pfx|ppk|jks|keystore|tfvars|tfstate|asc|gpg))$", re.I)
+SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".config/gh", ".config/gcloud",
+               ".git")  # folders of keys and tokens (and git's own, remote URLs with tokens): nothing inside
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
 USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
 INDEX_LINES = 200           # lines of one MEMORY.md (seed)
@@ -5475,15 +5498,19 @@ def instruction_files(state):
 def include_allowed(path, state, root=None):
     """Why `path` (resolved) may not be read, or None: inside the workspace (or
     `root`, the git root the chain walked from) or ~/.agent only, never a file that
-    looks like a secret, and s07's read rules apply (a denied path stays unread).
-    The chain's files and their includes pass the same check with the same root:
-    a cloned AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
-    if not (path.is_relative_to(root or state.workdir) or path.is_relative_to(user_agent_dir())):
+    looks like a secret, and s07's read rules apply (a denied path stays unread,
+    whether its rule is read from the workspace or from that root). The chain's
+    files and their includes pass the same check with the same root: a cloned
+    AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
+    root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
+    if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
         return "outside the repository and ~/.agent"
-    if SECRET_FILE.match(path.name):
-        return "it looks like a secret (a key, a token file, a .env)"
+    folder = f"/{path.parent.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
+    if SECRET_FILE.match(path.name) or any(f"/{d}/" in folder for d in SECRET_DIRS):
+        return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
     rules = state.permissions["rules"]
-    if path == own_dotenv() or first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], state.workdir):
+    if path == own_dotenv() or any(first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], base)
+                                   for base in {state.workdir, root}):
         return "a read rule denies it"
     return None if path.is_file() else "no such file"
 

@@ -530,6 +530,60 @@ def test_the_plan_mode_reminder_comes_once_after_any_tool_results(mod, workspace
 
 @pytest.mark.permissions
 @pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_model_is_told_the_mode_when_the_historys_last_word_on_it_is_wrong(mod, workspace):
+    """Review: "told once" looked for the reminder anywhere, so a session whose plan was
+    approved (plan mode off) and that resumed in plan mode was never told again; and a
+    history saying plan mode is on, resumed in another mode, was never told it is off."""
+    state = mod.agent_state()
+    state.mode = "plan"
+    on = mod.PLAN_MODE_REMINDER.format(plan_file=mod.rel(mod.plan_file(state)))
+    approved = [{"role": "user", "content": [{"type": "text", "text": on}, {"type": "text", "text": "plan"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "exit_plan_mode",
+                                                   "input": {"plan": "p"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                              "content": "The user approved the plan; permission mode is now "
+                                                         "default. Carry it out."}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+                {"role": "user", "content": "plan the next change"}]
+    mod.announce_plan_mode(approved)
+    assert approved[-1]["content"][0]["text"] == on                     # told again
+    state.mode = "default"
+    told_on = [{"role": "user", "content": [{"type": "text", "text": on}, {"type": "text", "text": "x"}]},
+               {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+               {"role": "user", "content": "go on"}]
+    mod.announce_plan_mode(told_on)
+    assert told_on[-1]["content"][0]["text"] == mod.PLAN_MODE_ENDED.format(mode="default")
+    mod.announce_plan_mode(told_on)                                      # once
+    assert json.dumps(told_on).count("Plan mode is off") == 1
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_started_in_plan_mode_slash_plan_leaves_it_and_the_model_hears_so(mod, workspace, monkeypatch):
+    """Review: start_permissions set mode_before_plan to plan too, so /plan could not leave."""
+    monkeypatch.setenv("AGENT_PERMISSION_MODE", "plan")
+    mod.start_permissions([])
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    mod.handle_slash("/plan", {"history": history})
+    assert mod.agent_state().mode == "default"
+    assert history[-1]["content"] == mod.PLAN_MODE_ENDED.format(mode="default")
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_start_line_names_the_config_that_chose_the_mode(mod, workspace, monkeypatch, capsys):
+    """Review: an untrusted default_mode: default now overrides the user's acceptEdits
+    without a question, so the start line says which file chose the mode."""
+    write_config(Path.home() / ".agent" / "config.yaml", {"permissions": {"default_mode": "acceptEdits"}})
+    write_config(workspace / ".agent" / "config.yaml", {"permissions": {"default_mode": "default"}})
+    mod.start_permissions([])
+    assert "[permission mode: default (from .agent/config.yaml) |" in capsys.readouterr().err
+    mod.start_permissions(["--permission-mode", "default"])
+    assert "[permission mode: default |" in capsys.readouterr().err         # the flag chose it
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
 def test_a_child_inherits_mode_and_rules_and_its_questions_are_labelled(mod, api, client, workspace,
                                                                           monkeypatch, capsys):
     answers(monkeypatch, "n")

@@ -870,6 +870,24 @@ def test_a_resumed_plan_mode_session_keeps_its_plan_file_and_is_told_once(mod, a
         assert [b["text"][:40] for b in last][-2:] == ["<system-reminder>\nPlan mode is active. Y", "go on"]
 
 
+@pytest.mark.permissions
+def test_the_plan_file_the_reminder_names_survives_a_redrawn_session_name(mod, workspace):
+    """Review: the reminder named the plan file before the first write claimed the session's
+    name; a teammate of the same second holding that name made the claim draw again, and
+    the named file stopped being the plan file."""
+    state = mod.agent_state()
+    state.record = mod.new_session(state)
+    taken = state.record["path"]
+    taken.parent.mkdir(parents=True, exist_ok=True)
+    taken.write_text("")                                             # the other process's
+    state.mode = "plan"
+    history = [{"role": "user", "content": "plan it"}]
+    mod.announce_plan_mode(history)
+    named = history[0]["content"][0]["text"].split("plan file: ")[1].split("\n")[0]
+    assert state.record["path"] != taken and named == f".agent/plans/{state.record['path'].stem}.md"
+    assert mod.is_plan_file((workspace / named).resolve(), state)
+
+
 def run_main(mod, api, monkeypatch, *argv):
     """main() in this process, as `python sNN_x.py ARGV` would run it."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
@@ -1051,6 +1069,44 @@ def test_started_in_a_subfolder_the_git_roots_includes_are_read_within_its_repos
     assert "(@docs/away.md not read: outside the repository" in text      # the link is followed, then refused
     assert "(@.env not read: it looks like a secret" in text
 
+
+
+def test_a_read_deny_rule_reaches_the_includes_above_the_workspace(mod, workspace):
+    """Review: `**/private/**` was matched from the workspace only, so a file the wider
+    boundary reaches above it (the repository root's) slipped past the rule."""
+    repo = workspace
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    write(repo / "private" / "plan.md", "PRIVATE-PLAN\n")
+    write(repo / "AGENTS.md", "ROOT @private/plan.md\n")
+    write(repo / "svc" / "AGENTS.md", "SVC @../private/plan.md\n")
+    with mod.acting_as(mod.AgentState(repo / "svc")) as state:
+        state.permissions["rules"] = [deny_rule(mod, "read_file(**/private/**)")]
+        text = mod.load_instructions(state)
+    assert "PRIVATE-PLAN" not in text and text.count("not read: a read rule denies it") == 2
+
+
+def test_home_as_a_git_repository_opens_nothing_of_home_to_includes(mod, workspace):
+    """Review: with a dotfiles repository at ~, a project below it had all of ~ as its
+    repository: @~/.config/gh/hosts.yml and @../../.ssh/x reached the model."""
+    home = Path.home()
+    subprocess.run(["git", "init", "-q", str(home)], check=True)
+    write(home / ".config" / "gh" / "hosts.yml", "oauth_token: SECRET-1\n")
+    write(home / ".ssh" / "work_deploy", "SECRET-2\n")
+    write(home / "notes" / "todo.md", "SECRET-3\n")
+    project = home / "Downloads" / "tarball"
+    write(project / "AGENTS.md", "PROJECT @~/.config/gh/hosts.yml @../../.ssh/work_deploy @../../notes/todo.md\n")
+    with mod.acting_as(mod.AgentState(project)) as state:
+        text = mod.load_instructions(state)
+    assert "PROJECT" in text and "SECRET" not in text and text.count("not read: outside the repository") == 3
+
+
+@pytest.mark.parametrize("name", ["prod.env", ".env-prod", ".envrc", "secrets.yaml", "id_rsa-work",
+                                  "terraform.tfvars", ".ssh/config", ".aws/credentials", ".git/config",
+                                  ".config/gh/hosts.yml"])
+def test_secret_looking_files_and_folders_are_never_included(mod, workspace, name):
+    write(workspace / name, "SECRET-TEXT\n")
+    write(workspace / "AGENTS.md", f"@{name}\n")
+    assert "SECRET-TEXT" not in mod.load_instructions(mod.agent_state())
 
 
 def test_two_sessions_that_draw_one_name_never_share_its_file(mod, workspace, tmp_path):
