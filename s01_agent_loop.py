@@ -54,7 +54,7 @@ from pathlib import Path
 
 try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
     import anthropic
-    from dotenv import load_dotenv
+    from dotenv import dotenv_values, find_dotenv, load_dotenv
 except ModuleNotFoundError as e:
     if __name__ != "__main__":
         raise  # an importer (a test, the demo) says it its own way
@@ -188,15 +188,24 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
-# The agent's own credentials. No child process gets them: a command the model
-# runs, or a script in a cloned repository, has no business reading the key.
-# load_dotenv puts .env values into os.environ, so one filter covers both.
-AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+# What a command the model runs inherits. Never the agent's own configuration
+# (ANTHROPIC_*, and whatever its .env set: load_dotenv put it in os.environ): a
+# command, or a script in a cloned repository, has no business reading the key.
+# Nor a variable whose name looks like a secret (Codex's shell environment policy):
+# `env` would print the user's tokens to the model.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+
+
+def own_names():
+    """The variables that configure the agent itself: ANTHROPIC_*, and what its .env set."""
+    return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
 def child_env():
-    """The environment of every process the agent starts: its own, minus its credentials."""
-    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
+    """The environment of a command the model runs: the agent's, minus its own
+    configuration and every variable whose name looks like a secret."""
+    own = own_names()
+    return {k: v for k, v in os.environ.items() if k not in own and not SECRET_NAME.search(k)}
 
 
 def read_head(fh, limit=MAX_OUTPUT):

@@ -59,8 +59,7 @@ from pathlib import Path
 try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
     import anthropic
     import yaml
-    from dotenv import load_dotenv
-    from dotenv import find_dotenv
+    from dotenv import dotenv_values, find_dotenv, load_dotenv
     from rich.console import Console
     from rich.text import Text
 except ModuleNotFoundError as e:
@@ -207,15 +206,27 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
-# The agent's own credentials. No child process gets them: a command the model
-# runs, or a script in a cloned repository, has no business reading the key.
-# load_dotenv puts .env values into os.environ, so one filter covers both.
-AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+# What a command the model runs inherits. Never the agent's own configuration
+# (ANTHROPIC_*, and whatever its .env set: load_dotenv put it in os.environ): a
+# command, or a script in a cloned repository, has no business reading the key.
+# Nor a variable whose name looks like a secret (Codex's shell environment policy):
+# `env` would print the user's tokens to the model.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+
+
+def own_names():
+    """The variables that configure the agent itself: ANTHROPIC_*, and what its .env set."""
+    return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
 def child_env():
-    """The environment of every process the agent starts: its own, minus its credentials."""
-    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
+    """The environment of a command the model runs: the agent's, minus its own
+    configuration and every variable whose name looks like a secret."""
+    own = own_names()
+    settings = getattr(CURRENT.get(None), "permissions", {})  # s07: the user's env_allow and env
+    allow = set(settings.get("env_allow", ()))  # s07: passed though their names look like secrets
+    return {k: v for k, v in os.environ.items()
+            if k in allow or k not in own and not SECRET_NAME.search(k)} | settings.get("env", {})  # s07
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -3324,6 +3335,11 @@ def check_config(path, data):
                 parse_rule(text)
             except ValueError as e:
                 raise ConfigError(f"{path}: permissions.{effect}: {e}")
+    env, allow = data.get("env") or {}, data.get("env_allow") or []
+    if not isinstance(env, dict) or not all(isinstance(v, str) and re.fullmatch(r"\w+", str(k)) for k, v in env.items()):
+        raise ConfigError(f"{path}: env must map variable names to strings (quote numbers: \"1\")")
+    if not isinstance(allow, list) or not all(isinstance(n, str) for n in allow):
+        raise ConfigError(f"{path}: env_allow must be a list of variable names")
     if perms.get("default_mode") not in (None, *PERMISSION_MODES):
         raise ConfigError(f"{path}: permissions.default_mode must be one of {', '.join(PERMISSION_MODES)}")
     for key, value in sandbox.items():
@@ -3402,9 +3418,14 @@ def file_trusted(workdir, path, trust_all=False):
 def load_permissions(workdir, trust_all=False):
     """The effective settings of every config file; ConfigError when one is broken."""
     settings = {"rules": [], "additional_directories": [], "default_mode": None,
-                "sandbox": dict(SANDBOX_DEFAULTS)}
+                "sandbox": dict(SANDBOX_DEFAULTS), "env": {}, "env_allow": []}
     for scope, path in config_files(workdir).items():
         data = read_config(path)
+        if scope == "user":  # what the model's commands inherit: the human's own choice only
+            settings["env"] |= data.get("env") or {}
+            settings["env_allow"] += data.get("env_allow") or []
+        elif data.get("env") or data.get("env_allow"):
+            say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "

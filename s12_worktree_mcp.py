@@ -81,8 +81,7 @@ try:  # the packages of requirements.txt: missing, they are one line that says h
         import httpx2 as httpx  # s12: SDK 2.x
     except ImportError:  # s12
         import httpx  # s12: the SDK before 2.x
-    from dotenv import load_dotenv
-    from dotenv import find_dotenv
+    from dotenv import dotenv_values, find_dotenv, load_dotenv
     from rich.console import Console
     from rich.text import Text
 except ModuleNotFoundError as e:
@@ -244,15 +243,27 @@ def clip(text, limit=MAX_OUTPUT):
     return text[:limit] + f"\n... [truncated: {len(text) - limit} more characters]"
 
 
-# The agent's own credentials. No child process gets them: a command the model
-# runs, or a script in a cloned repository, has no business reading the key.
-# load_dotenv puts .env values into os.environ, so one filter covers both.
-AGENT_CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+# What a command the model runs inherits. Never the agent's own configuration
+# (ANTHROPIC_*, and whatever its .env set: load_dotenv put it in os.environ): a
+# command, or a script in a cloned repository, has no business reading the key.
+# Nor a variable whose name looks like a secret (Codex's shell environment policy):
+# `env` would print the user's tokens to the model.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+
+
+def own_names():
+    """The variables that configure the agent itself: ANTHROPIC_*, and what its .env set."""
+    return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
 def child_env():
-    """The environment of every process the agent starts: its own, minus its credentials."""
-    return {k: v for k, v in os.environ.items() if k not in AGENT_CREDENTIALS}
+    """The environment of a command the model runs: the agent's, minus its own
+    configuration and every variable whose name looks like a secret."""
+    own = own_names()
+    settings = getattr(CURRENT.get(None), "permissions", {})  # s07: the user's env_allow and env
+    allow = set(settings.get("env_allow", ()))  # s07: passed though their names look like secrets
+    return {k: v for k, v in os.environ.items()
+            if k in allow or k not in own and not SECRET_NAME.search(k)} | settings.get("env", {})  # s07
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -3423,6 +3434,11 @@ def check_config(path, data):
                 parse_rule(text)
             except ValueError as e:
                 raise ConfigError(f"{path}: permissions.{effect}: {e}")
+    env, allow = data.get("env") or {}, data.get("env_allow") or []
+    if not isinstance(env, dict) or not all(isinstance(v, str) and re.fullmatch(r"\w+", str(k)) for k, v in env.items()):
+        raise ConfigError(f"{path}: env must map variable names to strings (quote numbers: \"1\")")
+    if not isinstance(allow, list) or not all(isinstance(n, str) for n in allow):
+        raise ConfigError(f"{path}: env_allow must be a list of variable names")
     if perms.get("default_mode") not in (None, *PERMISSION_MODES):
         raise ConfigError(f"{path}: permissions.default_mode must be one of {', '.join(PERMISSION_MODES)}")
     for key, value in sandbox.items():
@@ -3512,13 +3528,18 @@ def file_trusted(workdir, path, trust_all=False):
 def load_permissions(workdir, trust_all=False):
     """The effective settings of every config file; ConfigError when one is broken."""
     settings = {"rules": [], "additional_directories": [], "default_mode": None,
-                "sandbox": dict(SANDBOX_DEFAULTS)}
+                "sandbox": dict(SANDBOX_DEFAULTS), "env": {}, "env_allow": []}
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
     settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
     settings["auto_memory"] = True  # s09: any file may turn it off
     settings["mcp_servers"] = []  # s12: (scope, file, servers) of the files that may start servers
     for scope, path in config_files(workdir).items():
         data = read_config(path)
+        if scope == "user":  # what the model's commands inherit: the human's own choice only
+            settings["env"] |= data.get("env") or {}
+            settings["env_allow"] += data.get("env_allow") or []
+        elif data.get("env") or data.get("env_allow"):
+            say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
@@ -4743,9 +4764,11 @@ def env_value(value):
     return text if len(text) <= HOOK_ENV_CHARS else text[:HOOK_ENV_CHARS] + "...[cut: the full value is on stdin]"
 
 
-def hook_env(payload, state):
-    """The hook's environment: the agent's (minus its credentials), and the event's
-    values as variables, so `lint $FILE_PATH` works without splicing anything."""
+def hook_env(payload, state, hook=None):
+    """The hook's environment: the event's values as variables, so `lint $FILE_PATH`
+    works without splicing anything, over the agent's environment less its own
+    configuration. Your own hooks (~/.agent's) keep your tokens; a project's hooks
+    are the repository's code and get what the model's commands get (child_env)."""
     args = payload.get("tool_input") or {}
     raw = args.get("path", args.get("file_path")) if isinstance(args, dict) else None
     file_path = str(tool_path(raw, state) or "")  # the file the tool touches, as the tool resolves it
@@ -4753,8 +4776,15 @@ def hook_env(payload, state):
             "MESSAGE": payload.get("prompt", payload.get("last_assistant_message", "")),
             "ERROR": payload.get("error", ""), "CLAUDE_PROJECT_DIR": str(state.workdir)}
     ours |= {env_name(k): v for k, v in args.items()}
-    env = {k: v for k, v in child_env().items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
+    base = user_env() if (hook or {}).get("scope", "user") == "user" else child_env()
+    env = {k: v for k, v in base.items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
     return env | {k: env_value(v) for k, v in ours.items()}
+
+
+def user_env():
+    """The human's own environment, tokens included; only the agent's configuration goes."""
+    own = own_names()
+    return {k: v for k, v in os.environ.items() if k not in own}
 
 
 def quote_vars(command):
@@ -4930,8 +4960,8 @@ def run_command_hook(hook, payload, env, state):
 def header_value(text, allowed):
     """${VAR} in a header, only for variables the hook names in allowed_env_vars:
     a config cannot send the user's secrets anywhere unasked. Others become "";
-    the agent's own key is never there to expand (child_env)."""
-    env = child_env()
+    the agent's own key is never there to expand (user_env)."""
+    env = user_env()
     return HEADER_VAR.sub(lambda m: env.get(m[1], "") if m[1] in allowed else "", text)
 
 
@@ -5077,7 +5107,7 @@ def run_hook(hook, payload, state):
     if hook["action"]["type"] != "prompt":
         write_transcript(state)
     try:
-        v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state), state)
+        v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state, hook), state)
     except Exception as e:  # HookFailed, or a bug in a hook we must survive
         log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
         warn_once(f"[hook {hook['name']} ({payload['event']}) failed and was skipped: "
@@ -10860,7 +10890,7 @@ def expand_vars(text):
     agent's own credential, which no server is ever given."""
     def one(m):
         name, default = m[1], m[2]
-        if name in AGENT_CREDENTIALS:
+        if name in own_names():
             raise ValueError(f"${{{name}}} is the agent's own credential: it is never passed on")
         value = os.environ.get(name)
         if value is None and default is None:
