@@ -72,7 +72,6 @@ import functools
 import gc
 import hashlib
 import http.client
-import inspect
 import io
 import itertools
 import json
@@ -101,10 +100,7 @@ from typing import NamedTuple
 try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
     import anthropic
     import yaml
-    try:  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
-        import httpx2 as httpx  # s12: SDK 2.x
-    except ImportError:  # s12
-        import httpx  # s12: the SDK before 2.x
+    import httpx2 as httpx  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
     from dotenv import dotenv_values, find_dotenv, load_dotenv
     from rich.console import Console
     from rich.text import Text
@@ -11412,7 +11408,7 @@ class StdioTransport:
 # headers. Between our requests the server talks on a stream of its own, a GET
 # we keep open (a server without one answers 405): its requests are answered
 # with a POST each, its notifications handled as on stdio. The HTTP client is
-# the one the SDK brings (httpx; named httpx2 from SDK 2.x).
+# the one the SDK brings (httpx2, the successor of httpx).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
@@ -13128,7 +13124,12 @@ def interactive_front_end():
     the line editor, and RichUI unless NO_COLOR; a pipe at either end: the chapters'."""
     human = is_terminal(sys.stdin) and is_terminal(sys.stdout)
     if human:
-        FRONT_END["editor"] = LineEditor()
+        try:
+            FRONT_END["editor"] = LineEditor()
+        except ModuleNotFoundError as e:  # one line and plain input, not a traceback
+            requirements = os.path.relpath(Path(__file__).with_name("requirements.txt"))
+            say(f"[No module named {e.name!r}: plain input, no history or completion; "
+                f"pip install -r {requirements} brings them]")
     return RichUI() if human and not no_color() else PlainText()
 
 
@@ -13753,12 +13754,6 @@ def request_body(model, max_tokens, system, tools, messages):
     return b"".join([head[:-1], b',"messages":[', b",".join(parts), b"]}"])
 
 
-@functools.cache
-def takes_raw_body(client_type):
-    """The SDK's post takes a body as bytes (content=) since 2.x; before, only as data."""
-    return "content" in inspect.signature(client_type.post).parameters
-
-
 def warn_if_deprecated(model):
     """client.messages.stream's warning for a model near its end of life, from the SDK's list."""
     ends_of_life = getattr(anthropic.resources.messages.messages, "DEPRECATED_MODELS", {})
@@ -13770,9 +13765,6 @@ def warn_if_deprecated(model):
 
 def open_stream(client, model, max_tokens, system, tools, messages):
     """client.messages.stream(...) for this request, its body encoded by request_body."""
-    if not takes_raw_body(type(client)):  # an SDK before 2.x: it encodes the request itself
-        return client.messages.stream(model=model, max_tokens=max_tokens, system=system, tools=tools,
-                                      messages=request_messages(messages))
     warn_if_deprecated(model)
     body = request_body(model, max_tokens, system, tools, messages)
     return anthropic.lib.streaming.MessageStreamManager(functools.partial(  # the SDK's own helper

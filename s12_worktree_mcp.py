@@ -77,10 +77,7 @@ from pathlib import Path
 try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
     import anthropic
     import yaml
-    try:  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
-        import httpx2 as httpx  # s12: SDK 2.x
-    except ImportError:  # s12
-        import httpx  # s12: the SDK before 2.x
+    import httpx2 as httpx  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
     from dotenv import dotenv_values, find_dotenv, load_dotenv
     from rich.console import Console
     from rich.text import Text
@@ -11355,7 +11352,7 @@ class StdioTransport:
 # headers. Between our requests the server talks on a stream of its own, a GET
 # we keep open (a server without one answers 405): its requests are answered
 # with a POST each, its notifications handled as on stdio. The HTTP client is
-# the one the SDK brings (httpx; named httpx2 from SDK 2.x).
+# the one the SDK brings (httpx2, the successor of httpx).
 class HttpTransport:
     """One server URL. request() from any thread: each is its own POST."""
 
