@@ -2752,8 +2752,11 @@ command("compact", "Summarise the conversation now to free context (optional foc
 # comment (hiding a `; sudo ...` after it), and it knows no $(...), backticks
 # or here-documents. So lex() reads the characters itself, by the same rules.
 # It is still a seatbelt: what a line computes at run time ($X, the output of
-# a $(...)) is unknown here, and reading errs toward refusing. The wall is the
-# OS sandbox (s07.4).
+# a $(...)) is unknown here, and reading errs toward refusing. Nor can it read
+# code: `python3 -c '...'`, `perl -e`, a script the model has just written run
+# whatever their text says, and guessing at another language's text would only
+# pretend. The wall is the OS sandbox (s07.4); without one, bypassPermissions
+# says so at start (warn_unguarded).
 MAX_NESTING = 20            # levels of $(...), bash -c, eval read before giving up
 SPLIT_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")  # longest first
 PIPES = ("|", "|&")         # the operators that keep a pipeline going
@@ -2783,10 +2786,18 @@ WRAPPERS = {
     "setsid": (set(), 0),
     "flock": ({"-w", "--wait", "--timeout", "-E", "--conflict-exit-code"}, 1),  # the 1: its lock file
     "chroot": ({"--userspec", "--groups"}, 1),  # the 1: the new root
+    "busybox": (set(), 0),                      # busybox rm -rf / is rm -rf /
+    "toybox": (set(), 0),
 }
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument
 DOWNLOADERS = {"curl", "wget"}
+# Interpreters that read their program from stdin when given none, each with the
+# letters of its options that give the program (or a module, a file) on the
+# command line instead: python -c CODE / -m MOD, perl -e, node -e/-p, php -r/-f.
+INTERPRETERS = {"python": "cm", "pypy": "cm", "perl": "eE", "ruby": "e", "node": "ep",
+                "nodejs": "ep", "php": "rf", "lua": "e"}
+SUBSTITUTION = re.compile(r"\$\(|`|<\(")          # a word holding a command's output
 PRIVILEGE = {"sudo", "doas", "su", "pkexec"}      # never peeled off: refused themselves
 POWER_COMMANDS = {"shutdown", "reboot", "halt", "poweroff"}
 POWER_VERBS = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
@@ -2795,9 +2806,18 @@ RUNLEVELS = {"0", "6"}                            # init / telinit: halt, reboot
 FORMATTERS = {"mkfs", "mke2fs", "mkswap", "wipefs"}  # and every mkfs.<type>
 OWNERSHIP = {"chmod", "chown", "chgrp"}           # refused with -R on / or ~
 HOME_SPELLINGS = ("~", "$HOME", "${HOME}")        # quotes are gone by now: "$HOME" too
+HOME_FORMS = re.compile(r"^\$\{HOME:?[-=?][^}]*\}")  # ${HOME:?}, ${HOME:-/}: HOME whenever it is set
+DEFAULTED = re.compile(r"\$\{\w+:?[-=]([^}]*)\}")     # ${X:-/}: the default when X is unset or empty
+HOME_PARENTS = ("/home", "/Users")                # every user's home is in one: /home/alice
 GLOB = re.compile(r"[*?[{]")                      # a pattern (or brace list), not one name
 # Block devices: writing to one destroys the filesystem on it. /dev/null, /dev/stderr ... are fine.
 DISK_DEVICE = re.compile(r"/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|loop|md|dm-|mapper/|root$)")
+DISK_WRITERS = {"tee", "truncate", "shred", "blkdiscard", "sgdisk", "sfdisk"}  # write what they name
+COPIERS = {"cp", "mv", "install", "rsync", "scp"}  # write their last operand
+OUTPUT_OPTION = re.compile(r"(?:-[oO]|--output(?:-document)?|of)=?(/.*)")  # -o/dev/x, of=/dev/x
+FIND_EXEC = {"-exec", "-execdir", "-ok", "-okdir"}  # find runs the words after them, up to ; or +
+FIND_TESTS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
+              "-iregex", "-lname", "-ilname"}  # tests that may leave the starting point out
 # A function that pipes itself into itself, in the background: :(){ :|:& };:
 # It does not read as ordinary words, so it is matched on the raw text.
 FORK_BOMB = re.compile(r"(?<![\w.:-])(?:function\s+)?([\w.:-]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
@@ -3060,13 +3080,16 @@ def scripts(words):
 
 def pipelines(command, depth=0):
     """The line as pipelines of simple commands (see split_pipelines), wrappers
-    peeled off. The command lines inside a command follow its pipeline as
-    pipelines of their own. ValueError when the line cannot be read."""
+    peeled off ("peeled" keeps them: xargs adds operands). The command lines
+    inside a command follow its pipeline as pipelines of their own. ValueError
+    when the line cannot be read."""
     tokens, _ = lex(command, 0, depth)
     found = []
     for pipeline in split_pipelines(tokens):
         for cmd in pipeline:
-            cmd["words"] = unwrapped(cmd["words"])
+            words = unwrapped(cmd["words"])
+            cmd["peeled"] = [os.path.basename(w) for w in cmd["words"][:len(cmd["words"]) - len(words)]]
+            cmd["words"] = words
         found.append([cmd for cmd in pipeline if cmd["words"] or cmd["redirects"]])
         for cmd in pipeline:
             for line in cmd["inner"] + scripts(cmd["words"]):
@@ -3125,12 +3148,15 @@ def place(word, cwd):
     """Where a path word points: "/..." or "~..." (~ is the home directory),
     normalised; None when the judge cannot tell (relative to the workspace, a
     variable). cwd is such a place too: None stands for the workspace."""
+    word = HOME_FORMS.sub("~", word)
     for home in HOME_SPELLINGS:
         if word == home or word.startswith(home + "/"):
             word = "~" + word[len(home):]
             break
     if word.startswith("~") and word != "~" and not word.startswith("~/"):
-        return None  # ~user, ~+, ~-
+        word = user_home(word)
+        if word is None:
+            return None
     if not word.startswith(("/", "~")):
         if cwd is None or "$" in word or "`" in word:
             return None
@@ -3141,13 +3167,32 @@ def place(word, cwd):
     return os.path.normpath("/" + word.lstrip("/"))  # //, /usr/.. and /. are /
 
 
+def user_home(word):
+    """~alice/x as a path: alice's home from the password database, else where
+    Linux keeps homes (any home counts the same here). None for ~+ and ~-
+    (working directories) and for what is no user name."""
+    user, _, rest = word[1:].partition("/")
+    if not re.fullmatch(r"\w[\w.-]*", user):
+        return None
+    home = os.path.expanduser("~" + user)
+    return (f"/home/{user}" if home.startswith("~") else home) + "/" + rest
+
+
 def root_or_home(word, cwd):
-    """Does this path word name / or ~ itself, or a pattern right inside it (/*, ~/.*, $HOME/*)?"""
-    where = place(word, cwd)
-    if where is None:
-        return False
-    parent, name = os.path.split(where)
-    return where in ("/", "~") or (parent in ("/", "~") and bool(GLOB.search(name)))
+    """Does this path word name / or a home itself, or a pattern right inside
+    one (/*, ~/.*, $HOME/*, /home/*)? ${X:-/} may be its default, so that counts too."""
+    default = DEFAULTED.match(word)
+    for where in (place(word, cwd), default and place(default[1] + word[default.end():], cwd)):
+        parent, name = os.path.split(where or "")
+        if where and (is_home_or_root(where) or (is_home_or_root(parent) and GLOB.search(name))):
+            return True
+    return False
+
+
+def is_home_or_root(where):
+    """/, or a home: ~, the same by its path, /root, anyone's in /home, or all of them."""
+    home = os.path.normpath(os.path.expanduser("~"))
+    return where in ("/", "~", "/root", home, *HOME_PARENTS) or os.path.dirname(where) in HOME_PARENTS
 
 
 def next_cwd(words, cwd):
@@ -3194,7 +3239,7 @@ def rm_refusal(args, cwd):
     if has_option(options, "", "--no-preserve-root"):
         return "rm --no-preserve-root"
     if has_option(options, "rR", "--recursive") and any(root_or_home(t, cwd) for t in targets):
-        return "deleting / or the home directory" + (f" (run in {cwd})" if cwd else "")
+        return "deleting / or a home directory" + (f" (run in {cwd})" if cwd else "")
     return None
 
 
@@ -3213,11 +3258,89 @@ def refusal(cmd, cwd):
         return "shutting down or rebooting the machine"
     if name == "dd" and any(a.startswith("of=") and is_disk(a[3:]) for a in rest):
         return "dd writing straight to a device"
+    if writes_disk(name, rest):
+        return "overwriting a disk device"
+    if name == "find" and (why := find_refusal(rest, cwd)):
+        return why
     if name in OWNERSHIP:
         options, targets = split_options(rest)
         if has_option(options, "R", "--recursive") and any(root_or_home(t, cwd) for t in targets):
-            return f"{name} -R on / or the home directory"
+            return f"{name} -R on / or a home directory"
     return rm_refusal(rest, cwd) if name == "rm" else None
+
+
+def writes_disk(name, args):
+    """Does a command write to a disk device it names: tee or shred on one, a copy
+    onto one, an output option naming one (curl -o /dev/sda, sort -o/dev/sda)?"""
+    _, operands = split_options(args)
+    if name in DISK_WRITERS and any(map(is_disk, operands)):
+        return True
+    if name in COPIERS and operands and is_disk(operands[-1]):
+        return True
+    pairs = zip(args, args[1:])
+    return any(is_disk(m[1]) for a in args if (m := OUTPUT_OPTION.fullmatch(a))) \
+        or any(a in ("-o", "-O", "--output") and is_disk(b) for a, b in pairs)
+
+
+def find_parts(args):
+    """find's arguments as (starting points, expression); -H -L -P -D -O come first."""
+    i = 0
+    while i < len(args) and (args[i] in ("-H", "-L", "-P", "-D") or args[i].startswith("-O")):
+        i += 2 if args[i] == "-D" else 1
+    j = i
+    while j < len(args) and not args[j].startswith(("-", "(", "!")):
+        j += 1
+    return args[i:j], args[j:]
+
+
+def find_commands(expression):
+    """The commands of find -exec, -execdir, -ok and -okdir: the words up to ; or +."""
+    found, words = [], None
+    for a in expression:
+        if words is None:
+            words = [] if a in FIND_EXEC else None
+        elif a in (";", "+"):
+            found, words = found + [words], None
+        else:
+            words.append(a)
+    return found + [words] if words else found
+
+
+def find_reported(args):
+    """The paths find reports that the judge knows: its starting points (they
+    are reported too), unless a test such as -name may leave them out."""
+    starts, expression = find_parts(args)
+    return [] if FIND_TESTS & set(expression) else starts
+
+
+def find_refusal(args, cwd):
+    """find -delete on / or a home, or a command find runs that the blocklist
+    refuses, {} standing for what find reports (find_reported)."""
+    expression = find_parts(args)[1]
+    found = [place(s, cwd) or s for s in find_reported(args)]
+    if "-delete" in expression and any(root_or_home(p, cwd) for p in found):
+        return "find -delete on / or a home directory"
+    for words in find_commands(expression):
+        line = shlex.join(x for w in words for x in (found if w == "{}" and found else [w]))
+        if why := blocked_command(line):
+            return f"{why} (run by find)"
+    return None
+
+
+def printed(cmd):
+    """What a command writes down a pipe, where the judge can tell: the words of
+    echo and printf (split as xargs splits them), what find reports."""
+    name, args = program(cmd), cmd["words"][1:]
+    if name in ("echo", "printf"):
+        return " ".join(args).split()
+    return find_reported(args) if name == "find" else []
+
+
+def as_run(cmd, before):
+    """The command with the operands xargs adds: what the command before it prints."""
+    if "xargs" not in cmd["peeled"] or not before:
+        return cmd
+    return dict(cmd, words=cmd["words"] + printed(before[-1]))
 
 
 def fetches(cmd):
@@ -3227,10 +3350,39 @@ def fetches(cmd):
 
 
 def runs_download(pipeline):
-    """A shell reading code from a download: curl ... | sh, bash <(curl ...), sh -c "$(curl ...)"."""
-    return any(program(cmd) in RUNS_CODE
-               and (fetches(cmd) or any(map(fetches, pipeline[:n])))
+    """A shell or an interpreter reading code from a download: curl ... | sh,
+    bash <(curl ...), sh -c "$(curl ...)", curl ... | python3, perl -e "$(wget ...)"."""
+    return any(program(cmd) in RUNS_CODE and (fetches(cmd) or any(map(fetches, pipeline[:n])))
+               or interprets_download(cmd, pipeline[:n])
                for n, cmd in enumerate(pipeline))
+
+
+def interprets_download(cmd, before):
+    """An interpreter whose program is a download: read from stdin (nothing names
+    another program) with curl or wget upstream, or a $(...)/<(...) that fetches.
+    python3 -m json.tool, python3 x.py, perl -ne CODE only read the download as data."""
+    name = re.sub(r"[\d.]+$", "", program(cmd))  # python3.12 is python
+    if name not in INTERPRETERS:
+        return False
+    source = program_word(name, cmd["words"][1:])
+    if source in ("-", "/dev/stdin"):
+        return fetches(cmd) or any(map(fetches, before))
+    return bool(SUBSTITUTION.search(source)) and fetches(cmd)
+
+
+def program_word(name, args):
+    """Where an interpreter takes its program from: the word after an option that
+    gives it (python -c, perl -ne, node --eval), else its first operand (a script),
+    else "-": stdin."""
+    words = iter(args)
+    for a in words:
+        if a == "--":
+            return next(words, "-")
+        if a == "-" or not a.startswith("-"):
+            return a
+        if a in ("--eval", "--print") or (a[1] != "-" and set(a[1:]) & set(INTERPRETERS[name])):
+            return next(words, a)  # glued (-cCODE): the option word itself
+    return "-"
 
 
 def blocked_command(command):
@@ -3238,8 +3390,10 @@ def blocked_command(command):
 
     Every simple command is judged by its command word and arguments, so text
     that is only an argument (`echo "rm -rf /"`) runs. The working directory is
-    followed through cd, so `cd / && rm -rf *` is refused. A line that cannot
-    be read is refused too: bash would reject it, and the judge must not guess.
+    followed through cd, so `cd / && rm -rf *` is refused. A command xargs runs
+    gets what the command before it prints (`echo / | xargs rm -rf`); one find
+    -exec runs, the paths find reports. A line that cannot be read is refused
+    too: bash would reject it, and the judge must not guess.
     """
     if FORK_BOMB.search(command):
         return "fork bomb"
@@ -3249,12 +3403,12 @@ def blocked_command(command):
         return f"cannot read it as shell: {e}"
     cwd = None  # None: the workspace, or a place the judge cannot tell
     for pipeline in lines:
-        for cmd in pipeline:
-            if why := refusal(cmd, cwd):
+        for n, cmd in enumerate(pipeline):
+            if why := refusal(as_run(cmd, pipeline[:n]), cwd):
                 return why
             cwd = next_cwd(cmd["words"], cwd)
         if runs_download(pipeline):
-            return "piping a download into a shell"
+            return "piping a download into a shell or an interpreter"
     return None
 
 # --- s07.2: rules, config and workspace trust ---
@@ -3728,6 +3882,11 @@ SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
+UNGUARDED_WARNING = ("[warning: bypassPermissions with no OS sandbox: the model's commands run "
+                     "unasked with your rights, and the only guard is the blocklist, which reads "
+                     "command lines, not code (python3 -c, scripts). For the sandbox: Linux with "
+                     "bubblewrap installed and user namespaces on, sandbox.enabled not false; or "
+                     "use the default mode, which asks first]")
 SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" means the path is outside the writable "
                       "area. Commands may write only in the workspace (not its protected config: "
                       ".agent config, hooks and skills, .git/hooks, .git/config), in extra "
@@ -3762,6 +3921,13 @@ def check_sandbox(state):
     if settings["enabled"] and not ok and settings["fail_if_unavailable"]:
         raise ValueError(f"the OS sandbox is required (sandbox.fail_if_unavailable) but "
                          f"unavailable: {why}")
+
+
+def warn_unguarded(state, was=None):
+    """bypassPermissions with no working sandbox: the blocklist is then the only
+    guard, and it cannot read code (s07.1). Said each time the mode is entered."""
+    if state.mode == "bypassPermissions" and was != state.mode and not sandboxed(state):
+        say(UNGUARDED_WARNING)
 
 
 def masked_paths(state):
@@ -4205,8 +4371,9 @@ def set_mode(mode, history=None):
             add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
     elif mode != "plan" and state.mode == "plan" and history is not None:  # leaving it is news too
         add_user_text(history, PLAN_MODE_ENDED.format(mode=mode))
-    state.mode = mode
+    was, state.mode = state.mode, mode
     say(f"[permission mode: {mode}]")
+    warn_unguarded(state, was)
 
 
 def toggle_plan(args, ctx):
@@ -4298,6 +4465,7 @@ def start_permissions(argv):
     check_sandbox(state)
     say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
         f"{len(state.permissions['rules'])} rule(s); /permissions lists them]")
+    warn_unguarded(state)
     return argv
 
 
