@@ -1903,7 +1903,8 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # A 200K window fills fast, and ~85% of it is tool output (file dumps, logs,
 # search hits) that goes stale once the model has read it. From free to costly:
 #   layer 1  a huge result goes to disk the moment it enters the history; the
-#            model keeps a preview and the path, so nothing is lost
+#            model keeps a preview and the path, so nothing is lost (a huge
+#            paste too, before its first request: whole, it could not be sent)
 #   clear    old results become placeholders: in one batch, only after the
 #            model has seen them, only past WORKING_BUDGET or on a cold cache
 #   layer 2  near the window the model summarises the old turns (9 sections,
@@ -1955,6 +1956,8 @@ REATTACH_FILES = 5          # recently read files re-read into the history after
 REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
 SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
 PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
+PERSIST_PROMPT_CHARS = CONTEXT_WINDOW // 4 * 4  # characters of a prompt's text past which it
+                            # goes to disk: a quarter of the window, at ~4 a token (200K)
 MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
 PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
                             # the budget they become a note to read the file again in parts
@@ -2103,6 +2106,54 @@ def persist_large_results(calls, results):
     """The results of one reply's calls (each over PERSIST_CHARS went to disk
     already): many mid-size ones add up, so the message is fitted to its budget."""
     return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+
+
+# A paste is a big result the human brings. Kept whole, one larger than the window
+# failed its turn (the older turns were summarised away, the paste kept, the retry
+# refused again) and every turn after it, each new prompt joining the failed one.
+# So a prompt's text over PERSIST_PROMPT_CHARS is saved as a result is, once, before
+# its first request. The bar is a quarter of the window, not a result's 30K: what
+# the human hands over on purpose is sent whole while the session can still hold
+# it (after a compaction, summary and re-attached files add ~40K tokens, far from
+# AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
+def persist_prompt(messages):
+    """The prompt about to be sent (the newest message, a user's): each of its texts
+    over PERSIST_PROMPT_CHARS goes to disk; the model gets a preview and the path."""
+    last = messages[-1] if messages else {}
+    blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
+    if any(b.get("type") == "text" and len(b["text"]) > PERSIST_PROMPT_CHARS for b in blocks):
+        blocks = [{**b, "text": persist_text(b["text"])} if b.get("type") == "text"
+                  and len(b["text"]) > PERSIST_PROMPT_CHARS else b for b in blocks]
+        last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
+
+
+def persist_text(text):
+    """Save one text of a prompt (named by its content: the same paste, one file);
+    returns what the model gets instead: its head, the path and how to read the rest."""
+    data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
+    path = (agent_state().workdir / ".agent" / "tool-results"
+            / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
+    lines, preview = text.count("\n") + 1, text[:PREVIEW_CHARS]
+    if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
+        preview = preview[:cut]  # end on a whole line
+    try:  # the same door as a result's: never through a link planted in .agent/
+        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                  "wb") as f:
+            f.write(data)
+    except OSError as e:
+        say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
+            f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")
+        return (f"{preview}\n[The user's message is too long to send whole ({len(text):,} characters) "
+                f"and it could not be saved to disk ({e.strerror or e}): only the first "
+                f"{len(preview):,} characters are shown. Ask the user for the part that matters.]")
+    say(f"[{len(text):,} characters of the prompt saved to {rel(path)}: too long to send whole, "
+        f"the model gets a {len(preview):,}-character preview and the path]")
+    return (f"<persisted-prompt>\nThe user's message is too long to send whole ({len(text):,} "
+            f"characters, {lines:,} line{'s' * (lines > 1)}). Full text saved to: {rel(path)}\n"
+            f"Read it with read_file in parts (offset/limit) or search it with grep; what the user "
+            f"asks may come after the preview. read_file cuts lines at {MAX_LINE:,} characters; grep "
+            f"(output_mode content) or bash (cut -c, head -c) reach the rest of a longer line.\n\n"
+            f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-prompt>")
 
 
 # --- s06.2: clearing old results ---
@@ -8431,6 +8482,7 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
         announce_plan_mode(messages)  # s07: a session started in plan mode is told before its first call
         if stopped := start_hooks(messages):  # s08: user_prompt_submit may drop the prompt
             return stopped  # s08
+        persist_prompt(messages)  # s06: a prompt's huge paste goes to disk before it is sent
         attach_context(messages)  # s09: instructions and the memory index open the conversation
         recall(messages)  # s09: memories that may help with this prompt
         for _ in range(max_turns or turn_limit()):  # s04: a child has its own cap
