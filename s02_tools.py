@@ -2,8 +2,9 @@
 """s02_tools.py - a tool system: registry, file tools, path sandbox, parallel reads.
 
 New since s01: register, TOOL_FLAGS, check_input, safe_path, read_file,
-write_file, edit_file, glob_files, grep (ripgrep or Python), walk_files,
-glob_regex, normalize_messages, run_parallel.
+write_file, edit_file, write_inside (the one door for the agent's writes: no
+link followed, no gap between check and use), glob_files, grep (ripgrep or
+Python), walk_files, glob_regex, normalize_messages, run_parallel.
 
     model reply: [read_file a, read_file b, grep x, edit_file a]
         |
@@ -461,15 +462,66 @@ def read_file(path, offset=1, limit=None):
     return "\n".join(out)
 
 
+def open_folder(folder):
+    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
+    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
+    link swapped in on the way after the path was judged fails the walk (ELOOP,
+    ENOTDIR), so nothing is written where the judge never looked."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folder.parts[1:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_inside(path, data):
+    """The one door for a whole file the agent writes: the judged path, as judged,
+    through a new file in the same folder and a rename. Whatever stands at the path
+    (a link planted since, a hard link to a file elsewhere) is replaced, never
+    written through; an existing file keeps its mode (a script stays executable)."""
+    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
+    try:
+        try:
+            mode = os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = None  # a new file: 0o666 less the umask, as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        with open(out, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_or_say(path, data, shown):
+    """write_inside for a tool: a failure is the model's to hear, in one line."""
+    try:
+        write_inside(path, data)
+    except OSError as e:
+        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
+                        f"just replaced by a link, nothing was written; check the path and retry.")
+
+
 def write_file(path, content):
     f = safe_path(path)
     if f.is_dir():
         raise ToolError(f"{path} is a directory; give a file path.")
     if f.exists():
         check_fresh(f, path)
-    f.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
-    f.write_bytes(data)
+    write_or_say(f, data, path)
     agent_state().files[str(f)] = stamp(f)
     return f"Wrote {len(data)} bytes to {rel(f)}"
 
@@ -515,7 +567,7 @@ def edit_file(path, old_string, new_string, replace_all=False):
         raise ToolError(f"old_string occurs {count} times in {path}. Include more surrounding "
                         f"lines to make it unique, or set replace_all to change every one.")
     text = text.replace(old_string, new_string, -1 if replace_all else 1)
-    f.write_bytes(text.encode("utf-8", "surrogateescape"))
+    write_or_say(f, text.encode("utf-8", "surrogateescape"), path)
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 

@@ -1,0 +1,74 @@
+"""The boundary's second rule, whose one home is s02's write_inside(): the agent's
+own writes never follow a link and leave no gap between check and use. The path
+is walked from / one name at a time with O_NOFOLLOW, and the file is replaced by
+a rename in its judged folder, never written through. Runs on s02 and every
+later file.
+"""
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from conftest import chapters_from
+
+each = pytest.mark.parametrize("mod", chapters_from("s02"), indirect=True)
+
+
+def read_then(mod, name):
+    """write and edit need a read first (s02's rule)."""
+    mod.read_file(name)
+
+
+@each
+def test_a_folder_swapped_for_a_link_after_the_judge_is_not_written_through(mod, workspace, monkeypatch):
+    """A background command that flips d/ between missing and a link to ~/.agent made
+    write_file d/config.yaml land in ~/.agent/config.yaml: read at the next start as
+    the user's own config, its hooks run outside the sandbox."""
+    target = Path.home() / ".agent"
+    target.mkdir(parents=True, exist_ok=True)
+    judged = mod.safe_path
+
+    def judge_then_swap(p):
+        path = judged(p)                                    # judged: workspace/d/config.yaml
+        (workspace / "d").symlink_to(target, target_is_directory=True)   # the flip, just after
+        return path
+
+    monkeypatch.setattr(mod, "safe_path", judge_then_swap)
+    with pytest.raises(mod.ToolError, match="Could not write"):
+        mod.write_file("d/config.yaml", "hooks: [{event: session_start, action: {type: command}}]\n")
+    assert not (target / "config.yaml").exists()
+
+
+@each
+def test_a_link_in_the_workspace_is_resolved_once_and_stays_a_link(mod, workspace):
+    (workspace / "AGENTS.md").write_text("Use tabs.\n")
+    (workspace / "CLAUDE.md").symlink_to("AGENTS.md")
+    read_then(mod, "CLAUDE.md")
+    mod.edit_file("CLAUDE.md", "tabs", "spaces")
+    assert (workspace / "CLAUDE.md").is_symlink() and (workspace / "AGENTS.md").read_text() == "Use spaces.\n"
+
+
+@each
+def test_a_hard_link_to_a_file_elsewhere_is_replaced_not_written_through(mod, workspace, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's file\n")
+    os.link(outside, workspace / "notes.txt")               # a clone cannot ship one; a command can make one
+    read_then(mod, "notes.txt")
+    mod.write_file("notes.txt", "the agent's\n")
+    assert outside.read_text() == "the user's file\n" and (workspace / "notes.txt").read_text() == "the agent's\n"
+
+
+@each
+def test_an_edited_file_keeps_its_mode_and_a_new_one_gets_the_umasks(mod, workspace):
+    script = workspace / "run.sh"
+    script.write_text("echo one\n")
+    script.chmod(0o750)
+    read_then(mod, "run.sh")
+    mod.edit_file("run.sh", "one", "two")
+    assert stat.S_IMODE(script.stat().st_mode) == 0o750 and script.read_text() == "echo two\n"
+    mod.write_file("new/deep/file.txt", "x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((workspace / "new" / "deep" / "file.txt").stat().st_mode) == 0o666 & ~umask
+    assert not [p for p in workspace.rglob(".agent-write-*")]   # no temporary file left behind
