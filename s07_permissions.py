@@ -4345,14 +4345,12 @@ def remember_rules(rules, state):
     perms = data.setdefault("permissions", {})
     perms["allow"] = list(dict.fromkeys((perms.get("allow") or []) + rules))
     was_trusted = not path.exists() or not loosens(read_config(path)) or config_trusted(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    write_inside(path, yaml.safe_dump(data, sort_keys=False).encode("utf-8"))  # s02's door: no link followed
     ignore = path.parent / ".gitignore"  # the local file is personal: keep it out of git
-    if "config.local.yaml" not in (ignore.read_text() if ignore.is_file() else ""):
-        with open(ignore, "a", encoding="utf-8") as fh:
-            fh.write("config.local.yaml\n")
+    kept = ignore.read_text() if ignore.is_file() and not ignore.is_symlink() else ""
+    if "config.local.yaml" not in kept:
+        write_inside(ignore, (kept + ("\n" if kept and not kept.endswith("\n") else "")
+                              + "config.local.yaml\n").encode("utf-8"))
     if was_trusted:  # the human's own file: their new rule holds in the next process
         trust_config(path)
     else:  # a file the clone shipped: writing a rule into it must not make it trusted

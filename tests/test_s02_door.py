@@ -72,3 +72,18 @@ def test_an_edited_file_keeps_its_mode_and_a_new_one_gets_the_umasks(mod, worksp
     os.umask(umask)
     assert stat.S_IMODE((workspace / "new" / "deep" / "file.txt").stat().st_mode) == 0o666 & ~umask
     assert not [p for p in workspace.rglob(".agent-write-*")]   # no temporary file left behind
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_always_rule_saver_writes_through_the_door(mod, workspace, tmp_path):
+    """The rule saver appended to .agent/.gitignore by its path: a link planted there
+    (a clone can ship one) had the line appended to the file it points at."""
+    victim = tmp_path / "bashrc"
+    victim.write_text("export PATH=$PATH\n")
+    (workspace / ".agent").mkdir()
+    (workspace / ".agent" / ".gitignore").symlink_to(victim)
+    mod.remember_rules(["bash(make test)"], mod.agent_state())
+    assert victim.read_text() == "export PATH=$PATH\n"
+    assert (workspace / ".agent" / ".gitignore").read_text() == "config.local.yaml\n"
+    assert "bash(make test)" in (workspace / ".agent" / "config.local.yaml").read_text()
