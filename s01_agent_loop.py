@@ -193,7 +193,9 @@ def clip(text, limit=MAX_OUTPUT):
 # command, or a script in a cloned repository, has no business reading the key.
 # Nor a variable whose name looks like a secret (Codex's shell environment policy):
 # `env` would print the user's tokens to the model.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+SECRET_NAME = re.compile(r"(^|_)([A-Z]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL)|PASS|PAT)S?(_|$)",
+                         re.I)  # a word of the name: OPENAI_API_KEY, DB_PASS, GH_PAT; not KEYMAP, TOKENIZERS
+KEPT_NAMES = re.compile(r"GIT_CONFIG_(KEY|VALUE)_\d+")  # git's -c by environment: dropping half breaks git
 
 
 def own_names():
@@ -205,7 +207,8 @@ def child_env():
     """The environment of a command the model runs: the agent's, minus its own
     configuration and every variable whose name looks like a secret."""
     own = own_names()
-    return {k: v for k, v in os.environ.items() if k not in own and not SECRET_NAME.search(k)}
+    return {k: v for k, v in os.environ.items()
+            if k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))}
 
 
 def read_head(fh, limit=MAX_OUTPUT):

@@ -207,7 +207,9 @@ def clip(text, limit=MAX_OUTPUT):
 # command, or a script in a cloned repository, has no business reading the key.
 # Nor a variable whose name looks like a secret (Codex's shell environment policy):
 # `env` would print the user's tokens to the model.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+SECRET_NAME = re.compile(r"(^|_)([A-Z]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL)|PASS|PAT)S?(_|$)",
+                         re.I)  # a word of the name: OPENAI_API_KEY, DB_PASS, GH_PAT; not KEYMAP, TOKENIZERS
+KEPT_NAMES = re.compile(r"GIT_CONFIG_(KEY|VALUE)_\d+")  # git's -c by environment: dropping half breaks git
 
 
 def own_names():
@@ -219,7 +221,8 @@ def child_env():
     """The environment of a command the model runs: the agent's, minus its own
     configuration and every variable whose name looks like a secret."""
     own = own_names()
-    return {k: v for k, v in os.environ.items() if k not in own and not SECRET_NAME.search(k)}
+    return {k: v for k, v in os.environ.items()
+            if k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))}
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -1053,7 +1056,7 @@ def show_plan():
     """
     out = Text()
     for item, line in zip(plan()["items"], plan_lines()):
-        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+        out.append(printable(line, newlines=False) + "\n", style=TODO_STYLES[item["status"]])
     out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
     Console(stderr=True, highlight=False).print(out)
 
@@ -1840,7 +1843,7 @@ def show_help(args, ctx):
         usage = f"/{c['name']} {c['arg_hint']}".rstrip()
         rows.append((usage, clip_row(c["description"]) + aliases))
     width = max(len(usage) for usage, _ in rows)
-    print("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows))
+    print(printable("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)))  # a SKILL.md's words
     print("  Anything else is sent to the model; q or exit quits.")
 
 
@@ -1853,8 +1856,8 @@ def show_skills(args, ctx):
     width = max(len(name) for name in skills)
     for name, s in sorted(skills.items()):
         who = "+".join(w for w, on in (("model", s["model"]), ("user", s["user"])) if on)
-        print(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
-              f"{clip_row(s['description'])}")
+        print(printable(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
+                        f"{clip_row(s['description'])}", newlines=False))
 
 
 def run_slash_once(client, line):

@@ -215,7 +215,9 @@ def clip(text, limit=MAX_OUTPUT):
 # command, or a script in a cloned repository, has no business reading the key.
 # Nor a variable whose name looks like a secret (Codex's shell environment policy):
 # `env` would print the user's tokens to the model.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+SECRET_NAME = re.compile(r"(^|_)([A-Z]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL)|PASS|PAT)S?(_|$)",
+                         re.I)  # a word of the name: OPENAI_API_KEY, DB_PASS, GH_PAT; not KEYMAP, TOKENIZERS
+KEPT_NAMES = re.compile(r"GIT_CONFIG_(KEY|VALUE)_\d+")  # git's -c by environment: dropping half breaks git
 
 
 def own_names():
@@ -227,7 +229,8 @@ def child_env():
     """The environment of a command the model runs: the agent's, minus its own
     configuration and every variable whose name looks like a secret."""
     own = own_names()
-    return {k: v for k, v in os.environ.items() if k not in own and not SECRET_NAME.search(k)}
+    return {k: v for k, v in os.environ.items()
+            if k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))}
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -1063,7 +1066,7 @@ def show_plan():
     """
     out = Text()
     for item, line in zip(plan()["items"], plan_lines()):
-        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+        out.append(printable(line, newlines=False) + "\n", style=TODO_STYLES[item["status"]])
     out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
     Console(stderr=True, highlight=False).print(out)
 
@@ -1854,7 +1857,7 @@ def show_help(args, ctx):
         usage = f"/{c['name']} {c['arg_hint']}".rstrip()
         rows.append((usage, clip_row(c["description"]) + aliases))
     width = max(len(usage) for usage, _ in rows)
-    print("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows))
+    print(printable("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)))  # a SKILL.md's words
     print("  Anything else is sent to the model; q or exit quits.")
 
 
@@ -1867,8 +1870,8 @@ def show_skills(args, ctx):
     width = max(len(name) for name in skills)
     for name, s in sorted(skills.items()):
         who = "+".join(w for w, on in (("model", s["model"]), ("user", s["user"])) if on)
-        print(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
-              f"{clip_row(s['description'])}")
+        print(printable(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
+                        f"{clip_row(s['description'])}", newlines=False))
 
 
 def run_slash_once(client, line):
@@ -1946,8 +1949,9 @@ REATTACH_FILES = 5          # recently read files re-read into the history after
 REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
 SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
 PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-PERSIST_PROMPT_CHARS = CONTEXT_WINDOW // 4 * 4  # characters of a prompt's text past which it
-                            # goes to disk: a quarter of the window, at ~4 a token (200K)
+PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
+                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
+                            # text that is not ASCII costs more tokens a character
 MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
 PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
                             # the budget they become a note to read the file again in parts
@@ -2101,19 +2105,20 @@ def persist_large_results(calls, results):
 # A paste is a big result the human brings. Kept whole, one larger than the window
 # failed its turn (the older turns were summarised away, the paste kept, the retry
 # refused again) and every turn after it, each new prompt joining the failed one.
-# So a prompt's text over PERSIST_PROMPT_CHARS is saved as a result is, once, before
+# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
 # its first request. The bar is a quarter of the window, not a result's 30K: what
 # the human hands over on purpose is sent whole while the session can still hold
 # it (after a compaction, summary and re-attached files add ~40K tokens, far from
 # AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
 def persist_prompt(messages):
     """The prompt about to be sent (the newest message, a user's): each of its texts
-    over PERSIST_PROMPT_CHARS goes to disk; the model gets a preview and the path."""
+    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
     last = messages[-1] if messages else {}
     blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
-    if any(b.get("type") == "text" and len(b["text"]) > PERSIST_PROMPT_CHARS for b in blocks):
-        blocks = [{**b, "text": persist_text(b["text"])} if b.get("type") == "text"
-                  and len(b["text"]) > PERSIST_PROMPT_CHARS else b for b in blocks]
+    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
+           for b in blocks]
+    if any(big):
+        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
         last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
 
 

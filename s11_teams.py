@@ -240,7 +240,9 @@ def clip(text, limit=MAX_OUTPUT):
 # command, or a script in a cloned repository, has no business reading the key.
 # Nor a variable whose name looks like a secret (Codex's shell environment policy):
 # `env` would print the user's tokens to the model.
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
+SECRET_NAME = re.compile(r"(^|_)([A-Z]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL)|PASS|PAT)S?(_|$)",
+                         re.I)  # a word of the name: OPENAI_API_KEY, DB_PASS, GH_PAT; not KEYMAP, TOKENIZERS
+KEPT_NAMES = re.compile(r"GIT_CONFIG_(KEY|VALUE)_\d+")  # git's -c by environment: dropping half breaks git
 
 
 def own_names():
@@ -255,7 +257,8 @@ def child_env():
     settings = getattr(CURRENT.get(None), "permissions", {})  # s07: the user's env_allow and env
     allow = set(settings.get("env_allow", ()))  # s07: passed though their names look like secrets
     return {k: v for k, v in os.environ.items()
-            if k in allow or k not in own and not SECRET_NAME.search(k)} | settings.get("env", {})  # s07
+            if k in allow or k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))} \
+        | settings.get("env", {})  # s07
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -1111,7 +1114,7 @@ def show_plan():
     """
     out = Text()
     for item, line in zip(plan()["items"], plan_lines()):
-        out.append(line + "\n", style=TODO_STYLES[item["status"]])
+        out.append(printable(line, newlines=False) + "\n", style=TODO_STYLES[item["status"]])
     out.append(plan_summary() if plan()["items"] else "(plan cleared)", style="dim")
     Console(stderr=True, highlight=False).print(out)
 
@@ -1925,7 +1928,7 @@ def show_help(args, ctx):
         usage = f"/{c['name']} {c['arg_hint']}".rstrip()
         rows.append((usage, clip_row(c["description"]) + aliases))
     width = max(len(usage) for usage, _ in rows)
-    print("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows))
+    print(printable("\n".join(f"  {usage:<{width}}  {text}" for usage, text in rows)))  # a SKILL.md's words
     print("  Anything else is sent to the model; q or exit quits.")
 
 
@@ -1938,8 +1941,8 @@ def show_skills(args, ctx):
     width = max(len(name) for name in skills)
     for name, s in sorted(skills.items()):
         who = "+".join(w for w, on in (("model", s["model"]), ("user", s["user"])) if on)
-        print(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
-              f"{clip_row(s['description'])}")
+        print(printable(f"  {name:<{width}}  {s['source']:<8}  {who or '-':<10}  "
+                        f"{clip_row(s['description'])}", newlines=False))
 
 
 def run_slash_once(client, line):
@@ -2017,8 +2020,9 @@ REATTACH_FILES = 5          # recently read files re-read into the history after
 REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
 SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
 PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-PERSIST_PROMPT_CHARS = CONTEXT_WINDOW // 4 * 4  # characters of a prompt's text past which it
-                            # goes to disk: a quarter of the window, at ~4 a token (200K)
+PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
+                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
+                            # text that is not ASCII costs more tokens a character
 MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
 PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
                             # the budget they become a note to read the file again in parts
@@ -2172,19 +2176,20 @@ def persist_large_results(calls, results):
 # A paste is a big result the human brings. Kept whole, one larger than the window
 # failed its turn (the older turns were summarised away, the paste kept, the retry
 # refused again) and every turn after it, each new prompt joining the failed one.
-# So a prompt's text over PERSIST_PROMPT_CHARS is saved as a result is, once, before
+# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
 # its first request. The bar is a quarter of the window, not a result's 30K: what
 # the human hands over on purpose is sent whole while the session can still hold
 # it (after a compaction, summary and re-attached files add ~40K tokens, far from
 # AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
 def persist_prompt(messages):
     """The prompt about to be sent (the newest message, a user's): each of its texts
-    over PERSIST_PROMPT_CHARS goes to disk; the model gets a preview and the path."""
+    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
     last = messages[-1] if messages else {}
     blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
-    if any(b.get("type") == "text" and len(b["text"]) > PERSIST_PROMPT_CHARS for b in blocks):
-        blocks = [{**b, "text": persist_text(b["text"])} if b.get("type") == "text"
-                  and len(b["text"]) > PERSIST_PROMPT_CHARS else b for b in blocks]
+    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
+           for b in blocks]
+    if any(big):
+        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
         last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
 
 
@@ -2984,6 +2989,8 @@ DISK_DEVICE = re.compile(r"/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|loop|md|dm-|mappe
 DISK_WRITERS = {"tee", "truncate", "shred", "blkdiscard", "sgdisk", "sfdisk"}  # write what they name
 COPIERS = {"cp", "mv", "install", "rsync", "scp"}  # write their last operand
 OUTPUT_OPTION = re.compile(r"(?:-[oO]|--output(?:-document)?|of)=?(/.*)")  # -o/dev/x, of=/dev/x
+OUTPUT_WRITERS = {"curl", "wget", "dd", "sort", "cc", "gcc", "clang", "ld", "objcopy", "xz", "zstd",
+                  "gzip", "tar", "pv"}  # whose -o (of=) is a file they write: grep -o is not
 FIND_EXEC = {"-exec", "-execdir", "-ok", "-okdir"}  # find runs the words after them, up to ; or +
 FIND_TESTS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
               "-iregex", "-lname", "-ilname"}  # tests that may leave the starting point out
@@ -3446,6 +3453,8 @@ def writes_disk(name, args):
         return True
     if name in COPIERS and operands and is_disk(operands[-1]):
         return True
+    if name not in OUTPUT_WRITERS:
+        return False
     pairs = zip(args, args[1:])
     return any(is_disk(m[1]) for a in args if (m := OUTPUT_OPTION.fullmatch(a))) \
         or any(a in ("-o", "-O", "--output") and is_disk(b) for a, b in pairs)
@@ -3506,10 +3515,26 @@ def printed(cmd):
 
 
 def as_run(cmd, before):
-    """The command with the operands xargs adds: what the command before it prints."""
+    """The command with the operands xargs adds: what the command before it prints,
+    after the words, or (-I {}) where the replacement string stands."""
     if "xargs" not in cmd["peeled"] or not before:
         return cmd
-    return dict(cmd, words=cmd["words"] + printed(before[-1]))
+    items = printed(before[-1])
+    if (mark := xargs_replace(cmd["peeled"])) is None:
+        return dict(cmd, words=cmd["words"] + items)
+    return dict(cmd, words=[w.replace(mark, items[0]) for w in cmd["words"]]) if items else cmd
+
+
+def xargs_replace(peeled):
+    """The string xargs -I (-i, --replace) puts each item in place of; None: it appends."""
+    for word, after in zip(peeled, peeled[1:] + [""]):
+        if word == "-I":
+            return after
+        if word.startswith("-I") or word.startswith("--replace="):
+            return word.split("=", 1)[1] if "=" in word else word[2:]
+        if word in ("-i", "--replace"):
+            return "{}"
+    return None
 
 
 def fetches(cmd):
@@ -3749,7 +3774,7 @@ def file_trusted(workdir, path, trust_all=False):
 
 def load_permissions(workdir, trust_all=False):
     """The effective settings of every config file; ConfigError when one is broken."""
-    settings = {"rules": [], "additional_directories": [], "default_mode": None,
+    settings = {"rules": secret_rules(), "additional_directories": [], "default_mode": None,
                 "sandbox": dict(SANDBOX_DEFAULTS), "env": {}, "env_allow": []}
     settings["hooks"] = []  # s08: each hook knows whether its file is trusted
     settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
@@ -4057,8 +4082,19 @@ SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
                     "fail_if_unavailable": False}  # the config's sandbox: keys
 MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
 GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
-HOME_SECRETS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh",
-                ".config/gcloud", ".git-credentials", ".pypirc", ".npmrc")  # hidden from bash
+HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
+    ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
+    ".azure", ".git-credentials", ".pypirc", ".npmrc", ".pgpass", ".my.cnf", ".s3cfg", ".vault-token",
+    ".claude/.credentials.json", ".cache/huggingface/token", ".huggingface/token", ".config/hub",
+    ".terraform.d/credentials.tfrc.json", ".bash_history", ".zsh_history", ".python_history",
+    ".psql_history", ".mysql_history", ".node_repl_history", ".lesshst", ".viminfo")
+SECRET_VARS = ("KUBECONFIG", "DOCKER_CONFIG", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "PGPASSFILE",
+               "GOOGLE_APPLICATION_CREDENTIALS", "HF_TOKEN_PATH", "NETRC", "HISTFILE")  # where tools move them
+# Sockets a sandbox without network must not reach: connect() works on a read-only
+# mount, so they are masked by path (no seccomp filter needed): the SSH agent's and
+# the container daemons' that live under HOME (/run, with the rest, is hidden).
+SOCKET_VARS = ("SSH_AUTH_SOCK",)
+HOME_SOCKETS = (".docker/run", ".colima", ".lima", ".rd", ".orbstack", ".local/share/containers")
 HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
@@ -4115,6 +4151,31 @@ def warn_unguarded(state, was=None):
     guard, and it cannot read code (s07.1). Said each time the mode is entered."""
     if state.mode == "bypassPermissions" and was != state.mode and not sandboxed(state):
         say(UNGUARDED_WARNING)
+
+
+def secret_stores():
+    """Where credentials live here: HOME_SECRETS under HOME (the .config ones under
+    XDG_CONFIG_HOME too), and the files the tools' own variables point to."""
+    home = Path.home()
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    found = [home / p for p in HOME_SECRETS]
+    found += [config / p.removeprefix(".config/") for p in HOME_SECRETS if p.startswith(".config/")]
+    for var in SECRET_VARS:  # KUBECONFIG is a list, as PATH is
+        found += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if os.path.isabs(p)]
+    return list(dict.fromkeys(found))
+
+
+def secret_rules():
+    """secret_stores() as read-deny rules: every reader that consults the rules
+    (read_file, grep, glob, the @includes) refuses them, and /permissions lists them."""
+    return [parse_rule(f"read_file(/{p}/**)") | {"effect": "deny", "scope": "built-in", "file": "(built in)"}
+            for p in secret_stores()]
+
+
+def sockets():
+    """The daemon sockets the sandbox hides (SOCKET_VARS' paths, HOME_SOCKETS)."""
+    found = [Path(os.environ[v]) for v in SOCKET_VARS if os.path.isabs(os.environ.get(v, ""))]
+    return found + [Path.home() / p for p in HOME_SOCKETS]
 
 
 def masked_paths(state):
@@ -4244,7 +4305,7 @@ def bash_process(command):
     state = agent_state()
     state.git_before = guard_git(state)  # s10: one snapshot while sandboxed commands overlap
     protected, masked = sandbox_paths(state.workdir)
-    masked += masked_paths(state) + [str(Path.home() / p) for p in HOME_SECRETS]
+    masked += masked_paths(state) + [str(p) for p in secret_stores() + sockets()]
     masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
     if state.write_roots is not None:  # s09: the memory consolidator's bash only reads
@@ -4598,16 +4659,22 @@ def mode_command(args, ctx):
         say(str(e))
 
 
+def own_rules(state):
+    """The rules of the config files, without the built-in ones (secret_rules)."""
+    return [r for r in state.permissions["rules"] if r["scope"] != "built-in"]
+
+
 def show_permissions(args, ctx):
     """/permissions: the effective rules, each with the file it came from."""
     state = agent_state()
     print(f"mode: {state.mode}; sandbox: {sandbox_summary(state)}")
-    rules = state.permissions["rules"]
+    rules = own_rules(state)
     for effect in RULE_EFFECTS:
         for r in (r for r in rules if r["effect"] == effect):
-            print(f"  {effect:<5}  {r['text']:<40}  {r['file']}")
+            print(printable(f"  {effect:<5}  {r['text']:<40}  {r['file']}"))
     if not rules:
         print("  no rules: every call follows the mode")
+    print(f"  deny   read_file of the {len(secret_stores())} credential stores (built in: HOME_SECRETS)")
     for d in state.permissions["additional_directories"]:
         print(f"  additional directory: {d}")
 
@@ -4666,7 +4733,7 @@ def start_permissions(argv):
     state.mode, state.mode_before_plan = mode, mode if mode != "plan" else "default"  # /plan leaves it
     check_sandbox(state)
     say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
-        f"{len(state.permissions['rules'])} rule(s); /permissions lists them]")
+        f"{len(own_rules(state))} rule(s); /permissions lists them]")
     warn_unguarded(state)
     return argv
 
@@ -5182,11 +5249,10 @@ def run_command_hook(hook, payload, env, state):
     return read_output(text, payload["event"])
 
 
-def header_value(text, allowed):
+def header_value(text, allowed, env):
     """${VAR} in a header, only for variables the hook names in allowed_env_vars:
-    a config cannot send the user's secrets anywhere unasked. Others become "";
-    the agent's own key is never there to expand (user_env)."""
-    env = user_env()
+    a config cannot send the user's secrets anywhere unasked. Others become "".
+    `env` is the hook's own (hook_env): a project's hook has no token to name."""
     return HEADER_VAR.sub(lambda m: env.get(m[1], "") if m[1] in allowed else "", text)
 
 
@@ -5216,7 +5282,7 @@ def run_http_hook(hook, payload, env, state):
     action = hook["action"]
     allowed = set(action.get("allowed_env_vars") or [])
     headers = {"Content-Type": "application/json", "User-Agent": "agent-hooks"}
-    headers |= {k: header_value(v, allowed) for k, v in (action.get("headers") or {}).items()}
+    headers |= {k: header_value(v, allowed, env) for k, v in (action.get("headers") or {}).items()}
     body = (expand_text(action["body"], env, json_escape) if action.get("body")
             else json.dumps(payload, ensure_ascii=False, default=str))
     request = urllib.request.Request(action["url"], data=body.encode("utf-8", "replace"),
@@ -5684,8 +5750,6 @@ SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never includ
     r"|_?\.?netrc|\.pgpass|\.npmrc|\.pypirc|\.git-credentials|\.vault-token|\.htpasswd|\.my\.cnf|\.s3cfg"
     r"|credentials(\.\w+)?|token\.json|service-account[\w.-]*\.json|id_(rsa|ecdsa|ed25519|dsa)(?!.*\.pub$)[\w.-]*"
     r"|.*\.(pem|key|p12|p8|pfx|ppk|jks|keystore|tfvars|tfstate|asc|gpg))$", re.I)
-SECRET_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".config/gh", ".config/gcloud",
-               ".git")  # folders of keys and tokens (and git's own, remote URLs with tokens): nothing inside
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
 USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
 INDEX_LINES = 200           # lines of one MEMORY.md (seed)
@@ -5820,7 +5884,7 @@ def include_allowed(path, state, root=None):
     if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
         return "outside the repository and ~/.agent"
     folder = f"/{path.parent.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
-    if SECRET_FILE.match(path.name) or any(f"/{d}/" in folder for d in SECRET_DIRS):
+    if SECRET_FILE.match(path.name) or any(f"/{d}/" in folder for d in (*HOME_SECRETS, ".git")):  # s07's list
         return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
     rules = state.permissions["rules"]
     if path == own_dotenv() or any(first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], base)

@@ -252,7 +252,7 @@ def test_the_users_claude_settings_need_no_question_and_the_agent_never_writes_t
     user.write_text(json.dumps({"permissions": {"allow": ["Bash(make:*)"], "defaultMode": "acceptEdits"}}))
     monkeypatch.setattr(mod, "ask_human", lambda q: pytest.fail(f"asked: {q}"))
     state = load(mod, monkeypatch, mode="bypassPermissions")
-    assert [(r["text"], r["scope"]) for r in state.permissions["rules"]] == [("Bash(make:*)", "user")]
+    assert [(r["text"], r["scope"]) for r in mod.own_rules(state)] == [("Bash(make:*)", "user")]
     assert mod.load_permissions(state.workdir)["default_mode"] == "acceptEdits"
     for path in (str(user), ".claude/hooks/guard.sh", ".claude/settings.local.json", ".claude/skills/z/SKILL.md"):
         effect, layer, _ = mod.decide("write_file", {"path": path, "content": "x"}, state)

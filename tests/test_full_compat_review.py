@@ -70,7 +70,7 @@ def test_in_the_home_directory_the_users_settings_are_read_once(mod, api, client
         {"hooks": [{"type": "command", "command": "echo run >> hookruns"}]}]}})
     monkeypatch.setattr(mod, "ask_human", lambda q: pytest.fail(f"asked about the user's own file: {q}"))
     state = load(mod, monkeypatch)
-    assert [(r["text"], r["scope"]) for r in state.permissions["rules"]] == [("Bash(ls:*)", "user")]
+    assert [(r["text"], r["scope"]) for r in mod.own_rules(state)] == [("Bash(ls:*)", "user")]
     run_turn(mod, api, client, [])
     assert (workspace / "hookruns").read_text() == "run\n"           # once, not twice
 

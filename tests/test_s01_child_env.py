@@ -70,3 +70,51 @@ def test_your_own_hooks_keep_your_tokens_a_projects_hooks_do_not(environment, ap
     api.reset()
     run_turn(environment, api, client, [reply(tool("bash", {"command": "true"}))])
     assert (workspace / "seen.txt").read_text().splitlines() == ["token=ghp-1 key=none", "token= key=none"]
+
+
+@pytest.mark.parametrize("mod", chapters_from("s08"), indirect=True)
+def test_a_projects_http_hook_names_no_token_its_command_hooks_lack(environment, api, client, workspace):
+    """Review: header_value read the user's whole environment for every hook, so a
+    project's http hook sent GITHUB_TOKEN where its command hook saw nothing."""
+    import http.server
+    import threading
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    from test_s08_hooks import hook, use_hooks
+    posting = hook("pre_tool_use", action={"type": "http", "url": f"http://127.0.0.1:{server.server_port}/",
+                                           "allowed_env_vars": ["GITHUB_TOKEN"],
+                                           "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"}})
+    try:
+        for scope in ("user", "project"):
+            use_hooks(environment, posting, scope=scope)
+            api.reset()
+            run_turn(environment, api, client, [reply(tool("bash", {"command": "true"}))])
+    finally:
+        server.shutdown()
+    assert [s.strip() for s in seen] == ["Bearer ghp-1", "Bearer"]
+
+
+@pytest.mark.parametrize("mod", chapters_from("s01"), indirect=True)
+def test_names_that_only_contain_a_secret_word_and_gits_config_triples_are_kept(mod, api, client, monkeypatch):
+    """Review: a substring match dropped GIT_CONFIG_KEY_0 but kept its COUNT and VALUE
+    (every git command then failed), and KEYTIMEOUT, XKB_KEYMAP, TOKENIZERS_PARALLELISM."""
+    kept = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
+            "KEYTIMEOUT": "1", "XKB_KEYMAP": "us", "TOKENIZERS_PARALLELISM": "false"}
+    for k, v in kept.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("DB_PASS", "pw-7")
+    history = run_turn(mod, api, client, [reply(tool("bash", {"command": "env; git config --get safe.directory"}))])
+    out = history[2]["content"][0]["content"]
+    assert all(f"{k}={v}" in out for k, v in kept.items()) and out.rstrip().endswith("*")
+    assert "pw-7" not in out

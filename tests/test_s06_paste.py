@@ -3,7 +3,7 @@
 Kept whole, such a prompt failed its turn (the earlier conversation was
 summarised away, the paste stayed, the retry was refused again) and every later
 prompt too, since a new prompt joins the failed one. A prompt's text over
-PERSIST_PROMPT_CHARS now goes to disk as a big tool result does, before the
+PERSIST_PROMPT_BYTES now goes to disk as a big tool result does, before the
 first request: the model gets its head, the path and how to read the rest, the
 human one line. Where the window matters the model has a 200K window on the
 scripted server, the chapter's CONTEXT_WINDOW, and the server refuses a longer
@@ -83,13 +83,13 @@ def test_a_paste_larger_than_the_window_leaves_the_session_working(mod, api, cli
 
 @each
 def test_only_a_prompt_text_over_the_threshold_goes_to_disk(mod, api, client, workspace, capsys):
-    just = "k" * mod.PERSIST_PROMPT_CHARS                            # at the threshold: sent whole
+    just = "k" * mod.PERSIST_PROMPT_BYTES                            # at the threshold: sent whole
     api.script([reply("fine")])
     history = [{"role": "user", "content": just}]
     assert mod.agent_loop(client, history) == "end_turn"
     assert history[0]["content"] == just and just in dump(message_bodies(api)[0]["messages"])
     assert saved_files(workspace) == [] and told_lines(capsys.readouterr().err) == []
-    over = "PASTE-HEAD\n" + "w" * mod.PERSIST_PROMPT_CHARS            # one over: saved
+    over = "PASTE-HEAD\n" + "w" * mod.PERSIST_PROMPT_BYTES            # one over: saved
     mod.add_user_text(history, over)
     api.script([reply("saved it")])
     assert mod.agent_loop(client, history) == "end_turn"
@@ -104,7 +104,7 @@ def test_only_a_prompt_text_over_the_threshold_goes_to_disk(mod, api, client, wo
 def test_a_paste_merged_after_a_failed_turn_keeps_the_other_texts(mod, api, client, workspace):
     """After a failed turn a new prompt joins the old one's message: only the long
     text moves to disk, the typed ones stay as they are, in their order."""
-    paste = paste_of(mod.PERSIST_PROMPT_CHARS + 50_000)
+    paste = paste_of(mod.PERSIST_PROMPT_BYTES + 50_000)
     history = [{"role": "user", "content": "TYPED-FIRST"}]
     mod.add_user_text(history, paste)
     mod.add_user_text(history, "TYPED-AFTER")
@@ -123,7 +123,7 @@ def test_a_paste_merged_after_a_failed_turn_keeps_the_other_texts(mod, api, clie
 def test_a_saved_paste_is_sent_the_same_way_every_later_turn(mod, api, client, workspace):
     """Saved once, as it enters: the next turn sends the same bytes (the cached prefix
     holds) and writes nothing again."""
-    history = [{"role": "user", "content": paste_of(mod.PERSIST_PROMPT_CHARS + 10_000)}]
+    history = [{"role": "user", "content": paste_of(mod.PERSIST_PROMPT_BYTES + 10_000)}]
     api.script([reply("one"), reply("two")])
     assert mod.agent_loop(client, history) == "end_turn"
     mod.add_user_text(history, "next")
@@ -157,14 +157,14 @@ def test_a_prompt_hook_sees_the_paste_whole_and_a_blocked_one_is_not_saved(mod, 
     """s08 on: user_prompt_submit runs first, on the prompt as typed; a prompt it
     blocks is dropped before anything of it reaches the disk."""
     from test_s08_hooks import calls, hook, recorder, use_hooks
-    paste = paste_of(mod.PERSIST_PROMPT_CHARS + 10_000)
+    paste = paste_of(mod.PERSIST_PROMPT_BYTES + 10_000)
     use_hooks(mod, hook("user_prompt_submit", recorder(workspace, "prompt")))
     api.script([reply("ok")])
     assert mod.agent_loop(client, [{"role": "user", "content": paste}]) == "end_turn"
     assert calls(workspace, "prompt")[0]["stdin"]["prompt"] == paste
     assert len(saved_files(workspace)) == 1
     use_hooks(mod, hook("user_prompt_submit", "echo 'no pastes' >&2; exit 2"))
-    other = paste_of(mod.PERSIST_PROMPT_CHARS + 10_000, head="BLOCKED-HEAD")
+    other = paste_of(mod.PERSIST_PROMPT_BYTES + 10_000, head="BLOCKED-HEAD")
     assert mod.agent_loop(client, [{"role": "user", "content": other}]) == "prompt_blocked"
     assert len(saved_files(workspace)) == 1 and len(message_bodies(api)) == 1
 
@@ -189,7 +189,7 @@ def test_a_piped_paste_larger_than_the_window_and_a_one_shot_paste(mod, api, wor
     assert len(told_lines(p.stderr)) == 1
     # One-shot: the words of the command line, joined (one argument holds at most 128 KB on Linux).
     api.reset()
-    argv_paste = paste_of(mod.PERSIST_PROMPT_CHARS + 10_000, head="ARGV-HEAD")
+    argv_paste = paste_of(mod.PERSIST_PROMPT_BYTES + 10_000, head="ARGV-HEAD")
     cut = argv_paste.index(" ", len(argv_paste) // 2)
     api.script([reply("done")])
     p = run_chapter(mod.__name__, argv_paste[:cut], argv_paste[cut + 1:], api=api, cwd=workspace)
@@ -198,3 +198,13 @@ def test_a_piped_paste_larger_than_the_window_and_a_one_shot_paste(mod, api, wor
     assert "ARGV-HEAD" in sent and "PASTE-TAIL" not in sent and re.search(r"prompt-\w+\.txt", sent)
     assert any(f.read_text(encoding="utf-8") == argv_paste for f in saved_files(workspace))
     assert len(told_lines(p.stderr)) == 1
+
+
+@each
+def test_a_paste_is_measured_in_bytes_so_text_that_is_not_ascii_goes_to_disk_too(mod, workspace, capsys):
+    """Review: 199,000 emoji passed a bar of 200,000 characters, yet weigh ~200K tokens:
+    the wedge this file is about came back for text that is not ASCII."""
+    history = [{"role": "user", "content": "\U0001f600" * 60_000}]      # 60K characters, 240K bytes
+    mod.persist_prompt(history)
+    assert "<persisted-prompt>" in history[0]["content"]
+    assert list((workspace / ".agent" / "tool-results").glob("prompt-*.txt"))

@@ -18,6 +18,7 @@ S07 = chapters_from("s07")
 in_s07 = pytest.mark.parametrize("mod", S07, indirect=True)
 
 REFUSED = [
+    "echo / | xargs -I{} rm -rf {}", "echo ~ | xargs -I % rm -rf %",
     # homes: by path, another user's, all of them, ${HOME:?} and ${X:-/}
     "rm -rf /home/alice", "rm -rf /home/alice/", "rm -rf /home/alice/*", "rm -rf /home", "rm -rf /home/*",
     "rm -rf /root", "rm -rf /Users/alice", "rm -rf ~alice", "rm -rf ~root/", "rm -rf ~alice/*",
@@ -47,6 +48,8 @@ REFUSED = [
 ]
 
 ALLOWED = [
+    # review: -o and of= read as output only for commands that write there; xargs -I puts items in place
+    "grep -o /dev/sda1 fstab", "grep -n of=/dev/sdb flash.sh", "echo $HOME | xargs -I{} rm -rf {}/.cache/pip",
     "python3 -c 'print(1)'", "python3", "python3 -m pytest -x", "find . -name x -delete",
     "find . -name '*.pyc' -delete", "find ~ -name '*.tmp' -delete", "find /tmp/x -delete",
     "find ~/.cache -delete", "xargs grep foo", "tee out.txt", "echo hi | tee -a log.txt", "tee /dev/null",

@@ -235,6 +235,11 @@ def test_core_hooks_path_is_protected(mod, workspace):
 
 # --- config files and workspace trust --------------------------------------------
 
+def own(settings):
+    """The rules the config files gave, without the built-in credential-store denials."""
+    return [r for r in settings["rules"] if r["scope"] != "built-in"]
+
+
 def write_config(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data))
@@ -254,7 +259,7 @@ def test_an_untrusted_project_config_can_only_tighten(mod, workspace, monkeypatc
         "sandbox": {"enabled": False}})
     answers(monkeypatch, "n")
     settings = mod.load_permissions(mod.agent_state().workdir)
-    effects = sorted(r["effect"] for r in settings["rules"])
+    effects = sorted(r["effect"] for r in own(settings))
     assert effects == ["ask", "deny"]                      # allow rules dropped
     assert settings["additional_directories"] == [] and settings["default_mode"] is None
     assert settings["sandbox"]["enabled"] is True
@@ -289,14 +294,14 @@ def test_trust_is_per_file_hash_and_a_changed_file_asks_again(mod, workspace, mo
     write_config(cfg, {"permissions": {"allow": ["bash(make *)"]}})
     answers(monkeypatch, "y")
     ws = mod.agent_state().workdir
-    assert [r["text"] for r in mod.load_permissions(ws)["rules"]] == ["bash(make *)"]
+    assert [r["text"] for r in own(mod.load_permissions(ws))] == ["bash(make *)"]
     answers(monkeypatch)                                   # no answer: must not be needed
-    assert [r["text"] for r in mod.load_permissions(ws)["rules"]] == ["bash(make *)"]
+    assert [r["text"] for r in own(mod.load_permissions(ws))] == ["bash(make *)"]
     write_config(cfg, {"permissions": {"allow": ["bash"]}})  # the clone changed it
     answers(monkeypatch)                                   # end of input: no
-    assert mod.load_permissions(ws)["rules"] == []
+    assert own(mod.load_permissions(ws)) == []
     answers(monkeypatch, "n")
-    assert mod.load_permissions(ws, trust_all=True)["rules"][0]["text"] == "bash"  # --trust-workspace
+    assert own(mod.load_permissions(ws, trust_all=True))[0]["text"] == "bash"  # --trust-workspace
 
 
 @pytest.mark.permissions
@@ -304,7 +309,7 @@ def test_trust_is_per_file_hash_and_a_changed_file_asks_again(mod, workspace, mo
 def test_a_tightening_only_config_needs_no_trust(mod, workspace, monkeypatch):
     write_config(workspace / ".agent" / "config.local.yaml", {"permissions": {"deny": ["bash(curl *)"]}})
     answers(monkeypatch)                                   # nobody to ask, and no need
-    rules_ = mod.load_permissions(mod.agent_state().workdir)["rules"]
+    rules_ = own(mod.load_permissions(mod.agent_state().workdir))
     assert [(r["effect"], r["scope"]) for r in rules_] == [("deny", "local")]
 
 

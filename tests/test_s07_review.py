@@ -50,7 +50,7 @@ def test_in_the_home_directory_the_users_config_is_read_once_and_not_asked_about
     write_config(workspace / ".agent" / "config.yaml", {"permissions": {"allow": ["bash(make *)"]}})
     monkeypatch.setattr(mod, "ask_human", lambda q: pytest.fail(f"asked about the user's own file: {q}"))
     settings = mod.load_permissions(mod.agent_state().workdir)
-    assert [(r["text"], r["scope"]) for r in settings["rules"]] == [("bash(make *)", "user")]
+    assert [(r["text"], r["scope"]) for r in settings["rules"] if r["scope"] != "built-in"] == [("bash(make *)", "user")]
     assert set(mod.config_files(mod.agent_state().workdir)) == {"user", "local"}
 
 
