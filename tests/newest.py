@@ -41,7 +41,7 @@ TESTS = [  # the scripted API, streaming, recovery, request bodies, headless out
 
 
 def say(line):
-    print(f"newest: {line}", flush=True)
+    print(f"ranges: {line}", flush=True)
 
 
 def ranges():
