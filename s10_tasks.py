@@ -2073,17 +2073,14 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
 def open_inside(path, root, flags):
-    """os.open a file the agent writes below root, never through a symbolic link a
-    cloned repository planted: each folder on the way is opened (made when missing)
-    relative to the one before, with O_NOFOLLOW, and so is the file. OSError when one
-    is a link, so nothing is written elsewhere, even if a link is swapped in meanwhile."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    """os.open a file the agent keeps below root (its folders made when missing),
+    through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
+    is opened so too. OSError when one is a link, so nothing is written elsewhere,
+    even if a link is swapped in meanwhile (a cloned repository may plant one)."""
+    if not path.is_relative_to(root):
+        raise OSError(f"{path} is outside {root}")
+    fd = open_folder(path.parent)
     try:
-        for part in path.parent.relative_to(root).parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
-            os.close(parent)
         return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
     finally:
         os.close(fd)
