@@ -216,7 +216,7 @@ def test_an_untrusted_claude_settings_file_can_only_tighten(mod, api, client, re
     assert question.startswith(".claude/settings.json (from this workspace) widens")
     assert "allows Bash(npm run test:*), Bash(echo:*)" in question
     assert '.claude/hooks/guard.py' in question and "PreToolUse, matcher Bash" in question
-    assert [r["text"] for r in state.permissions["rules"]] == ["Bash(rm:*)", "Read(./secrets/**)", "Edit(/ci/**)",
+    assert [r["text"] for r in mod.own_rules(state)] == ["Bash(rm:*)", "Read(./secrets/**)", "Edit(/ci/**)",
                                                               "Write(/ci/**)"]   # deny only
     assert [h["trusted"] for h in state.permissions["hooks"]] == [False]
     assert "[.claude/settings.json is not trusted" in capsys.readouterr().err
