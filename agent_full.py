@@ -148,6 +148,7 @@ class AgentState:
         self.permissions = {"rules": [], "additional_directories": [],  # s07: from the config
                             "sandbox": dict(SANDBOX_DEFAULTS)}  # s07: files, shared with subagents
         self.denials, self.decided, self.approved = 0, {}, set()  # s07: see permit()
+        self.judged = {}  # s07: the path a write was judged on, for its run (safe_path checks it)
         self.git_before = {}  # s07: git's pointer files before a sandboxed command (undo_git_redirects)
         self.run_id, self.label = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", ""  # s07
         self.hooks = {"fired": set(), "jobs": [], "procs": set()}  # s08: the session's, shared with subagents
@@ -486,6 +487,9 @@ def safe_path(p):
     if not path.is_relative_to(root) and not inside(path, agent_state()):  # s07: allowed outside
         raise ToolError(f"{p} is outside the workspace ({root}). Only paths inside it "
                         f"can be used; pass a relative path.")
+    if agent_state().judged.get(p, path) != path:  # s07: the path judged is the path written
+        raise ToolError(f"{p} leads elsewhere than when the call was judged (a link changed on the "  # s07
+                        f"way): nothing was written. Check the path and retry.")  # s07
     return path
 
 
@@ -4630,6 +4634,8 @@ def judge(block):
             layer, reason = "the user", refusal
     if effect == "allow":
         state.denials = 0
+        if block.name in WRITE_TOOLS:  # what the write may touch: this resolution, not a later one
+            state.judged = dict(zip([args.get("path")], call_paths(block.name, args, state.workdir)))
         return None
     state.denials += 1
     emit(EVENTS.denial, id=block.id, name=block.name, input=args, layer=layer, reason=reason)  # full
@@ -4641,6 +4647,7 @@ def judge(block):
 def permit(block):
     """run_tool's gate: a batch's verdicts were taken before it ran (decide_batch)."""
     state = agent_state()
+    state.judged = {}  # a write's judged path holds for its own run only
     if block.id in state.decided:
         return state.decided.pop(block.id)
     state.approved.clear()  # the previous call's yes to an outside path ends here

@@ -87,3 +87,27 @@ def test_the_always_rule_saver_writes_through_the_door(mod, workspace, tmp_path)
     assert victim.read_text() == "export PATH=$PATH\n"
     assert (workspace / ".agent" / ".gitignore").read_text() == "config.local.yaml\n"
     assert "bash(make test)" in (workspace / ".agent" / "config.local.yaml").read_text()
+
+
+@pytest.mark.permissions
+@pytest.mark.parametrize("mod", chapters_from("s07"), indirect=True)
+def test_the_path_judged_is_the_path_written(mod, workspace, monkeypatch):
+    """A folder that turns into a link between decide() and the write (a background
+    command, or while the human reads the question) led write_file d/config.yaml into
+    .agent/config.yaml, a protected file no mode lets the file tools write."""
+    state = mod.agent_state()
+    state.mode, state.permissions["sandbox"]["enabled"] = "acceptEdits", False
+    (workspace / ".agent").mkdir()
+    judge = mod.judge
+
+    def judge_then_flip(block):
+        verdict = judge(block)
+        (workspace / "d").symlink_to(workspace / ".agent", target_is_directory=True)
+        return verdict
+
+    monkeypatch.setattr(mod, "judge", judge_then_flip)
+    block = type("Block", (), {"id": "t1", "name": "write_file",
+                               "input": {"path": "d/config.yaml", "content": "hooks: []\n"}})()
+    result = mod.run_tool(block)
+    assert result.get("is_error") and "leads elsewhere than when the call was judged" in result["content"]
+    assert not (workspace / ".agent" / "config.yaml").exists()
