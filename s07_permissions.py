@@ -20,6 +20,16 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
       5 ask the human: y | n | a (always: a narrow rule in config.local.yaml)
     denied -> is_error result naming the layer; 3 in a row -> a reminder
 
+The boundary, by rule (each rule has one home, used by every chapter after it):
+    1 what a sandboxed command writes never runs, nor counts as config, outside:
+      config and hooks bound read-only, git's pointers undone (sandbox_paths)
+    2 the agent's writes follow no link and write what was judged: s02's
+      write_inside (open_folder), the judged path kept by judge()
+    3 one list of secrets for every way of reading: HOME_SECRETS (secret_rules,
+      the sandbox's masks, sockets), and s01's child_env for environments
+    4 every byte a file, a tool or the model controls is made harmless before
+      the terminal: s01's printable, inside say() and show_text()
+
 Run:
     python s07_permissions.py                        # REPL, prompt "s07 >> "
     python s07_permissions.py --permission-mode plan "how would you add a --json flag?"
