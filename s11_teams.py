@@ -5386,12 +5386,13 @@ def log_hook(hook, event, outcome, seconds):
     path = agent_state().workdir / ".agent" / "hooks.log"
     line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {event} {hook['name']} "
                      f"{hook['action']['type']} {seconds:.2f}s {' '.join(str(outcome).split())[:500]}")
-    with HOOK_LOCK, contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > HOOK_LOG_BYTES:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with HOOK_LOCK, contextlib.suppress(OSError):  # s06's open_inside, s02's door: a link planted
+        fd = open_inside(path, agent_state().workdir, flags)  # at .agent or hooks.log is not followed
+        if os.fstat(fd).st_size > HOOK_LOG_BYTES:  # rename moves a link, never what it points to
+            os.close(fd)
             os.replace(path, path.with_name("hooks.log.1"))
-        # O_NOFOLLOW: a symlink planted at hooks.log must not make us append to ~/.profile
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = open_inside(path, agent_state().workdir, flags)
         with open(fd, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 

@@ -111,3 +111,18 @@ def test_the_path_judged_is_the_path_written(mod, workspace, monkeypatch):
     result = mod.run_tool(block)
     assert result.get("is_error") and "leads elsewhere than when the call was judged" in result["content"]
     assert not (workspace / ".agent" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("mod", chapters_from("s08"), indirect=True)
+def test_hooks_log_goes_through_the_door(mod, workspace, tmp_path):
+    """hooks.log was opened with O_NOFOLLOW on its own name only: an .agent folder a
+    clone ships as a link to elsewhere had the log written there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (workspace / ".agent").symlink_to(elsewhere, target_is_directory=True)
+    hook = {"name": "user#1", "action": {"type": "command"}}
+    mod.log_hook(hook, "pre_tool_use", "ok", 0.1)
+    assert not (elsewhere / "hooks.log").exists()
+    (workspace / ".agent").unlink()
+    mod.log_hook(hook, "pre_tool_use", "ok", 0.1)
+    assert "pre_tool_use user#1 command" in (workspace / ".agent" / "hooks.log").read_text()
