@@ -111,17 +111,17 @@ def test_a_plans_lines_cannot_pose_as_the_question(mod, monkeypatch, capsys):
         [line for line in err.splitlines() if line.startswith("Approve the plan? [a] approve and accept")]
 
 
-TMUX_SOCKET = f"term{os.getpid()}"  # a tmux server of the test's own, never the developer's
-
-
-def tmux(*args):
-    return subprocess.run(["tmux", "-L", TMUX_SOCKET, *args], capture_output=True, text=True, timeout=10)
+def tmux(socket_name, *args):
+    """tmux on a server of the test's own (one per test: a server just killed may still
+    be going away when the next test starts one of the same name)."""
+    return subprocess.run(["tmux", "-L", socket_name, *args], capture_output=True, text=True, timeout=10)
 
 
 @pytest.mark.e2e("s01")
 @pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux")
 @pytest.mark.parametrize("mod", CHAPTERS, indirect=True)
 def test_in_a_real_terminal_a_readme_cannot_retitle_the_window(mod, api, workspace, tmp_path):
+    server = f"term{os.getpid()}-{mod.__name__}"  # a tmux server of the test's own, never the developer's
     (workspace / "README.md").write_text(f"Hello{TITLE}\n")
     api.script([reply(tool("bash", {"command": "head -1 README.md"})), reply(f"Read it.{TITLE}")])
     env = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url, "HOME": str(tmp_path / "home"),
@@ -130,19 +130,19 @@ def test_in_a_real_terminal_a_readme_cannot_retitle_the_window(mod, api, workspa
            "NO_COLOR": "1"}
     command = " ".join([f"{k}={v!r}" for k, v in env.items()] + [sys.executable, str(ROOT / f"{mod.__name__}.py"),
                                                                 "'read the readme'", "; sleep 30"])
-    assert tmux("new-session", "-d", "-s", "t", "-x", "120", "-y", "30", "-c", str(workspace),
+    assert tmux(server, "new-session", "-d", "-s", "t", "-x", "120", "-y", "30", "-c", str(workspace),
                 f"env -i {command}").returncode == 0
     try:
-        tmux("set-option", "-g", "set-titles", "on")
+        tmux(server, "set-option", "-g", "set-titles", "on")
         end, screen = time.monotonic() + 30, ""
         while time.monotonic() < end and "Read it." not in screen:
             time.sleep(0.1)
-            screen = tmux("capture-pane", "-p", "-t", "t").stdout
+            screen = tmux(server, "capture-pane", "-p", "-t", "t").stdout
         assert "Read it." in screen, screen
         assert "Hello\\x1b]2;PWNED\\x07" in screen                       # the bytes, as text
-        assert tmux("display-message", "-p", "-t", "t", "#{pane_title}").stdout.strip() != "PWNED"
+        assert tmux(server, "display-message", "-p", "-t", "t", "#{pane_title}").stdout.strip() != "PWNED"
     finally:
-        tmux("kill-server")
+        tmux(server, "kill-server")
 
 
 @pytest.mark.parametrize("mod", chapters_from("s03"), indirect=True)
