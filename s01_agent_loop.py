@@ -203,12 +203,16 @@ def own_names():
     return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
-def child_env():
-    """The environment of a command the model runs: the agent's, minus its own
-    configuration and every variable whose name looks like a secret."""
+def user_env():
+    """The human's own environment, tokens included; only the agent's configuration goes."""
     own = own_names()
-    return {k: v for k, v in os.environ.items()
-            if k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))}
+    return {k: v for k, v in os.environ.items() if k not in own}
+
+
+def child_env():
+    """The environment of a command the model runs: user_env() less every variable
+    whose name looks like a secret."""
+    return {k: v for k, v in user_env().items() if KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k)}
 
 
 def read_head(fh, limit=MAX_OUTPUT):

@@ -232,15 +232,19 @@ def own_names():
     return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
-def child_env():
-    """The environment of a command the model runs: the agent's, minus its own
-    configuration and every variable whose name looks like a secret."""
+def user_env():
+    """The human's own environment, tokens included; only the agent's configuration goes."""
     own = own_names()
+    return {k: v for k, v in os.environ.items() if k not in own}
+
+
+def child_env():
+    """The environment of a command the model runs: user_env() less every variable
+    whose name looks like a secret."""
     settings = getattr(CURRENT.get(None), "permissions", {})  # s07: the user's env_allow and env
     allow = set(settings.get("env_allow", ()))  # s07: passed though their names look like secrets
-    return {k: v for k, v in os.environ.items()
-            if k in allow or k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))} \
-        | settings.get("env", {})  # s07
+    return {k: v for k, v in user_env().items() if k in allow or KEPT_NAMES.fullmatch(k)  # s07: allow
+            or not SECRET_NAME.search(k)} | settings.get("env", {})  # s07
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -4327,6 +4331,7 @@ ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
 ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
+PLAN_APPROVED = "The user approved the plan"  # exit_plan_mode's yes: plan mode's last word, off
 PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
                    "change files again, within that mode's rules.\n</system-reminder>")
 PLAN_MODE_REMINDER = """<system-reminder>
@@ -4512,7 +4517,7 @@ def plan_mode_said(messages):
     for m in reversed(messages):
         for b in reversed(as_blocks(m["content"])):
             text = b.get("text") if b.get("type") == "text" else b.get("content")
-            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", "The user approved the plan")):
+            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", PLAN_APPROVED)):
                 return text.startswith("<system-reminder>\nPlan mode is active")
     return False
 
@@ -4604,7 +4609,7 @@ def exit_plan_mode(plan):
     word = answer.strip().lower()
     if word in ("a", "y", "yes"):
         set_mode("acceptEdits" if word == "a" else "default")
-        return f"The user approved the plan; permission mode is now {state.mode}. Carry it out."
+        return f"{PLAN_APPROVED}; permission mode is now {state.mode}. Carry it out."
     raise ToolError("The user did not approve the plan; plan mode stays on. "
                     + (f"Their feedback: {answer.strip()}" if answer.strip() else "Ask what to change."))
 

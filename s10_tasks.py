@@ -246,15 +246,19 @@ def own_names():
     return {k for k in os.environ if k.startswith("ANTHROPIC_")} | set(dotenv_values(find_dotenv() or os.devnull))
 
 
-def child_env():
-    """The environment of a command the model runs: the agent's, minus its own
-    configuration and every variable whose name looks like a secret."""
+def user_env():
+    """The human's own environment, tokens included; only the agent's configuration goes."""
     own = own_names()
+    return {k: v for k, v in os.environ.items() if k not in own}
+
+
+def child_env():
+    """The environment of a command the model runs: user_env() less every variable
+    whose name looks like a secret."""
     settings = getattr(CURRENT.get(None), "permissions", {})  # s07: the user's env_allow and env
     allow = set(settings.get("env_allow", ()))  # s07: passed though their names look like secrets
-    return {k: v for k, v in os.environ.items()
-            if k in allow or k not in own and (KEPT_NAMES.fullmatch(k) or not SECRET_NAME.search(k))} \
-        | settings.get("env", {})  # s07
+    return {k: v for k, v in user_env().items() if k in allow or KEPT_NAMES.fullmatch(k)  # s07: allow
+            or not SECRET_NAME.search(k)} | settings.get("env", {})  # s07
 
 
 def read_head(fh, limit=MAX_OUTPUT):
@@ -4392,6 +4396,7 @@ ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
 ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
+PLAN_APPROVED = "The user approved the plan"  # exit_plan_mode's yes: plan mode's last word, off
 PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
                    "change files again, within that mode's rules.\n</system-reminder>")
 PLAN_MODE_REMINDER = """<system-reminder>
@@ -4587,7 +4592,7 @@ def plan_mode_said(messages):
     for m in reversed(messages):
         for b in reversed(as_blocks(m["content"])):
             text = b.get("text") if b.get("type") == "text" else b.get("content")
-            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", "The user approved the plan")):
+            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", PLAN_APPROVED)):
                 return text.startswith("<system-reminder>\nPlan mode is active")
     return False
 
@@ -4680,7 +4685,7 @@ def exit_plan_mode(plan):
     word = answer.strip().lower()
     if word in ("a", "y", "yes"):
         set_mode("acceptEdits" if word == "a" else "default")
-        return f"The user approved the plan; permission mode is now {state.mode}. Carry it out."
+        return f"{PLAN_APPROVED}; permission mode is now {state.mode}. Carry it out."
     raise ToolError("The user did not approve the plan; plan mode stays on. "
                     + (f"Their feedback: {answer.strip()}" if answer.strip() else "Ask what to change."))
 
@@ -5059,12 +5064,6 @@ def hook_env(payload, state, hook=None):
     base = user_env() if (hook or {}).get("scope", "user") == "user" else child_env()
     env = {k: v for k, v in base.items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
     return env | {k: env_value(v) for k, v in ours.items()}
-
-
-def user_env():
-    """The human's own environment, tokens included; only the agent's configuration goes."""
-    own = own_names()
-    return {k: v for k, v in os.environ.items() if k not in own}
 
 
 def quote_vars(command):
@@ -5736,7 +5735,7 @@ INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): 
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
 SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never included, wherever it lies
     r"^(\.env([._-](?!(example|sample|template)$)[\w.-]+)?|[\w.-]+\.env|\.envrc|\.secrets?|secrets?\.\w+"
-    r"|_?\.?netrc|\.pgpass|\.npmrc|\.pypirc|\.git-credentials|\.vault-token|\.htpasswd|\.my\.cnf|\.s3cfg"
+    r"|_netrc|\.htpasswd"  # s07's HOME_SECRETS names the rest (.netrc, .pgpass, .npmrc ...), by place
     r"|credentials(\.\w+)?|token\.json|service-account[\w.-]*\.json|id_(rsa|ecdsa|ed25519|dsa)(?!.*\.pub$)[\w.-]*"
     r"|.*\.(pem|key|p12|p8|pfx|ppk|jks|keystore|tfvars|tfstate|asc|gpg))$", re.I)
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
@@ -5872,8 +5871,8 @@ def include_allowed(path, state, root=None):
     root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
     if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
         return "outside the repository and ~/.agent"
-    folder = f"/{path.parent.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
-    if SECRET_FILE.match(path.name) or any(f"/{d}/" in folder for d in (*HOME_SECRETS, ".git")):  # s07's list
+    here = f"/{path.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
+    if SECRET_FILE.match(path.name) or any(f"/{d}/" in here for d in (*HOME_SECRETS, ".git")):  # s07's list
         return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
     rules = state.permissions["rules"]
     if path == own_dotenv() or any(first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], base)

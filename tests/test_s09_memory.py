@@ -1139,3 +1139,13 @@ def test_the_session_file_follows_no_planted_link_and_stays_out_of_git(mod, work
     mod.sync_session([{"role": "user", "content": "hi"}])
     assert victim.read_text() == "original\n"
     assert (state.record["path"].parent / ".gitignore").read_text() == "*\n"
+
+
+@pytest.mark.parametrize("name", [".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials", ".my.cnf",
+                                  ".vault-token", "conf/.s3cfg", "_netrc", "deep/.htpasswd"])
+def test_the_credential_files_of_s07s_list_are_never_included_either(mod, workspace, name):
+    """The names HOME_SECRETS lists are refused by place, anywhere in the repository,
+    as the ones SECRET_FILE's patterns name: one list, not two that drift."""
+    write(workspace / name, "SECRET-TEXT\n")
+    write(workspace / "AGENTS.md", f"@{name}\n")
+    assert "SECRET-TEXT" not in mod.load_instructions(mod.agent_state())
