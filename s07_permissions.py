@@ -22,7 +22,8 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 
 The boundary, by rule (each rule has one home, used by every chapter after it):
     1 what a sandboxed command writes never runs, nor counts as config, outside:
-      config and hooks bound read-only, git's pointers undone (sandbox_paths)
+      config and hooks bound read-only (sandbox_paths, git_binds), and in git
+      folders all but git's data put back after each command (audit_git)
     2 the agent's writes follow no link and write what was judged: s02's
       write_inside (open_folder), the judged path kept by judge()
     3 one list of secrets for every way of reading: HOME_SECRETS (secret_rules,
@@ -59,6 +60,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -117,7 +119,7 @@ class AgentState:
                             "sandbox": dict(SANDBOX_DEFAULTS)}  # s07: files, shared with subagents
         self.denials, self.decided, self.approved = 0, {}, set()  # s07: see permit()
         self.judged = {}  # s07: the path a write was judged on, for its run (safe_path checks it)
-        self.git_before = {}  # s07: git's pointer files before a sandboxed command (undo_git_redirects)
+        self.git_before = {}  # s07: its git folders before a sandboxed command (audit_git)
         self.run_id, self.label = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", ""  # s07
 
 
@@ -305,7 +307,7 @@ def run_bash(command, timeout=None):
                              env=child_env())
         try:  # s07
             stopped = watch_command(p, sink, timeout)  # s07
-        except BaseException:  # s07: Ctrl+C too puts git's pointer files back
+        except BaseException:  # s07: Ctrl+C too has git's folders audited
             shell or sandbox_note("", 0)  # s07
             raise  # s07
         if stopped:  # s07: a timeout or the cap too
@@ -4011,7 +4013,18 @@ SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sa
 SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
                     "fail_if_unavailable": False}  # the config's sandbox: keys
 MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
-GIT_POINTERS = (".git", ".git/commondir", ".git/config.worktree", ".git/gitdir")  # see undo_git_redirects
+GIT_DATA = ("objects", "refs", "logs", "index", "sharedindex.*", "HEAD", "*_HEAD", "AUTO_MERGE",
+            "MERGE_*", "BISECT_*", "NOTES_MERGE_*", "*_EDITMSG", "SQUASH_MSG", "packed-refs", "shallow",
+            "*.lock", "gc.pid", "gc.log", "locked", "rebase-merge", "rebase-apply", "sequencer",
+            "rr-cache", "lfs", "annex")  # git's data: what a sandboxed command may change in a git folder
+GIT_NESTS = ("worktrees", "modules")  # folders of git folders: each worktree's, each submodule's
+GIT_BOUND = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info")  # bound read-only
+GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config keys; none runs a program
+    r"core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode"
+    r"|symlinks|autocrlf|eol)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
+    r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)")
+GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
+GIT_AUDIT_TIMEOUT = 10       # seconds for the git that reads a new repository's config
 HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
     ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
     ".azure", ".git-credentials", ".pypirc", ".npmrc", ".pgpass", ".my.cnf", ".s3cfg", ".vault-token",
@@ -4232,8 +4245,9 @@ def bash_process(command):
         warn_once(f"[sandbox unavailable, bash runs unsandboxed: {why}]")
         return command, True
     state = agent_state()
-    state.git_before = git_pointers(state.workdir)
+    state.git_before = git_snapshot(state.workdir)
     protected, masked = sandbox_paths(state.workdir)
+    protected += git_binds(state.git_before)  # what runs or configures git, in every git folder
     masked += masked_paths(state) + [str(p) for p in secret_stores() + sockets()]
     masked += place_stubs(protected, state)  # read-only empty folders: what is missing stays missing
     late, writable = [], settings["writable"]
@@ -4277,7 +4291,7 @@ def place_stubs(protected, state):
 def drop_stubs(state):
     """The stubs of the agent's workspace removed, deepest first. rmdir only: a folder
     something was put in meanwhile stays, as the folder it now is. Returns "", as
-    undo_git_redirects does when there is nothing to tell."""
+    audit_git does when there is nothing to tell."""
     for path in reversed(state.session.get("stubs", {}).pop(str(state.workdir), [])):
         with contextlib.suppress(OSError):
             os.rmdir(path)
@@ -4286,40 +4300,226 @@ def drop_stubs(state):
 
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; git's pointer files are put back if the command changed them; its stubs go."""
+    EROFS; what it changed in git folders is audited (audit_git); its stubs go."""
     note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
-    return note + undo_git_redirects(agent_state()) + drop_stubs(agent_state())
+    return note + audit_git(agent_state()) + drop_stubs(agent_state())
 
 
-def git_pointers(workdir):
-    """The files that send git to another directory (and its config and hooks):
-    bytes, "dir" for a .git folder, None when absent."""
-    found = {}
-    for name in GIT_POINTERS:
-        p = Path(workdir) / name
-        found[name] = None if not p.exists() else "dir" if p.is_dir() else p.read_bytes()
-    return found
+def git_snapshot(workdir, before=None):
+    """What a sandboxed command may not change in the workspace's git folders:
+    {"folders": {folder: {"bound", "entries"}}, "pointers": {.git file or link: state}}.
+    A git folder is a .git folder (a nested repository's too), a bare repository
+    (HEAD, objects and refs side by side: git runs in one too), and those held in
+    another's worktrees/ and modules/. .agent is skipped: no sandboxed command can
+    write it. Entries are computed against `before` (what was bound then)."""
+    folders, pointers, old = {}, {}, (before or {}).get("folders", {})
+    for here, dirs, files in os.walk(workdir):
+        if here == str(workdir):
+            dirs[:] = [d for d in dirs if d != AGENT_DIR]
+        elif {"objects", "refs"} <= set(dirs) and "HEAD" in files:
+            git_folder(Path(here), folders, old)  # a bare repository, audited whole
+            dirs[:] = []
+        if ".git" in dirs + files:
+            path = Path(here) / ".git"
+            if path.is_dir() and not path.is_symlink():
+                git_folder(path, folders, old)
+            else:
+                pointers[str(path)] = entry_state(path)
+            dirs[:] = [d for d in dirs if d != ".git"]
+    return {"folders": folders, "pointers": pointers}
 
 
-def undo_git_redirects(state):
-    """A sandboxed command may write inside .git (commits need it) but may not make
-    git look elsewhere: `echo ../evil > .git/commondir` would run evil/config's
-    fsmonitor the next time the human runs git. Such files are put back."""
-    undone = []
-    for name, before in state.git_before.items():
-        p = state.workdir / name
-        now = None if not p.exists() else "dir" if p.is_dir() else p.read_bytes()
-        if now == before or before == "dir" or (before is None and now == "dir"):
-            continue  # unchanged, a repository deleted, or one made (git init)
-        if now == "dir":
-            shutil.rmtree(p)
-        elif now is not None:
-            p.unlink()
-        if before is not None:
-            p.write_bytes(before)
-        undone.append(name)
-    state.git_before = {}
-    return f"\n[sandbox: changes to {', '.join(undone)} were undone: they redirect git]" if undone else ""
+def git_folder(folder, folders, old):
+    """Record a git folder, and those in its worktrees/ and modules/, into folders:
+    its GIT_BOUND names that exist (bound read-only; as they were in `old`, if it
+    was there), and the state of every other entry that is not git's data."""
+    bound = old[str(folder)]["bound"] if str(folder) in old else \
+        [n for n in GIT_BOUND if os.path.lexists(folder / n)]
+    entries = {}
+    for name in sorted(os.listdir(folder)):
+        path = folder / name
+        if name in GIT_NESTS and path.is_dir() and not path.is_symlink():
+            for here, dirs, files in os.walk(path):  # worktrees/x, modules/a/b
+                if "HEAD" in files and here != str(path):
+                    git_folder(Path(here), folders, old)
+                    dirs[:] = []
+        elif name not in bound and not any(fnmatch.fnmatchcase(name, p) for p in GIT_DATA):
+            entries[name] = entry_state(path)
+            for here, dirs, files in os.walk(path) if entries[name] == ("dir",) else ():
+                for n in dirs + files:
+                    entries[(Path(here) / n).relative_to(folder).as_posix()] = entry_state(Path(here) / n)
+    folders[str(folder)] = {"bound": bound, "entries": entries}
+
+
+def entry_state(path):
+    """("dir",), ("link", target) or ("file", mode, bytes): enough to put it back. A
+    file over GIT_KEEP_BYTES (or no plain file: a FIFO) has its size and time instead."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return ("link", os.readlink(path))
+    if stat.S_ISDIR(st.st_mode):
+        return ("dir",)
+    data = read_plain(path, GIT_KEEP_BYTES)
+    return ("file", st.st_mode & 0o7777, (st.st_size, st.st_mtime_ns) if data is None else data)
+
+
+def read_plain(path, limit):
+    """A plain file's bytes, or None: missing, a link, a FIFO (O_NONBLOCK opens it,
+    fstat refuses it), or larger than `limit`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = fh.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def git_binds(snapshot):
+    """What bash_process binds read-only: each git folder's GIT_BOUND names, and
+    each .git file (a pointer to a repository elsewhere)."""
+    binds = [str(Path(f) / n) for f, folder in snapshot["folders"].items() for n in folder["bound"]]
+    return binds + [p for p, state in snapshot["pointers"].items() if state[0] == "file"]
+
+
+def audit_git(state):
+    """After a sandboxed command (rule 1): what it changed in a git folder outside
+    git's data is put back; a git folder it made keeps nothing that runs a program;
+    a .git file or link it made or changed goes back to what was there. Returns
+    the note saying what was done ("" for nothing)."""
+    before, state.git_before = state.git_before, {}
+    if not before:
+        return ""
+    now, done = git_snapshot(state.workdir, before), []
+    for folder, was in before["folders"].items():
+        if folder in now["folders"]:  # a repository deleted is the command's to delete
+            done += put_back(Path(folder), was["entries"], now["folders"][folder]["entries"])
+    for folder in now["folders"].keys() - before["folders"].keys():
+        done += disarm(Path(folder), now["folders"].keys() | before["folders"].keys())
+    for path, was in now["pointers"].items():
+        if before["pointers"].get(path) != was:
+            old = {".git": before["pointers"][path]} if path in before["pointers"] else {}
+            done += put_back(Path(path).parent, old, {".git": was})
+    said = "; ".join(f"{os.path.relpath(p, state.workdir)} {what}" for p, what in done)
+    return f"\n[sandbox: {said} (in a git folder a command may change git's data only, never " \
+           f"what git runs or reads as config)]" if done else ""
+
+
+def put_back(folder, was, now):
+    """Entries of a folder as they were: what is new or changed goes (deepest
+    first), what was there is written again (parents first), all through s02's
+    door. [(path, what was done)], the topmost path of each change."""
+    changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+    try:
+        for name in reversed([n for n in changed if n in now]):
+            remove_inside(folder / name)
+        for name in [n for n in changed if n in was]:
+            restore_inside(folder / name, was[name])
+    except OSError as e:
+        return [(str(folder / changed[0]), f"could not be put back ({e.strerror or e}): check it "
+                                           f"before you run git there")]
+    top = [n for n in changed if not any(n.startswith(m + "/") for m in changed)]
+    return [(str(folder / n), "put back" if n in was else "removed") for n in top]
+
+
+def remove_inside(path):
+    """Unlink a file or a link, or remove an emptied folder, through s02's door."""
+    fd = open_folder(path.parent)
+    try:
+        st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+        (os.rmdir if stat.S_ISDIR(st.st_mode) else os.unlink)(path.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def restore_inside(path, state):
+    """An entry_state written again at path, through s02's door."""
+    if state[0] == "dir":
+        os.close(open_folder(path))
+    elif state[0] == "link":
+        fd = open_folder(path.parent)
+        try:
+            os.symlink(state[1], path.name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    elif isinstance(state[2], bytes):
+        write_inside(path, state[2])
+        chmod_inside(path, state[1])  # write_inside made it anew: its mode as it was
+    else:
+        raise OSError(f"over {GIT_KEEP_BYTES:,} bytes or no plain file, it was not kept")
+
+
+def chmod_inside(path, mode):
+    """chmod a file through s02's door: never the target of a link swapped in."""
+    fd = open_folder(path.parent)
+    try:
+        f = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        os.fchmod(f, mode)
+    finally:
+        os.close(f)
+
+
+def disarm(folder, known):
+    """A git folder a sandboxed command made (git init, cargo new) stays, but
+    nothing in it runs a program: config keys that GIT_KEYS_KEPT does not name
+    are unset, executable hooks lose their x bit, and a linked config or hooks
+    folder, or a commondir leading to no known git folder, is taken away."""
+    done = []
+    for name in ("config", "config.worktree"):
+        if (folder / name).is_symlink():
+            done += put_back(folder, {}, {name: ("link",)})
+            continue
+        try:
+            keys = sorted({k for k in git_config_keys(folder / name) if not GIT_KEYS_KEPT.fullmatch(k)})
+            git_unset(folder / name, keys)
+        except (OSError, subprocess.SubprocessError) as e:  # no git to read it: none to run it yet
+            done.append((str(folder / name), f"could not be checked ({e}): read it before you run git"))
+            continue
+        if keys:
+            done.append((str(folder / name), f"had {', '.join(keys)} unset"))
+    pointer = read_plain(folder / "commondir", 4096)
+    if os.path.lexists(folder / "commondir") and (pointer is None or str(
+            (folder / pointer.decode("utf-8", "replace").strip()).resolve()) not in known):
+        done += put_back(folder, {}, {"commondir": ("file",)})
+    hooks = folder / "hooks"
+    if hooks.is_symlink():
+        done += put_back(folder, {}, {"hooks": ("link",)})
+    for hook in sorted(hooks.iterdir()) if hooks.is_dir() and not hooks.is_symlink() else ():
+        st = os.lstat(hook)
+        if stat.S_ISLNK(st.st_mode):
+            done += put_back(hooks, {}, {hook.name: ("link",)})
+        elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and hook.suffix != ".sample":
+            chmod_inside(hook, st.st_mode & 0o666)
+            done.append((str(hook), "made not executable"))
+    return done
+
+
+def git_config_keys(path):
+    """The keys a config file sets (lower case but for subsections), read by git
+    itself from that file alone: a plain file, else nothing to read."""
+    if read_plain(path, GIT_KEEP_BYTES) is None:
+        return []
+    p = subprocess.run(["git", "config", "--file", str(path), "--list", "--name-only", "-z"],
+                       capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+    if p.returncode:  # a file git cannot parse makes git refuse the repository: nothing runs
+        return []
+    return [k.decode("utf-8", "replace") for k in p.stdout.split(b"\0") if k]
+
+
+def git_unset(path, keys):
+    for key in keys:
+        subprocess.run(["git", "config", "--file", str(path), "--unset-all", key],
+                       capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+
+
+def git_plain_env():
+    """The agent's own git, reading one named file: no system or global config."""
+    return child_env() | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
 
 # --- s07.5: the human, the verdict, plan mode ---
 # permit() is what run_tool calls: decide(), then, for "ask", one question to

@@ -1,0 +1,166 @@
+"""s07.4, rule 1 of the boundary: nothing a sandboxed command writes is run, or
+read as config, outside the sandbox. Git is the way out it must close: git runs
+programs named by config (core.fsmonitor, hooks, filters, aliases), and reads
+config from wherever its pointer files say.
+
+So in every git folder of the workspace (the main .git, a nested repository's,
+a bare one, a worktree's or submodule's) only git's data may change: after each
+sandboxed command everything else is put back; a git folder the command made
+keeps nothing that runs a program; a .git file or link it made goes.
+
+Each attack runs real bwrap through run_bash, then does what the human or the
+agent does later, outside the sandbox: a plain `git status` (which runs
+core.fsmonitor) or a commit (which runs hooks). Each is first run unsandboxed,
+to show that the later git would run the planted code: the test can fail.
+"""
+import os
+import subprocess
+
+import pytest
+
+from conftest import chapters_from
+
+S07 = chapters_from("s07")
+in_s07 = pytest.mark.parametrize("mod", S07, indirect=True)
+FSMONITOR = "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> {}"
+
+
+@pytest.fixture
+def sandboxed(mod):
+    ok, why = mod.sandbox_available()
+    if not ok:
+        pytest.skip(f"the OS sandbox does not work here: {why}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True
+    return mod
+
+
+def bash(mod, command):
+    try:
+        return mod.run_bash(command)
+    except mod.ToolError as e:
+        return str(e)
+
+
+def git(cwd, *args):
+    """The human's git, later, outside the sandbox (a status runs core.fsmonitor)."""
+    return subprocess.run(["git", "-c", "user.name=h", "-c", "user.email=h@h", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def pwned(where):
+    return any(p.name == "PWNED" for p in where.rglob("PWNED"))
+
+
+def unsandboxed_shows_the_attack(mod, workspace, command, later):
+    """Run the attack with the sandbox off: the later git runs the planted code."""
+    state = mod.agent_state()
+    state.permissions["sandbox"]["enabled"] = False
+    try:
+        mod.run_bash(command)
+        later()
+        assert pwned(workspace), "the attack does not work even unsandboxed"
+    finally:
+        state.permissions["sandbox"]["enabled"] = True
+    subprocess.run(["rm", "-rf", *[str(p) for p in workspace.iterdir() if p.name != ".agent"]], check=True)
+    for p in workspace.rglob("PWNED"):
+        p.unlink()
+
+
+@in_s07
+def test_a_new_repository_keeps_no_config_key_or_hook_that_runs_a_program(sandboxed, workspace):
+    mod = sandboxed
+    attack = ("git init -q sub && " + FSMONITOR.format("sub/.git/config") + " && "
+              "git -C sub config alias.st '!touch PWNED' && git -C sub config filter.x.clean 'touch PWNED' && "
+              "printf '#!/bin/sh\\ntouch PWNED\\n' > sub/.git/hooks/pre-commit && chmod +x sub/.git/hooks/pre-commit")
+    later = lambda: (git(workspace / "sub", "status"), git(workspace / "sub", "commit", "-qm", "x", "--allow-empty"))  # noqa: E731
+    unsandboxed_shows_the_attack(mod, workspace, attack, later)
+    out = bash(mod, attack)
+    assert "sub/.git/config had alias.st, core.fsmonitor, filter.x.clean unset" in out, out
+    assert "sub/.git/hooks/pre-commit made not executable" in out
+    later()
+    assert not pwned(workspace)
+    assert (workspace / "sub/.git/HEAD").exists()  # the repository itself stays: git init works
+    assert git(workspace / "sub", "config", "core.bare").stdout.strip() == "false"  # its own keys too
+
+
+@in_s07
+def test_a_bare_repository_and_a_submodule_folder_are_git_folders_too(sandboxed, workspace):
+    mod = sandboxed
+    git(workspace, "init", "-q")
+    attack = ("git init -q --bare bare.git && " + FSMONITOR.format("bare.git/config") + " && "
+              "git init -q --bare .git/modules/lib && " + FSMONITOR.format(".git/modules/lib/config"))
+    out = bash(mod, attack)
+    assert "bare.git/config had core.fsmonitor unset" in out, out
+    assert ".git/modules/lib/config had core.fsmonitor unset" in out
+    git(workspace / "bare.git", "status")
+    git(workspace / ".git/modules/lib", "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_a_new_git_file_or_link_is_taken_away(sandboxed, workspace):
+    mod = sandboxed
+    git(workspace, "init", "-q")
+    attack = ("git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
+              "mkdir -p d e && echo 'gitdir: ../evil' > d/.git && ln -s ../evil e/.git")
+    out = bash(mod, attack)
+    assert "d/.git removed" in out and "e/.git removed" in out, out
+    assert not os.path.lexists(workspace / "d/.git") and not os.path.lexists(workspace / "e/.git")
+    git(workspace / "d", "status")
+    git(workspace / "e", "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_what_git_reads_in_an_existing_repository_is_read_only_or_put_back(sandboxed, workspace):
+    mod = sandboxed
+    git(workspace, "init", "-q")
+    (workspace / "vendor/lib").mkdir(parents=True)
+    git(workspace / "vendor/lib", "init", "-q")  # a nested repository, the human's
+    before = (workspace / "vendor/lib/.git/config").read_bytes()
+    out = bash(mod, FSMONITOR.format("vendor/lib/.git/config"))
+    assert "Read-only file system" in out  # existing config is bound read-only, in every git folder
+    attack = ("git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
+              "echo ../../evil > vendor/lib/.git/commondir && echo ../evil > .git/commondir && "
+              "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' > .git/config.worktree && "
+              "echo x > .git/description.new")
+    out = bash(mod, attack)
+    for planted in ("vendor/lib/.git/commondir", ".git/commondir", ".git/config.worktree",
+                    ".git/description.new"):
+        assert f"{planted} removed" in out, (planted, out)
+        assert not os.path.lexists(workspace / planted)
+    assert (workspace / "vendor/lib/.git/config").read_bytes() == before
+    git(workspace, "status")
+    git(workspace / "vendor/lib", "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_a_changed_file_is_put_back_as_it_was(sandboxed, workspace):
+    mod = sandboxed
+    git(workspace, "init", "-q")
+    description = workspace / ".git/description"
+    description.write_text("the human's words\n")
+    description.chmod(0o640)
+    out = bash(mod, "echo evil > .git/description")
+    assert ".git/description put back" in out, out
+    assert description.read_text() == "the human's words\n"
+    assert description.stat().st_mode & 0o777 == 0o640
+
+
+@in_s07
+def test_git_still_works_inside_the_sandbox(sandboxed, workspace):
+    """add, commit, switch, stash, init in a new folder and a build that writes the
+    workspace: nothing to put back, so nothing said."""
+    mod = sandboxed
+    git(workspace, "init", "-q", "-b", "main")
+    (workspace / "app.py").write_text("print(1)\n")
+    id_ = "-c user.name=t -c user.email=t@t"
+    out = mod.run_bash(
+        f"git add -A && git {id_} commit -qm one && git switch -qc topic && echo 2 >> app.py && "
+        f"git stash -q && git stash pop -q && git {id_} commit -qam two && git switch -q main && "
+        f"git stash list && mkdir -p tools/new && git init -q tools/new && "
+        f"python3 -c \"open('build.txt', 'w').write('built')\" && git log --oneline --all | wc -l")
+    assert out.strip() == "2", out  # two commits, no note from the audit
+    assert (workspace / "build.txt").read_text() == "built"
+    assert (workspace / "tools/new/.git/HEAD").exists()
