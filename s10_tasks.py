@@ -4951,13 +4951,16 @@ command("permissions", "List the effective permission rules and where each comes
 # with our tool names: the event is JSON on stdin; exit 2 blocks with stderr as
 # the reason; exit 0 may print JSON (decision, continue, hookSpecificOutput); any
 # other ending is logged and changes nothing. A hook is the human's code, not the
-# model's: it runs outside the sandbox and the permission layer. So a project's
-# hooks run only once the human trusts the file they are in (s07's gate), event
-# values reach a command as environment variables and never as its text, and a
-# hook that fails, hangs or crashes is killed and logged, never fatal. The trust
-# also covers the workspace files a hook's command names (`sh scripts/fmt.sh`):
-# they are hashed with the yes, and one the model (or a command it ran) rewrote
-# asks again before it runs outside the sandbox.
+# model's: it runs outside the permission layer. So a project's hooks run only
+# once the human trusts the file they are in (s07's gate), event values reach a
+# command as environment variables and never as its text, and a hook that fails,
+# hangs or crashes is killed and logged, never fatal. The trust covers the hook's
+# line, not the workspace code it runs (`make`, `npm run`, `sh x.sh` that sources
+# more), which the model's commands may have changed since: so a project's command
+# hooks run inside s07's OS sandbox, as those commands do (rule 1: nothing a
+# sandboxed command can write runs outside it), and the human's own hooks run as
+# the human. Where no sandbox works, a project hook whose script (`sh x.sh`,
+# `./check.sh`) changed since the yes asks before it runs (hook_files_trusted).
 HOOK_TIMEOUT = 60           # seconds, default for one hook action (the seed's and Claude Code's)
 HOOK_MAX_TIMEOUT = 600      # seconds: the most a config may set
 HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
@@ -5132,7 +5135,7 @@ def hooks_question(data):
     """What a file's hooks would run, for s07's trust question."""
     hooks = data.get("hooks") or []
     lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
-    return f"runs {len(hooks)} hook(s) on your machine, outside the sandbox:{lines}\n"
+    return f"runs {len(hooks)} hook(s) on your machine (inside the OS sandbox where it works):{lines}\n"
 
 
 def hook_files(hook, workdir):
@@ -5410,18 +5413,20 @@ def watch_hook(p, sinks, timeout):
 def run_command_hook(hook, payload, env, state):
     """Claude Code's protocol: payload on stdin; exit 2 blocks with stderr; exit 0
     with JSON decides; anything else is a failure."""
-    shell = shutil.which("bash") or "/bin/sh"
+    argv, boxed = hook_argv(hook, quote_vars(hook["action"]["command"]), state)
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
             tempfile.TemporaryFile() as err:
         stdin.write(json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8", "replace"))
         stdin.seek(0)  # a file, not a pipe: a hook that never reads stdin cannot block us
-        p = subprocess.Popen([shell, "-c", quote_vars(hook["action"]["command"])], cwd=state.workdir,
-                             stdin=stdin, stdout=out, stderr=err, env=env, start_new_session=True)
+        p = subprocess.Popen(argv, cwd=state.workdir, stdin=stdin, stdout=out, stderr=err, env=env,
+                             start_new_session=True)
         state.hooks["procs"].add(p)
         try:
             stopped = watch_hook(p, (out, err), hook["timeout"])
         finally:
             state.hooks["procs"].discard(p)
+            if boxed and (note := sandbox_note("", 0).strip()):  # s07's audit, as after bash
+                say(f"[hook {hook['name']}] {note}")
         text, errors = read_head(out, HOOK_JSON_CHARS), read_head(err, HOOK_OUTPUT_CHARS).strip()
     if stopped:
         raise HookFailed(stopped)
@@ -5432,6 +5437,15 @@ def run_command_hook(hook, payload, env, state):
     if p.returncode != 0:
         raise HookFailed(f"exit status {p.returncode}" + (f": {errors[:300]}" if errors else ""))
     return read_output(text, payload["event"])
+
+
+def hook_argv(hook, command, state):
+    """(argv, sandboxed). A project's command hook runs inside s07's OS sandbox when
+    bash does: it is the repository's code, which the model's commands can change.
+    The human's own hooks run as the human, under bash where there is one."""
+    if hook.get("scope", "user") != "user" and sandboxed(state):
+        return bash_process(command)[0], True
+    return [shutil.which("bash") or "/bin/sh", "-c", command], False
 
 
 def header_value(text, allowed, env):
@@ -5660,8 +5674,8 @@ def hook_files_trusted(hook, state):
     (the model, or a command it ran, may have rewritten it) asks before it runs outside
     the sandbox: --trust-workspace says yes; no human, no; a no holds for the session.
     Asked here, in the thread that fires: never from an async hook's thread. The user's
-    own hooks are not asked about."""
-    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command":
+    own hooks are not asked about, nor one that runs inside the sandbox (hook_argv)."""
+    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command" or sandboxed(state):
         return True
     with HOOK_FILES_LOCK:  # parallel calls fire hooks at once: one question
         now = {f: file_digest(state.workdir / f) or HOOK_FILE_ABSENT for f in hook_files(hook, state.workdir)}

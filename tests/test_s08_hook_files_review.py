@@ -1,4 +1,4 @@
-"""s08: a trusted hook runs outside the sandbox, so the workspace files its command
+"""s08: where no OS sandbox works, a trusted hook runs outside it, so the workspace files its command
 runs are trusted with it: hashed at the yes, and asked about again once the model
 (or a command it ran) changed one. Regressions from the review of agent_full's
 Claude Code compatibility; each test fails on the code before the fix.
@@ -105,3 +105,44 @@ def test_what_a_hook_only_writes_or_reads_is_no_file_it_runs(mod, workspace):
                                                                                             "lint.py"]
     assert files("FOO=1 timeout 5 ./check.sh && bash -c './inner.sh x'") == ["check.sh", "inner.sh"]
     assert files("/usr/bin/env python3 ../outside.py; npx prettier --write x.ts") == []
+
+
+# --- with the OS sandbox: a project's hook runs inside it (rule 1) ---
+def sandbox_on(mod):
+    ok, why = mod.sandbox_available()
+    if not ok:
+        pytest.skip(f"the OS sandbox does not work here: {why}")
+    mod.agent_state().permissions["sandbox"]["enabled"] = True
+
+
+@from_s08
+def test_a_project_hook_runs_inside_the_sandbox_whatever_code_it_reaches(mod, api, client, workspace,
+                                                                         monkeypatch):
+    """`make lint` is trusted; the Makefile it runs is the model's to change. Inside the
+    sandbox the changed code cannot write outside the workspace, nor plant a git
+    fsmonitor for the human's next git; the workspace stays writable to it."""
+    home = workspace.parent / "home"
+    (workspace / "Makefile").write_text("lint:\n\t@echo linted >> lint.txt\n")
+    project_hooks(workspace, "make -s lint", script=None)
+    trusted(mod, monkeypatch)
+    sandbox_on(mod)
+    evil = (f"lint:\n\t@echo linted >> lint.txt; touch {home}/ESCAPED; git init -q sub; "
+            f"git -C sub config core.fsmonitor 'touch {home}/PWNED'\n")
+    run_turn(mod, api, client, [rewrite("Makefile", evil), rewrite("notes.txt", "x")])
+    assert (workspace / "lint.txt").read_text() == "linted\nlinted\n"  # it ran, twice, in the workspace
+    assert not (home / "ESCAPED").exists()                              # HOME is read-only inside
+    import subprocess
+    subprocess.run(["git", "status"], cwd=workspace / "sub", capture_output=True)
+    assert not (home / "PWNED").exists()                                # the audit ran after the hook
+    assert "core.fsmonitor" not in (workspace / "sub/.git/config").read_text()
+
+
+@from_s08
+def test_the_humans_own_hooks_still_run_as_the_human(mod, api, client, workspace, monkeypatch):
+    home = workspace.parent / "home"
+    state = mod.agent_state()
+    sandbox_on(mod)
+    state.permissions["hooks"] = mod.read_hooks("config.yaml", {"hooks": [{
+        "event": "post_tool_use", "action": {"type": "command", "command": f"touch {home}/mine"}}]}, "user", True)
+    run_turn(mod, api, client, [rewrite("notes.txt", "x")])
+    assert (home / "mine").exists()
