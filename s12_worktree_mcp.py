@@ -10209,9 +10209,11 @@ def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     fails (check) or cannot run."""
     pin = [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
     argv, name = ["git", *(GIT_QUIET if quiet else ()), *pin, *args], git_subcommand(args)
-    for retry in (True, False):
+    common = Path(lane["admin"]).parents[1] if lane else Path(cwd) / ".git"  # s07's rule 1: git reads no
+    env = git_env() | ({"GIT_COMMON_DIR": str(common)} if common.is_dir() and not common.is_symlink() else {})
+    for retry in (True, False):  # commondir (a command running beside may plant one): it is named here
         try:
-            p = subprocess.run(argv, cwd=cwd, env=git_env(), input=data, capture_output=True,
+            p = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True,
                                stdin=subprocess.DEVNULL if data is None else None,
                                encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as e:

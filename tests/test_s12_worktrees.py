@@ -735,3 +735,22 @@ def lead_inbox(workspace):
     logs = list((workspace / ".agent" / "team").glob("*/messages.jsonl")) if (workspace / ".agent" / "team").exists() else []
     return [json.loads(line) for log in logs for line in log.read_text().splitlines()
             if json.loads(line).get("to") == "lead"] if logs else []
+
+
+def test_the_managers_git_obeys_no_commondir_a_command_beside_it_planted(mod, repo, tmp_path):
+    """A sandboxed command running beside the manager (a background one) may write
+    .git/commondir before the audit after it puts it back. The manager's git names
+    its common folder itself, so the config that commondir leads to (a clean filter,
+    which GIT_QUIET cannot name) never runs (rule 1: the agent's own git reads no
+    config the sandbox could write)."""
+    evil, marker = tmp_path / "evil", tmp_path / "pwned"
+    git(tmp_path, "init", "-q", "--bare", str(evil))
+    (evil / "config").write_text(f'[core]\n\tbare = true\n[filter "x"]\n\tclean = "touch {marker}; cat"\n')
+    (repo / ".gitattributes").write_text("* filter=x\n")
+    (repo / ".git" / "commondir").write_text(f"{evil}\n")
+    (repo / "new.txt").write_text("new\n")
+    subprocess.run(["git", "add", "new.txt"], cwd=repo, capture_output=True)  # git obeys it: the trap works
+    assert marker.exists()
+    marker.unlink()
+    mod.git(repo, "add", "new.txt")
+    assert not marker.exists()
