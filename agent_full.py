@@ -3028,14 +3028,28 @@ WRAPPERS = {
     "busybox": (set(), 0),                      # busybox rm -rf / is rm -rf /
     "toybox": (set(), 0),
 }
+# Option letters whose value, if any, is glued on (xargs -i{} -e_ -l1): they end a
+# cluster and never take the next word.
+GLUED_OPTIONAL = {"xargs": "eil"}
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument
 DOWNLOADERS = {"curl", "wget"}
-# Interpreters that read their program from stdin when given none, each with the
-# letters of its options that give the program (or a module, a file) on the
-# command line instead: python -c CODE / -m MOD, perl -e, node -e/-p, php -r/-f.
-INTERPRETERS = {"python": "cm", "pypy": "cm", "perl": "eE", "ruby": "e", "node": "ep",
-                "nodejs": "ep", "php": "rf", "lua": "e"}
+# Interpreters that read their program from stdin when given none, each with its
+# options that take a value (by letter, or long): "code" gives the program (or a
+# module, a file) on the command line instead (python -c CODE / -m MOD, perl -e,
+# node -e/-p, php -r/-f); "next" takes the rest of the word or else the next word
+# (python -W ignore, -Xdev, ruby -r json); "glued" only the rest of the word (perl
+# -Mstrict, ruby -W0). Such a value is no script: python3 -W ignore reads stdin.
+PYTHON_OPTIONS = {"c": "code", "m": "code", "W": "next", "X": "next", "--check-hash-based-pycs": "next"}
+NODE_OPTIONS = {"e": "code", "p": "code", "--eval": "code", "--print": "code", "r": "next", "C": "next",
+                "--require": "next", "--import": "next", "--loader": "next", "--experimental-loader": "next",
+                "--conditions": "next", "--title": "next"}
+INTERPRETERS = {"python": PYTHON_OPTIONS, "pypy": PYTHON_OPTIONS, "node": NODE_OPTIONS, "nodejs": NODE_OPTIONS,
+                "perl": {"e": "code", "E": "code", "I": "next", **dict.fromkeys("ixdDFmM", "glued")},
+                "ruby": {"e": "code", **dict.fromkeys("IrCE", "next"), **dict.fromkeys("xKWFi", "glued"),
+                         "--encoding": "next"},
+                "php": {"r": "code", "f": "code", "c": "next", "d": "next", "z": "next"},
+                "lua": {"e": "code", "l": "next"}}
 SUBSTITUTION = re.compile(r"\$\(|`|<\(")          # a word holding a command's output
 PRIVILEGE = {"sudo", "doas", "su", "pkexec"}      # never peeled off: refused themselves
 POWER_COMMANDS = {"shutdown", "reboot", "halt", "poweroff"}
@@ -3059,6 +3073,7 @@ OUTPUT_WRITERS = {"curl", "wget", "dd", "sort", "cc", "gcc", "clang", "ld", "obj
 FIND_EXEC = {"-exec", "-execdir", "-ok", "-okdir"}  # find runs the words after them, up to ; or +
 FIND_TESTS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
               "-iregex", "-lname", "-ilname"}  # tests that may leave the starting point out
+FIND_PROBES = ("a", ".a", "A.b", "1", "a b")  # names of each kind: a test that takes them all leaves none out
 # A function that pipes itself into itself, in the background: :(){ :|:& };:
 # It does not read as ordinary words, so it is matched on the raw text.
 FORK_BOMB = re.compile(r"(?<![\w.:-])(?:function\s+)?([\w.:-]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
@@ -3302,8 +3317,23 @@ def wrapped(words):
         if words[i] == "--":
             i += 1
             break
-        i += 2 if words[i] in takes_value else 1
+        i += 2 if takes_next(name, words[i], takes_value) else 1
     return words[i + skip:] or None
+
+
+def takes_next(name, word, takes_value):
+    """Does this option word of a wrapper take the next word as its value? One
+    that does (-a), a cluster whose value letter ends it (xargs -0a FILE, env -iu
+    X), a prefix of a long one (GNU reads --arg-fil as --arg-file). A wrong "no"
+    would judge the value as the command, and miss the command after it."""
+    if word.startswith("--"):
+        return "=" not in word and any(o.startswith(word) for o in takes_value if o.startswith("--"))
+    for n, letter in enumerate(word[1:], 2):
+        if letter in GLUED_OPTIONAL.get(name, ""):
+            return False       # xargs -i{}: the rest is its value, glued
+        if "-" + letter in takes_value:
+            return n == len(word)  # -s9: the rest is its value; -0a: the next word is
+    return False
 
 
 def scripts(words):
@@ -3551,9 +3581,31 @@ def find_commands(expression):
 
 def find_reported(args):
     """The paths find reports that the judge knows: its starting points (they
-    are reported too), unless a test such as -name may leave them out."""
+    are reported too, and all below them), unless a test such as -name may leave
+    them out. -name '*' leaves nothing out; neither does a negated test (! -name
+    x), which takes all the rest."""
     starts, expression = find_parts(args)
-    return [] if FIND_TESTS & set(expression) else starts
+    tests = [(test, pattern) for before, test, pattern in zip([""] + expression, expression, expression[1:])
+             if test in FIND_TESTS and before not in ("!", "-not")]
+    return [s for s in starts if not any(leaves_out(test, pattern, s) for test, pattern in tests)]
+
+
+def leaves_out(test, pattern, start):
+    """May find's test leave out some of what is under start? Not when it takes
+    every kind of name there (FIND_PROBES): -name '*', -path '*', -regex '.*'."""
+    if test in ("-lname", "-ilname"):
+        return True  # only links match
+    paths = [os.path.expanduser(place(start, None) or start) + "/" + name for name in FIND_PROBES]
+    if test in ("-name", "-iname"):
+        paths = [os.path.basename(p) for p in paths]
+    if test.startswith("-i"):
+        pattern, paths = pattern.lower(), [p.lower() for p in paths]
+    try:
+        if test.endswith("regex"):
+            return not all(re.fullmatch(pattern, p) for p in paths)
+        return not all(fnmatch.fnmatchcase(p, pattern) for p in paths)
+    except re.error:
+        return False  # a regex Python cannot read: the judge errs toward refusing
 
 
 def find_refusal(args, cwd):
@@ -3630,18 +3682,35 @@ def interprets_download(cmd, before):
 
 
 def program_word(name, args):
-    """Where an interpreter takes its program from: the word after an option that
+    """Where an interpreter takes its program from: the value of an option that
     gives it (python -c, perl -ne, node --eval), else its first operand (a script),
-    else "-": stdin."""
+    else "-": stdin. Other options' values are skipped: python3 -W ignore - reads stdin."""
     words = iter(args)
     for a in words:
         if a == "--":
             return next(words, "-")
         if a == "-" or not a.startswith("-"):
             return a
-        if a in ("--eval", "--print") or (a[1] != "-" and set(a[1:]) & set(INTERPRETERS[name])):
-            return next(words, a)  # glued (-cCODE): the option word itself
+        kind, value = option_value(INTERPRETERS[name], a)
+        if kind == "code":
+            return value or next(words, a)
+        if kind == "next" and not value:
+            next(words, None)
     return "-"
+
+
+def option_value(options, word):
+    """(kind, value) of an interpreter's option word (kinds: INTERPRETERS): a long
+    option's, or the first letter in a short cluster that takes a value, with the
+    rest of the word as its value (-uW ignore: "next", ""; -Wdefault: "next",
+    "default"). (None, "") when the word holds flags only."""
+    if word.startswith("--"):
+        option, _, value = word.partition("=")
+        return options.get(option), value
+    for n, letter in enumerate(word[1:], 2):
+        if letter in options:
+            return options[letter], word[n:]
+    return None, ""
 
 
 def blocked_command(command):
