@@ -2066,6 +2066,15 @@ def open_inside(path, root, flags):
         os.close(fd)
 
 
+def keep_out_of_git(folder):
+    """A .gitignore of "*" in folder (absolute, resolved), made once through the door:
+    O_EXCL leaves a file or a planted link already there alone (even one pointing
+    nowhere), and a link on the way to it is an OSError, never written through."""
+    with contextlib.suppress(FileExistsError):
+        with open(open_inside(folder / ".gitignore", folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
+            fh.write("*\n")
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
@@ -2074,6 +2083,7 @@ def persist_output(block):
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
     try:  # never through a link planted in .agent/ (a cloned repository may ship one)
+        keep_out_of_git(path.parent)  # the agent's scratch, not a project file
         with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                   "w", encoding="utf-8") as f:
             f.write(text)
@@ -2170,6 +2180,7 @@ def persist_text(text):
     if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
         preview = preview[:cut]  # end on a whole line
     try:  # the same door as a result's: never through a link planted in .agent/
+        keep_out_of_git(path.parent)  # the same folder: kept out of git too
         with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                   "wb") as f:
             f.write(data)
@@ -5576,16 +5587,6 @@ def transcript_file(state):
     if state.record is not None:  # s09: the session file is the transcript
         return state.record["path"]  # s09
     return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
-
-
-def keep_out_of_git(folder):
-    """A .gitignore of "*" in folder, made once. O_EXCL with O_NOFOLLOW: a file or a
-    planted link already there (even one pointing nowhere) is left alone, never
-    written through."""
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(folder / ".gitignore", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with open(fd, "w") as fh:
-            fh.write("*\n")
 
 
 def write_transcript(state):

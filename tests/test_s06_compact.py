@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import json
 import re
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -169,7 +170,34 @@ def test_reading_a_saved_result_with_read_file_does_not_save_it_again(mod, api, 
     shown = results_in(message_bodies(api)[2])[again["id"]]
     assert not shown.startswith("<persisted-output>") and "   100\t100\n" in shown
     assert len(shown) > 30_000                              # over the persist line, yet left alone
-    assert len(list((workspace / ".agent" / "tool-results").iterdir())) == 1
+    assert len(list((workspace / ".agent" / "tool-results").glob("*.txt"))) == 1
+
+
+@each
+def test_saved_results_stay_out_of_git(mod, api, client, workspace):
+    """A saved result is the agent's scratch, not a project file: the folder keeps
+    a .gitignore of "*", so git status in a repository workspace stays clean of it."""
+    subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
+    call = tool("bash", {"command": "seq 1 60000"})
+    api.script([reply(call), reply("done")])
+    assert run(mod, client)[0] == "end_turn"
+    assert (workspace / ".agent" / "tool-results" / f"{call['id']}.txt").exists()
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workspace,
+                            capture_output=True, text=True, check=True).stdout
+    assert "tool-results" not in status
+
+
+@each
+def test_a_planted_gitignore_link_in_the_results_folder_is_not_written_through(mod, workspace, tmp_path):
+    """The .gitignore is made through the door with O_EXCL: a link already there,
+    even one pointing nowhere yet, is left alone and the result is still saved."""
+    folder = workspace / ".agent" / "tool-results"
+    folder.mkdir(parents=True)
+    (folder / ".gitignore").symlink_to(tmp_path / "planted")
+    block = {"type": "tool_result", "tool_use_id": "toolu_big", "content": "x" * 40_000}
+    mod.persist_output(block)
+    assert not (tmp_path / "planted").exists()
+    assert (folder / "toolu_big.txt").read_text() == "x" * 40_000
 
 
 # --- old tool results: batch clearing --------------------------------------------
