@@ -4355,11 +4355,11 @@ def sockets():
 
 def masked_paths(state):
     """Files that read-deny rules hide from read_file, hidden from bash too: the
-    model must not `cat` what it may not read. Found by a bounded walk."""
-    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
-            and r["tool"] == "read_file" and r["pattern"]]
+    model must not `cat` what it may not read. Found by a bounded walk. The
+    built-in rules are not walked for: bash_process masks their stores whole."""
+    deny = [r for r in own_rules(state) if r["effect"] == "deny" and r["tool"] == "read_file" and r["pattern"]]
     found, seen = [], 0
-    for dirpath, dirnames, filenames in mask_walk(state):  # s12: its workspace, then the project's
+    for dirpath, dirnames, filenames in mask_walk(state) if deny else ():  # s12: its workspace, then the project's
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames + dirnames:
             seen += 1

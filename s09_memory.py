@@ -4232,11 +4232,11 @@ def sockets():
 
 def masked_paths(state):
     """Files that read-deny rules hide from read_file, hidden from bash too: the
-    model must not `cat` what it may not read. Found by a bounded walk."""
-    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
-            and r["tool"] == "read_file" and r["pattern"]]
+    model must not `cat` what it may not read. Found by a bounded walk. The
+    built-in rules are not walked for: bash_process masks their stores whole."""
+    deny = [r for r in own_rules(state) if r["effect"] == "deny" and r["tool"] == "read_file" and r["pattern"]]
     found, seen = [], 0
-    for dirpath, dirnames, filenames in os.walk(state.workdir):
+    for dirpath, dirnames, filenames in os.walk(state.workdir) if deny else ():  # no rule, no walk
         dirnames[:] = [d for d in dirnames if d != ".git"]
         for name in filenames + dirnames:
             seen += 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): what the OS sandbox adds to one bash call.
 
-    python tests/bench_s07_sandbox.py [--runs 30] [--chapter s07_permissions]
+    python tests/bench_s07_sandbox.py [--runs 30] [--chapter s07_permissions] [--before REV]
 
 Runs the chapter's own run_bash on a trivial command (`true`) in a throwaway
 workspace, with the sandbox off (the plain shell) and on (bubblewrap), and
@@ -13,10 +13,19 @@ and how much is run_bash waiting for a longer-lived process. Then the cost of
 the trial run that decides once per process whether the sandbox works
 (sandbox_available, cache cleared before each run). The workspace is a git
 repository with the agent's config and skills, so the bind mounts are the
-ones a real project gets. Figures only; nothing here can fail.
+ones a real project gets.
+
+Then the boundary's costs beside the chapter as it was at REV (default: before
+the boundary's four rules): a sandboxed `git add` and commit; the git audit
+alone (one snapshot before and one audit after a command: a walk of the
+workspace and of git's folders) in a repository of 20,000 files; and
+write_file, which writes through s02's door (a walk of descriptors, a
+temporary file and a rename) where it wrote the path directly.
+Figures only; nothing here can fail.
 """
 import argparse
 import importlib
+import importlib.util
 import statistics
 import subprocess
 import sys
@@ -46,6 +55,73 @@ def project(root):
         (root / f).write_text(text)
 
 
+def chapter_at(rev, name, where):
+    """The chapter as it was at a git revision, imported from a copy (no side effects)."""
+    text = subprocess.run(["git", "show", f"{rev}:{name}.py"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    path = Path(where) / f"{name}_before.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def big_repo(root, files=20_000):
+    """A committed repository of `files` small files in 200 folders."""
+    project(root)
+    for i in range(files):
+        d = root / "src" / f"pkg{i % 200}"
+        d.mkdir(exist_ok=True)
+        (d / f"m{i}.py").write_text(f"x = {i}\n")
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "big"],
+                   cwd=root, check=True)
+
+
+def audit_ms(mod, root, runs):
+    """One snapshot and one audit: what each sandboxed command adds for git."""
+    state = mod.AgentState(root)
+    if hasattr(mod, "git_snapshot"):
+        def once():
+            state.git_before = mod.git_snapshot(state.workdir)
+            mod.audit_git(state)
+    else:
+        def once():
+            state.git_before = mod.git_pointers(state.workdir)
+            mod.undo_git_redirects(state)
+    return median_ms(once, runs)
+
+
+def boundary(mod, old, runs):
+    """The rows beside the chapter at --before."""
+    print(f"\n  {'the boundary':32} {'before':>12} {'now':>12} {'added':>10}")
+    for label, fn in [("sandboxed git add + commit", commit_ms), ("write_file, 1 KB", write_ms)]:
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            project(Path(a))
+            project(Path(b))
+            row(label, fn(old, Path(a), runs), fn(mod, Path(b), runs))
+    with tempfile.TemporaryDirectory() as a:
+        big_repo(Path(a))
+        row("git audit, 20,000-file repo", audit_ms(old, Path(a), runs), audit_ms(mod, Path(a), runs))
+        row("run_bash('true'), same repo", commit_ms(old, Path(a), runs, "true"),
+            commit_ms(mod, Path(a), runs, "true"))
+
+
+def commit_ms(mod, root, runs, command=None):
+    """A sandboxed command's median: by default a change, git add and a commit."""
+    with mod.acting_as(mod.AgentState(root)) as state:
+        state.permissions["sandbox"]["enabled"] = True
+        n = iter(range(10**6))
+        return median_ms(lambda: mod.run_bash(command or f"echo {next(n)} > f.txt && git add -A && "
+                                              f"git -c user.name=b -c user.email=b@b commit -qm x"), runs)
+
+
+def write_ms(mod, root, runs):
+    with mod.acting_as(mod.AgentState(root)):
+        return median_ms(lambda: mod.write_file("src/out.txt", "x" * 1024), runs * 10)
+
+
 def row(label, plain, boxed):
     print(f"  {label:32} {plain:9.1f} ms {boxed:9.1f} ms {boxed - plain:+7.1f} ms")
 
@@ -54,6 +130,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--chapter", default="s07_permissions")
+    ap.add_argument("--before", default="6f790bb", help="the revision to compare with")
     args = ap.parse_args()
     mod = importlib.import_module(args.chapter)
     ok, why = mod.sandbox_available()
@@ -84,6 +161,8 @@ def main():
         mod.sandbox_available()
     runs = max(args.runs // 3, 5)
     print(f"\n  trial run (once per process), median of {runs}: {median_ms(trial, runs):.1f} ms")
+    with tempfile.TemporaryDirectory() as where:
+        boundary(mod, chapter_at(args.before, args.chapter, where), runs)
 
 
 if __name__ == "__main__":
