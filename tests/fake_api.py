@@ -126,6 +126,9 @@ _TOP_KEYS = {
     "mcp_servers",
     # newer body fields; the SDK's create() takes each as an argument
     "diagnostics", "inference_geo", "speed", "user_profile_id", "workspace_id",
+    # and its beta create() (client.beta.messages), which Claude Code calls
+    "context_management", "billing_policy", "compaction", "fallback_credit_token",
+    "fallbacks", "thread",
 }
 # Per block type: every key the API accepts, and the ones it insists on.
 _BLOCK_KEYS = {
@@ -137,12 +140,21 @@ _BLOCK_KEYS = {
     "thinking": {"type", "thinking", "signature"},
     "redacted_thinking": {"type", "data"},
     "search_result": {"type", "source", "title", "content", "citations", "cache_control"},
+    # a system message's tool changes: `tool` names a tool declared in `tools`
+    "tool_addition": {"type", "tool", "cache_control"},
+    "tool_removal": {"type", "tool", "cache_control"},
 }
+# What a role "system" message in `messages` may carry (an instruction in the
+# middle of the conversation; clear_at and per-turn output settings are the beta
+# API's), and the blocks in its content.
+_SYSTEM_MESSAGE_KEYS = {"role", "content", "clear_at", "output_config"}
+_SYSTEM_MESSAGE_BLOCKS = ("text", "tool_addition", "tool_removal")
 _BLOCK_REQUIRED = {
     "text": ("text",), "image": ("source",), "document": ("source",),
     "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
     "thinking": ("thinking", "signature"), "redacted_thinking": ("data",),
     "search_result": ("source", "title", "content"),
+    "tool_addition": ("tool",), "tool_removal": ("tool",),
 }
 # What a tool_result may carry besides plain text: the real API takes
 # documents and search results there too, not only images.
@@ -153,6 +165,20 @@ _TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")             # tool_use.id, tool_resul
 _PROPERTY_KEY = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")  # keys of input_schema.properties
 _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _JSON_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
+_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+_THINKING_DISPLAY = ("summarized", "omitted", "updates")
+# A custom tool's keys: the SDK's BetaToolParam (defer_loading keeps a tool out of
+# the prompt until a tool search finds it; Claude Code sends one such tool).
+_CUSTOM_TOOL_KEYS = {"name", "description", "input_schema", "cache_control", "type",
+                     "defer_loading", "strict", "eager_input_streaming", "input_examples",
+                     "allowed_callers"}
+# context_management.edits: per edit type, the keys it takes.
+_EDIT_KEYS = {
+    "clear_tool_uses_20250919": {"type", "trigger", "keep", "clear_at_least", "clear_tool_inputs",
+                                 "exclude_tools"},
+    "clear_thinking_20251015": {"type", "keep"},
+    "compact_20260112": {"type", "trigger", "instructions", "pause_after_compaction"},
+}
 _MAX_BREAKPOINTS = 4
 _MIN_THINKING_BUDGET = 1024
 _BAD_SCHEMA = ("JSON schema is invalid. It must match JSON Schema draft 2020-12 "
@@ -282,6 +308,9 @@ class _RequestCheck:
         _extra_keys("", self.body, _TOP_KEYS)
         self.check_scalars()
         self.check_sampling()
+        self.check_metadata(self.body.get("metadata"))
+        self.check_output_config("output_config", self.body.get("output_config"))
+        self.check_context_management(self.body.get("context_management"))
         self.check_thinking(self.body.get("thinking"))
         self.check_tools(self.body.get("tools"))
         self.check_system(self.body.get("system"))
@@ -372,14 +401,76 @@ class _RequestCheck:
                 if not stop.strip():
                     raise _Invalid("stop_sequences: each stop sequence must contain non-whitespace")
 
+    def check_metadata(self, metadata) -> None:
+        if metadata is None:
+            return
+        _need_dict("metadata", metadata)
+        _extra_keys("metadata.", metadata, {"user_id"})
+        if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
+            raise _Invalid("metadata.user_id: Input should be a valid string")
+
+    def check_output_config(self, path: str, config, keys=("effort", "format", "task_budget")) -> None:
+        # The body's output_config; a system message's takes effort only (format
+        # stays top-level).
+        if config is None:
+            return
+        _need_dict(path, config)
+        _extra_keys(path + ".", config, keys)
+        if config.get("effort") is not None and config["effort"] not in _EFFORTS:
+            raise _Invalid(f"{path}.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
+
+    def check_context_management(self, cm) -> None:
+        # Server-side edits of the history (a beta): which old thinking blocks or
+        # tool results the API drops before the model reads the request.
+        if cm is None:
+            return
+        _need_dict("context_management", cm)
+        _extra_keys("context_management.", cm, {"edits"})
+        edits = cm.get("edits", [])
+        if not isinstance(edits, list):
+            raise _Invalid("context_management.edits: Input should be a valid list")
+        for i, edit in enumerate(edits):
+            path = f"context_management.edits.{i}"
+            _need_dict(path, edit)
+            kind = edit.get("type")
+            if kind not in _EDIT_KEYS:
+                tags = ", ".join(f"'{t}'" for t in _EDIT_KEYS)
+                raise _Invalid(f"{path}: Input tag '{kind}' found using 'type' does not "
+                               f"match any of the expected tags: {tags}")
+            _extra_keys(f"{path}.{kind}.", edit, _EDIT_KEYS[kind])
+            if "keep" in edit:
+                self.check_keep(f"{path}.{kind}.keep", edit["keep"], kind)
+
+    def check_keep(self, path: str, keep, kind: str) -> None:
+        # clear_thinking keeps "all", {"type": "all"} or {"type": "thinking_turns",
+        # "value": n}; clear_tool_uses keeps {"type": "tool_uses", "value": n}.
+        counted = "thinking_turns" if kind == "clear_thinking_20251015" else "tool_uses"
+        if kind == "clear_thinking_20251015" and keep == "all":
+            return
+        _need_dict(path, keep)
+        if keep.get("type") == "all" and kind == "clear_thinking_20251015":
+            return _extra_keys(path + ".", keep, {"type"})
+        if keep.get("type") != counted:
+            raise _Invalid(f"{path}.type: Input should be '{counted}'")
+        _extra_keys(path + ".", keep, {"type", "value"})
+        if not _is_int(keep.get("value")):
+            raise _Invalid(f"{path}.value: Input should be a valid integer")
+
     def check_thinking(self, thinking) -> None:
         if thinking is None:
             return
         _need_dict("thinking", thinking)
         kind = thinking.get("type")
-        if kind not in ("enabled", "disabled", "adaptive"):
+        if kind not in ("enabled", "disabled", "adaptive", "between_tools"):
             raise _Invalid(f"thinking: Input tag '{kind}' found using 'type' does not match "
-                           "any of the expected tags: 'enabled', 'disabled', 'adaptive'")
+                           "any of the expected tags: 'enabled', 'disabled', 'adaptive', "
+                           "'between_tools'")
+        if kind in ("disabled", "between_tools"):
+            return _extra_keys(f"thinking.{kind}.", thinking, {"type"})
+        _extra_keys(f"thinking.{kind}.", thinking, {"type", "budget_tokens", "display", "block_binding"}
+                    if kind == "enabled" else {"type", "display", "block_binding"})
+        if thinking.get("display") is not None and thinking["display"] not in _THINKING_DISPLAY:
+            raise _Invalid(f"thinking.{kind}.display: Input should be 'summarized', 'omitted' or 'updates'")
         if kind != "enabled":
             return
         budget = thinking.get("budget_tokens")
@@ -452,9 +543,13 @@ class _RequestCheck:
         # and no schema; only client ("custom") tools get the strict checks.
         if spec.get("type", "custom") != "custom":
             return
-        _extra_keys(path + ".", spec, {"name", "description", "input_schema", "cache_control", "type"})
+        _extra_keys(path + ".", spec, _CUSTOM_TOOL_KEYS)
         if "description" in spec and not isinstance(spec["description"], str):
             raise _Invalid(f"{path}.description: Input should be a valid string")
+        for flag in ("defer_loading", "strict", "eager_input_streaming"):
+            value = spec.get(flag, False)
+            if not isinstance(value, bool) and not (flag == "eager_input_streaming" and value is None):
+                raise _Invalid(f"{path}.{flag}: Input should be a valid boolean")
         schema = spec.get("input_schema")
         if schema is None:
             raise _Invalid(f"{path}.input_schema: Field required")
@@ -513,9 +608,11 @@ class _RequestCheck:
     def check_message(self, i: int, msg) -> None:
         path = f"messages.{i}"
         _need_dict(path, msg)
+        if msg.get("role") == "system":
+            return self.check_system_message(i, msg)
         _extra_keys(path + ".", msg, {"role", "content"})
         if msg.get("role") not in ("user", "assistant"):
-            raise _Invalid(f"{path}.role: Input should be 'user' or 'assistant'")
+            raise _Invalid(f"{path}.role: Input should be 'user', 'assistant' or 'system'")
         if "content" not in msg:
             raise _Invalid(f"{path}.content: Field required")
         content = msg["content"]
@@ -526,6 +623,51 @@ class _RequestCheck:
         if not content:
             raise _Invalid(f"{path}: all messages must have non-empty content")
         self.check_blocks(path, content, msg["role"])
+
+    def check_system_message(self, i: int, msg: dict) -> None:
+        # An instruction in the middle of the conversation (Claude Code sends its
+        # environment this way): text, or a change to the tools on offer; per-turn
+        # output settings beside it. It speaks to the turn it follows, so it cannot
+        # open the conversation.
+        path = f"messages.{i}"
+        _extra_keys(path + ".", msg, _SYSTEM_MESSAGE_KEYS)
+        if i == 0:
+            raise _Invalid(f'{path}.role: first message must use the "user" role, not "system"')
+        if msg.get("clear_at") not in (None, "next_user_message", "never"):
+            raise _Invalid(f"{path}.clear_at: Input should be 'next_user_message' or 'never'")
+        self.check_output_config(f"{path}.output_config", msg.get("output_config"), keys=("effort",))
+        if "content" not in msg:
+            if msg.get("output_config") is None:
+                raise _Invalid(f"{path}.content: Field required")
+            return
+        content = msg["content"]
+        if isinstance(content, str):
+            return _check_text(f"{path}.content", content)
+        if not isinstance(content, list):
+            raise _Invalid(f"{path}.content: Input should be a valid string or list")
+        if not content:
+            raise _Invalid(f"{path}: all messages must have non-empty content")
+        for j, block in enumerate(content):
+            bpath = f"{path}.content.{j}"
+            _need_dict(bpath, block)
+            if block.get("type") not in _SYSTEM_MESSAGE_BLOCKS:
+                raise _Invalid(f"{bpath}.type: Input should be 'text', 'tool_addition' or 'tool_removal'")
+            self.check_block(bpath, block, "system")
+            if block["type"] != "text":
+                self.check_tool_change(bpath, block)
+
+    def check_tool_change(self, path: str, block: dict) -> None:
+        # A tool_addition or tool_removal names its tool by reference; an
+        # addition may also carry the definition itself.
+        kinds = ("tool_reference", "mcp_tool_reference", "mcp_toolset_reference")
+        if block["type"] == "tool_addition":
+            kinds += ("tool_definition",)
+        tool = block["tool"]
+        _need_dict(f"{path}.tool", tool)
+        if tool.get("type") not in kinds:
+            tags = ", ".join(f"'{k}'" for k in kinds)
+            raise _Invalid(f"{path}.tool: Input tag '{tool.get('type')}' found using 'type' does "
+                           f"not match any of the expected tags: {tags}")
 
     def check_blocks(self, path: str, content: list, role: str) -> None:
         seen_other = False
@@ -549,6 +691,9 @@ class _RequestCheck:
             tags = ", ".join(f"'{t}'" for t in _BLOCK_KEYS)
             raise _Invalid(f"{path}: Input tag '{kind}' found using 'type' does not "
                            f"match any of the expected tags: {tags}")
+        if kind in ("tool_addition", "tool_removal") and role != "system":
+            raise _Invalid(f"{path.rsplit('.', 1)[0]}: '{kind}' blocks are only permitted "
+                           "within system messages.")
         _extra_keys(path + ".", block, _BLOCK_KEYS[kind])
         for field in _BLOCK_REQUIRED[kind]:
             if field not in block:
@@ -640,8 +785,10 @@ class _RequestCheck:
         if messages[0]["role"] != "user":
             raise _Invalid('messages: first message must use the "user" role')
         # The real API merges repeated roles; this project promises strict
-        # alternation, so a doubled role means the loop lost a turn.
-        for prev, msg in zip(messages, messages[1:]):
+        # alternation, so a doubled role means the loop lost a turn. System
+        # messages stand between turns and take no part in it.
+        turns = [m for m in messages if m["role"] != "system"]
+        for prev, msg in zip(turns, turns[1:]):
             if prev["role"] == msg["role"]:
                 raise _Invalid('messages: roles must alternate between "user" and '
                                f'"assistant", but found multiple "{msg["role"]}" roles in a row')
@@ -676,7 +823,7 @@ class _RequestCheck:
 
 
 def _block_ids(msg: dict, kind: str, key: str) -> list:
-    content = msg["content"]
+    content = msg.get("content", [])      # a system message may have none
     if isinstance(content, str):
         return []
     return [b[key] for b in content if b.get("type") == kind]
@@ -728,7 +875,8 @@ def _cache_units(body: dict) -> tuple[list, list]:
     blocks = [("tool", t) for t in body.get("tools") or []]
     blocks += [("system", b) for b in ([{"type": "text", "text": system}] if isinstance(system, str) else system)]
     for i, m in enumerate(body.get("messages") or []):
-        content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        content = m.get("content", [])
+        content = content if isinstance(content, list) else [{"type": "text", "text": content}]
         blocks += [(f"{m['role']}{i}", b) for b in content]
     for kind, block in blocks:
         if isinstance(block, dict) and "cache_control" in block:

@@ -110,6 +110,15 @@ MUTANTS = [
      'fields = ("thinking", "signature") if kind == "thinking" else ("data",)',
      'fields = ("thinking",) if kind == "thinking" else ("data",)',
      ["tests/test_fake_api.py"], None),
+    # the beta fields the real CLI sends: accepted, and still checked
+    ("api-tool-flags-unchecked", "tests/fake_api.py",
+     '        for flag in ("defer_loading", "strict", "eager_input_streaming"):\n',
+     "        for flag in ():\n",
+     ["tests/test_fake_api.py"], None),
+    ("api-system-message-first", "tests/fake_api.py",
+     "        if i == 0:\n            raise _Invalid(f'{path}.role: first message",
+     "        if False:\n            raise _Invalid(f'{path}.role: first message",
+     ["tests/test_fake_api.py"], None),
 ]
 
 

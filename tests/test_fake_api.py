@@ -334,6 +334,69 @@ REJECTIONS = {
                             "tools.0.custom.input_schema.properties: Property keys should match pattern"),
     # the context window, measured on the request itself
     "prompt too long": ({"messages": turns("x " * 420_000)}, "tokens > 200000 maximum"),
+    # fields of the beta API (Claude Code sends them), malformed
+    "defer_loading not bool": ({"tools": [{**TOOL, "defer_loading": "yes"}]},
+                               "tools.0.defer_loading: Input should be a valid boolean"),
+    "strict not bool": ({"tools": [{**TOOL, "strict": 1}]}, "tools.0.strict: Input should be a valid boolean"),
+    "context_management extra key": ({"extra_body": {"context_management": {"edits": [], "mode": "x"}}},
+                                     "context_management.mode: Extra inputs are not permitted"),
+    "context_management edits not list": ({"extra_body": {"context_management": {"edits": {}}}},
+                                          "context_management.edits: Input should be a valid list"),
+    "context_management unknown edit": (
+        {"extra_body": {"context_management": {"edits": [{"type": "clear_everything"}]}}},
+        "context_management.edits.0: Input tag 'clear_everything' found using 'type' does not match "
+        "any of the expected tags: 'clear_tool_uses_20250919', 'clear_thinking_20251015', 'compact_20260112'"),
+    "context_management edit extra key": (
+        {"extra_body": {"context_management": {"edits": [{"type": "clear_thinking_20251015", "trigger": {}}]}}},
+        "context_management.edits.0.clear_thinking_20251015.trigger: Extra inputs are not permitted"),
+    "clear_thinking keep": (
+        {"extra_body": {"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "some"}]}}},
+        "clear_thinking_20251015.keep: Input should be a valid dictionary"),
+    "clear_tool_uses keep type": (
+        {"extra_body": {"context_management": {"edits": [
+            {"type": "clear_tool_uses_20250919", "keep": {"type": "thinking_turns", "value": 1}}]}}},
+        "clear_tool_uses_20250919.keep.type: Input should be 'tool_uses'"),
+    "thinking display": ({"thinking": {"type": "adaptive", "display": "full"}},
+                         "thinking.adaptive.display: Input should be 'summarized', 'omitted' or 'updates'"),
+    "thinking extra key": ({"thinking": {"type": "disabled", "budget_tokens": 2_000}},
+                           "thinking.disabled.budget_tokens: Extra inputs are not permitted"),
+    "thinking unknown type": ({"thinking": {"type": "auto"}}, "thinking: Input tag 'auto'"),
+    "output_config effort": ({"extra_body": {"output_config": {"effort": "extreme"}}},
+                             "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"),
+    "output_config extra key": ({"extra_body": {"output_config": {"verbosity": "low"}}},
+                                "output_config.verbosity: Extra inputs are not permitted"),
+    "metadata extra key": ({"metadata": {"user_id": "u", "email": "a@b"}},
+                           "metadata.email: Extra inputs are not permitted"),
+    "metadata user_id not str": ({"metadata": {"user_id": 7}}, "metadata.user_id: Input should be a valid string"),
+    # role "system" messages (mid-conversation instructions)
+    "system message first": ({"messages": [{"role": "system", "content": "x"}, *HI]},
+                             'messages.0.role: first message must use the "user" role, not "system"'),
+    "system message extra key": ({"messages": HI + [{"role": "system", "content": "x", "name": "env"}]},
+                                 "messages.1.name: Extra inputs are not permitted"),
+    "system message image": ({"messages": HI + [{"role": "system", "content": [image()]}]},
+                             "messages.1.content.0.type: Input should be 'text', 'tool_addition' or 'tool_removal'"),
+    "system message empty text": ({"messages": HI + [{"role": "system", "content": " "}]}, "non-whitespace text"),
+    "system message without content": ({"messages": HI + [{"role": "system"}]}, "messages.1.content: Field required"),
+    "system message output_config format": (
+        {"messages": HI + [{"role": "system", "content": "x", "output_config": {"format": None}}]},
+        "messages.1.output_config.format: Extra inputs are not permitted"),
+    "system message effort": ({"messages": HI + [{"role": "system", "content": "x", "output_config": {"effort": "hi"}}]},
+                              "messages.1.output_config.effort: Input should be"),
+    "system message clear_at": ({"messages": HI + [{"role": "system", "content": "x", "clear_at": "now"}]},
+                                "messages.1.clear_at: Input should be 'next_user_message' or 'never'"),
+    "tool_addition in user turn": ({"messages": turns([{"type": "tool_addition",
+                                                        "tool": {"type": "tool_reference", "name": "bash"}}])},
+                                   "messages.0.content: 'tool_addition' blocks are only permitted within system messages."),
+    "tool_removal of a definition": (
+        {"messages": HI + [{"role": "system", "content": [{"type": "tool_removal",
+                                                           "tool": {"type": "tool_definition", "definition": TOOL}}]}]},
+        "messages.1.content.0.tool: Input tag 'tool_definition' found using 'type' does not match"),
+    "system message splits a tool call": (
+        {"messages": turns("x", [call()]) + [{"role": "system", "content": "note"}, turns([result()])[0]],
+         "tools": [TOOL]},
+        "messages.1: tool_use ids were found without tool_result blocks immediately after"),
+    "system message between two user turns": ({"messages": HI + [{"role": "system", "content": "x"}] + HI},
+                                               "roles must alternate"),
 }
 
 
@@ -409,6 +472,74 @@ def test_every_sdk_body_field_is_accepted(api, client):
     client.messages.create(model=MODEL, max_tokens=10, messages=HI,
                            **{k: v for k, v in fields.items() if k in offered})
     assert not api.invalid() and api.remaining() == 0
+
+
+def test_beta_fields_accept_what_the_sdk_defines(api):
+    # The beta API's fields as its SDK types spell them (Claude Code sends most
+    # of them): context management, deferred tools, system messages in the
+    # conversation, thinking display, effort. Sent raw, as the beta create()
+    # sends them: older SDKs in our range lack some of these arguments.
+    api.script([reply("ok")] * 2)
+
+    def beta_create(**body):
+        status, raw = raw_post(api, "/v1/messages?beta=true", {"model": MODEL, **body},
+                               {"x-api-key": "k", "anthropic-beta": "context-management-2025-06-27"})
+        assert status == 200, raw
+        return json.loads(raw)
+
+    tools = [{**TOOL, "description": "Run a command", "strict": True, "eager_input_streaming": None,
+              "input_examples": [{"command": "ls"}], "allowed_callers": ["direct"], "cache_control": EPH},
+             {**TOOL, "name": "rare", "defer_loading": True},
+             {"type": "tool_search_tool_bm25_20251119", "name": "tool_search"}]
+    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100_000},
+              "keep": {"type": "tool_uses", "value": 3}, "clear_at_least": {"type": "input_tokens", "value": 5_000},
+              "clear_tool_inputs": ["bash"], "exclude_tools": ["rare"]},
+             {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}},
+             {"type": "compact_20260112", "instructions": "Keep the file names.", "pause_after_compaction": False}]
+    env = {"role": "system", "content": [{**text("# Environment\ncwd: /w"), "cache_control": EPH}],
+           "output_config": {"effort": "medium"}}
+    messages = [*HI, env, {"role": "assistant", "content": [call()]},
+                {"role": "user", "content": [result(), text("go on")]},
+                {"role": "system", "clear_at": "next_user_message", "content": [
+                    {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "rare"}},
+                    {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "bash"}}]},
+                {"role": "system", "output_config": {"effort": "low"}}]
+    msg = beta_create(
+        max_tokens=2_000, messages=messages, tools=tools, metadata={"user_id": None},
+        thinking={"type": "adaptive", "display": "omitted"}, context_management={"edits": edits},
+        output_config={"effort": "high", "task_budget": {"type": "tokens", "total": 50_000}})
+    assert msg["content"][0]["text"] == "ok"
+    beta_create(max_tokens=10, messages=HI, tools=[TOOL], thinking={"type": "between_tools"},
+                context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]})
+    assert not api.invalid() and api.remaining() == 0
+
+
+def test_the_beta_fields_are_the_sdks():
+    # Drift check: the validator's lists of keys against the SDK's own (beta)
+    # request types. A field the SDK defines is a field the real API takes, so
+    # each must be accepted (an older SDK in our range defines fewer: it skips
+    # where it lacks a type).
+    from typing import get_args, get_type_hints
+
+    import fake_api
+
+    def sdk(module, name):
+        found = getattr(pytest.importorskip(f"anthropic.types.beta.{module}"), name, None)
+        if found is None:
+            pytest.skip(f"this anthropic has no {name}")
+        return found
+
+    def keys(typed):
+        return typed.__required_keys__ | typed.__optional_keys__
+
+    body = keys(sdk("message_create_params", "MessageCreateParamsBase")) - {"betas"}   # a header
+    assert body <= fake_api._TOP_KEYS
+    assert keys(sdk("beta_tool_param", "BetaToolParam")) <= fake_api._CUSTOM_TOOL_KEYS
+    assert keys(sdk("beta_system_message_param", "BetaSystemMessageParam")) <= fake_api._SYSTEM_MESSAGE_KEYS
+    edits = get_args(sdk("beta_context_management_config_param", "Edit"))
+    for edit in edits:
+        kind = get_args(get_type_hints(edit)["type"])[0]
+        assert keys(edit) <= fake_api._EDIT_KEYS.get(kind, set()), kind
 
 
 def test_model_limits_table():
