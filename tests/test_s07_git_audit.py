@@ -18,7 +18,8 @@ import subprocess
 
 import pytest
 
-from conftest import chapters_from
+from conftest import chapters_from, run_chapter
+from fake_api import reply, tool
 
 S07 = chapters_from("s07")
 in_s07 = pytest.mark.parametrize("mod", S07, indirect=True)
@@ -164,3 +165,26 @@ def test_git_still_works_inside_the_sandbox(sandboxed, workspace):
     assert out.strip() == "2", out  # two commits, no note from the audit
     assert (workspace / "build.txt").read_text() == "built"
     assert (workspace / "tools/new/.git/HEAD").exists()
+
+
+@pytest.mark.e2e("s07")
+@pytest.mark.parametrize("mod", S07, indirect=True)
+def test_in_the_default_mode_the_models_unasked_commands_leave_git_nothing_to_run(mod, api, workspace):
+    """The real process, in the default mode, where sandboxed bash is allowed unasked:
+    the model's commands plant a repository that runs a program, and a redirect of the
+    workspace's own .git; the human's next git runs neither, and the model is told."""
+    ok, why = mod.sandbox_available()
+    if not ok:
+        pytest.skip(f"the OS sandbox does not work here: {why}")
+    git(workspace, "init", "-q")
+    plant = ("git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
+             "echo ../evil > .git/commondir && git init -q sub && " + FSMONITOR.format("sub/.git/config"))
+    api.script([reply(tool("bash", {"command": plant})), reply("Done.")])
+    r = run_chapter(mod.__name__, "set things up", api=api, cwd=workspace, input="",
+                    env={"HOME": str(workspace.parent / "home"), "AGENT_PERMISSION_MODE": "default"})
+    assert r.returncode == 0, r.stderr
+    told = str(api.requests[1]["body"]["messages"][-1]["content"])
+    assert ".git/commondir removed" in told and "sub/.git/config had core.fsmonitor unset" in told
+    git(workspace, "status")
+    git(workspace / "sub", "status")
+    assert not pwned(workspace)
