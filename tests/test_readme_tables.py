@@ -104,3 +104,13 @@ def test_readme_counts_rewrites_a_stale_cell_and_only_that_cell():
     assert stale == [(name, "| 1 (+1) |", good)]
     assert fixed == text
     assert readme_counts.rewrite(fixed, counts)[1] == []
+
+
+@pytest.mark.parametrize("readme", READMES)
+def test_the_boundary_tables_tests_exist(readme):
+    """Each test the security table names is a test function in that file."""
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", text)
+    assert len(named) >= 20
+    for file, test in named:
+        assert re.search(rf"^def {test}\(", (ROOT / "tests" / file).read_text(), re.M), (file, test)
