@@ -4177,6 +4177,7 @@ GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config ke
     r"|symlinks|autocrlf|eol)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
     r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)")
 GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
+GIT_TODOS = ("rebase-merge/git-rebase-todo", "sequencer/todo")  # git's data, but their exec lines run
 GIT_AUDIT_TIMEOUT = 10       # seconds for the git that reads a new repository's config
 HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
     ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
@@ -4463,32 +4464,42 @@ def sandbox_note(out, returncode):
 
 def git_snapshot(workdir, before=None):
     """What a sandboxed command may not change in the workspace's git folders:
-    {"folders": {folder: {"bound", "entries"}}, "pointers": {.git file or link: state}}.
-    A git folder is a .git folder (a nested repository's too), a bare repository
-    (HEAD, objects and refs side by side: git runs in one too), and those held in
-    another's worktrees/ and modules/. .agent is skipped: no sandboxed command can
-    write it. Entries are computed against `before` (what was bound then)."""
+    {"folders": {folder: {"bound", "entries", "todos", "data"}}, "pointers": {.git file
+    or link: state}}. A git folder is any folder git would take for one (is_git_folder:
+    a .git folder, a bare repository, the workspace itself, those held in another's
+    worktrees/ and modules/), or one that was a git folder `before`. The bytes to put
+    back are kept only in the first snapshot. .agent is skipped: no command writes it."""
     folders, pointers, old = {}, {}, (before or {}).get("folders", {})
     for here, dirs, files in os.walk(workdir):
         if here == str(workdir):
             dirs[:] = [d for d in dirs if d != AGENT_DIR]
-        elif {"objects", "refs"} <= set(dirs) and "HEAD" in files:
-            git_folder(Path(here), folders, old)  # a bare repository, audited whole
-            dirs[:] = []
-        if ".git" in dirs + files:
+        if is_git_folder(Path(here)) or here in old:
+            git_folder(Path(here), folders, old, before is None)
+            dirs[:] = [] if here != str(workdir) else [d for d in dirs if not data_name(d)]
+        if os.path.lexists(Path(here) / ".git"):
             path = Path(here) / ".git"
             if path.is_dir() and not path.is_symlink():
-                git_folder(path, folders, old)
+                git_folder(path, folders, old, before is None)
             else:
-                pointers[str(path)] = entry_state(path)
+                pointers[str(path)] = entry_state(path, True)
             dirs[:] = [d for d in dirs if d != ".git"]
     return {"folders": folders, "pointers": pointers}
 
 
-def git_folder(folder, folders, old):
+def is_git_folder(folder):
+    """Would git take folder for a repository? It needs HEAD, objects and refs there,
+    of any kind (HEAD may be a link, objects an executable file)."""
+    return all(os.path.lexists(folder / n) for n in ("HEAD", "objects", "refs"))
+
+
+def data_name(name):
+    return any(fnmatch.fnmatchcase(name, p) for p in GIT_DATA)
+
+
+def git_folder(folder, folders, old, keep):
     """Record a git folder, and those in its worktrees/ and modules/, into folders:
     its GIT_BOUND names that exist (bound read-only; as they were in `old`, if it
-    was there), and the state of every other entry that is not git's data."""
+    was there), every other entry that is not git's data, and its todo lists."""
     bound = old[str(folder)]["bound"] if str(folder) in old else \
         [n for n in GIT_BOUND if os.path.lexists(folder / n)]
     entries = {}
@@ -4496,27 +4507,32 @@ def git_folder(folder, folders, old):
         path = folder / name
         if name in GIT_NESTS and path.is_dir() and not path.is_symlink():
             for here, dirs, files in os.walk(path):  # worktrees/x, modules/a/b
-                if "HEAD" in files and here != str(path):
-                    git_folder(Path(here), folders, old)
+                if here != str(path) and (os.path.lexists(Path(here) / "HEAD") or here in old):
+                    git_folder(Path(here), folders, old, keep)
                     dirs[:] = []
-        elif name not in bound and not any(fnmatch.fnmatchcase(name, p) for p in GIT_DATA):
-            entries[name] = entry_state(path)
+        elif name not in bound and not data_name(name):
+            entries[name] = entry_state(path, keep)
             for here, dirs, files in os.walk(path) if entries[name] == ("dir",) else ():
                 for n in dirs + files:
-                    entries[(Path(here) / n).relative_to(folder).as_posix()] = entry_state(Path(here) / n)
-    folders[str(folder)] = {"bound": bound, "entries": entries}
+                    entries[(Path(here) / n).relative_to(folder).as_posix()] = entry_state(Path(here) / n, keep)
+    todos = {t: entry_state(folder / t, False) for t in GIT_TODOS if os.path.lexists(folder / t)}
+    folders[str(folder)] = {"bound": bound, "entries": entries, "todos": todos}
 
 
-def entry_state(path):
-    """("dir",), ("link", target) or ("file", mode, bytes): enough to put it back. A
-    file over GIT_KEEP_BYTES (or no plain file: a FIFO) has its size and time instead."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return ("link", os.readlink(path))
+def entry_state(path, keep):
+    """("dir",), ("link", target), ("file", mode, signature, bytes) or ("unreadable",):
+    enough to tell a change, and with `keep` to put it back. Bytes only of a plain
+    file up to GIT_KEEP_BYTES (read_plain: no FIFO is ever read)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return ("link", os.readlink(path))
+    except OSError:  # a name too long to reach, say
+        return ("unreadable",)
     if stat.S_ISDIR(st.st_mode):
         return ("dir",)
-    data = read_plain(path, GIT_KEEP_BYTES)
-    return ("file", st.st_mode & 0o7777, (st.st_size, st.st_mtime_ns) if data is None else data)
+    data = read_plain(path, GIT_KEEP_BYTES) if keep else None
+    return ("file", st.st_mode, (st.st_size, st.st_mtime_ns, st.st_ino), data)
 
 
 def read_plain(path, limit):
@@ -4543,41 +4559,65 @@ def git_binds(snapshot):
 def audit_git(state):
     """After a sandboxed command (rule 1): what it changed in a git folder outside
     git's data is put back; a git folder it made keeps nothing that runs a program;
-    a .git file or link it made or changed goes back to what was there. Returns
-    the note saying what was done ("" for nothing)."""
+    a todo list it wrote runs no exec line; a .git file or link it made or changed
+    goes back to what was there, unless it is a worktree's or a submodule's, leading
+    to a git folder held in a known one's worktrees/ or modules/. Returns the note
+    saying what was done ("" for nothing)."""
     before, state.git_before = state.git_before, {}
     if not before:
         return ""
     now, done = git_snapshot(state.workdir, before), []
+    known = now["folders"].keys() | before["folders"].keys()
     for folder, was in before["folders"].items():
         if folder in now["folders"]:  # a repository deleted is the command's to delete
             done += put_back(Path(folder), was["entries"], now["folders"][folder]["entries"])
     for folder in now["folders"].keys() - before["folders"].keys():
-        done += disarm(Path(folder), now["folders"].keys() | before["folders"].keys())
+        done += disarm(Path(folder), known)
+    for folder, found in now["folders"].items():
+        was = before["folders"].get(folder, {}).get("todos", {})
+        done += [d for t, s in found["todos"].items() if s != was.get(t) for d in drop_execs(Path(folder) / t)]
+    held = [Path(f) / n for f in known for n in GIT_NESTS]  # where `git worktree add` puts its folder
     for path, was in now["pointers"].items():
-        if before["pointers"].get(path) != was:
+        if before["pointers"].get(path) != was and not ((to := leads_to(Path(path), "gitdir: ")) in known
+                                                         and any(Path(to).is_relative_to(h) for h in held)):
             old = {".git": before["pointers"][path]} if path in before["pointers"] else {}
             done += put_back(Path(path).parent, old, {".git": was})
-    said = "; ".join(f"{os.path.relpath(p, state.workdir)} {what}" for p, what in done)
-    return f"\n[sandbox: {said} (in a git folder a command may change git's data only, never " \
-           f"what git runs or reads as config)]" if done else ""
+    said = "".join(f"\n  {os.path.relpath(p, state.workdir)} {what}" for p, what in done)
+    return f"\n[sandbox: in a git folder a command may change git's data only, never what git " \
+           f"runs or reads as config; so:{said}]" if done else ""
+
+
+def leads_to(path, prefix=""):
+    """The folder a small pointer file names (relative to its own folder), resolved: a
+    commondir, a .git file's "gitdir: ..."; "" when it is no such file."""
+    data = read_plain(path, 4096)
+    text = (data or b"").decode("utf-8", "replace").strip()
+    return str((path.parent / text[len(prefix):]).resolve()) if data and text.startswith(prefix) else ""
 
 
 def put_back(folder, was, now):
     """Entries of a folder as they were: what is new or changed goes (deepest
     first), what was there is written again (parents first), all through s02's
-    door. [(path, what was done)], the topmost path of each change."""
-    changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
-    try:
-        for name in reversed([n for n in changed if n in now]):
-            remove_inside(folder / name)
-        for name in [n for n in changed if n in was]:
-            restore_inside(folder / name, was[name])
-    except OSError as e:
-        return [(str(folder / changed[0]), f"could not be put back ({e.strerror or e}): check it "
-                                           f"before you run git there")]
+    door. [(path, what was done)], the topmost path of each change; an entry that
+    cannot be put back is said, and the others still are."""
+    changed = sorted(k for k in was.keys() | now.keys() if was.get(k, ())[:3] != now.get(k, ())[:3])
     top = [n for n in changed if not any(n.startswith(m + "/") for m in changed)]
-    return [(str(folder / n), "put back" if n in was else "removed") for n in top]
+    failed = {}
+    for name in reversed([n for n in changed if n in now]):
+        failed |= try_inside(remove_inside, folder / name)
+    for name in [n for n in changed if n in was]:
+        failed |= try_inside(restore_inside, folder / name, was[name])
+    return [(str(folder / n), failed.get(str(folder / n)) or ("put back" if n in was else "removed"))
+            for n in top] + [(p, why) for p, why in failed.items() if Path(p).name not in top]
+
+
+def try_inside(do, path, *args):
+    """{path: why} when do(path, *args) fails, else {}."""
+    try:
+        do(path, *args)
+        return {}
+    except OSError as e:
+        return {str(path): f"could not be put back ({e.strerror or e}): check it before you run git there"}
 
 
 def remove_inside(path):
@@ -4600,9 +4640,9 @@ def restore_inside(path, state):
             os.symlink(state[1], path.name, dir_fd=fd)
         finally:
             os.close(fd)
-    elif isinstance(state[2], bytes):
-        write_inside(path, state[2])
-        chmod_inside(path, state[1])  # write_inside made it anew: its mode as it was
+    elif state[0] == "file" and state[3] is not None:
+        write_inside(path, state[3])
+        chmod_inside(path, state[1] & 0o7777)  # write_inside made it anew: its mode as it was
     else:
         raise OSError(f"over {GIT_KEEP_BYTES:,} bytes or no plain file, it was not kept")
 
@@ -4622,25 +4662,17 @@ def chmod_inside(path, mode):
 
 def disarm(folder, known):
     """A git folder a sandboxed command made (git init, cargo new) stays, but
-    nothing in it runs a program: config keys that GIT_KEYS_KEPT does not name
-    are unset, executable hooks lose their x bit, and a linked config or hooks
-    folder, or a commondir leading to no known git folder, is taken away."""
+    nothing in it runs a program: its config is written anew with the keys
+    GIT_KEYS_KEPT names, executable hooks lose their x bit, and a linked config
+    or hooks folder, or a commondir leading to no known git folder, is taken away."""
     done = []
     for name in ("config", "config.worktree"):
-        if (folder / name).is_symlink():
+        path = folder / name
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a link, a FIFO
             done += put_back(folder, {}, {name: ("link",)})
-            continue
-        try:
-            keys = sorted({k for k in git_config_keys(folder / name) if not GIT_KEYS_KEPT.fullmatch(k)})
-            git_unset(folder / name, keys)
-        except (OSError, subprocess.SubprocessError) as e:  # no git to read it: none to run it yet
-            done.append((str(folder / name), f"could not be checked ({e}): read it before you run git"))
-            continue
-        if keys:
-            done.append((str(folder / name), f"had {', '.join(keys)} unset"))
-    pointer = read_plain(folder / "commondir", 4096)
-    if os.path.lexists(folder / "commondir") and (pointer is None or str(
-            (folder / pointer.decode("utf-8", "replace").strip()).resolve()) not in known):
+        elif os.path.lexists(path) and (dropped := keep_safe_keys(path)):
+            done.append((str(path), f"was written anew without {', '.join(dropped)}"))
+    if os.path.lexists(folder / "commondir") and leads_to(folder / "commondir") not in known:
         done += put_back(folder, {}, {"commondir": ("file",)})
     hooks = folder / "hooks"
     if hooks.is_symlink():
@@ -4650,27 +4682,54 @@ def disarm(folder, known):
         if stat.S_ISLNK(st.st_mode):
             done += put_back(hooks, {}, {hook.name: ("link",)})
         elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and hook.suffix != ".sample":
-            chmod_inside(hook, st.st_mode & 0o666)
-            done.append((str(hook), "made not executable"))
+            done += [(str(hook), "made not executable")] + [(p, w) for p, w in try_inside(
+                chmod_inside, hook, st.st_mode & 0o666).items()]
     return done
 
 
-def git_config_keys(path):
-    """The keys a config file sets (lower case but for subsections), read by git
-    itself from that file alone: a plain file, else nothing to read."""
-    if read_plain(path, GIT_KEEP_BYTES) is None:
-        return []
-    p = subprocess.run(["git", "config", "--file", str(path), "--list", "--name-only", "-z"],
-                       capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
-    if p.returncode:  # a file git cannot parse makes git refuse the repository: nothing runs
-        return []
-    return [k.decode("utf-8", "replace") for k in p.stdout.split(b"\0") if k]
+def keep_safe_keys(path):
+    """Write a config file anew (s02's door) with only GIT_KEYS_KEPT's keys, as git
+    itself reads them (any size); the keys dropped, ["(unreadable)"] when git could
+    not read it, [] when nothing had to change."""
+    try:
+        p = subprocess.run(["git", "config", "--file", str(path), "--list", "-z"], capture_output=True,
+                           env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+        pairs = [(item.split(b"\n", 1) + [None])[:2] for item in p.stdout.split(b"\0") if item]
+    except (OSError, subprocess.SubprocessError):
+        p, pairs = None, []
+    pairs = [(k.decode("utf-8", "replace"), v) for k, v in pairs] if p and not p.returncode else None
+    dropped = sorted({k for k, _ in pairs if not GIT_KEYS_KEPT.fullmatch(k)}) if pairs is not None \
+        else ["(unreadable)"]
+    if dropped:
+        write_inside(path, config_text([(k, v) for k, v in pairs or [] if GIT_KEYS_KEPT.fullmatch(k)]))
+    return dropped
 
 
-def git_unset(path, keys):
-    for key in keys:
-        subprocess.run(["git", "config", "--file", str(path), "--unset-all", key],
-                       capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+def config_text(pairs):
+    """key/value pairs (remote.origin.url, b"...") as a git config file."""
+    out, section = [], None
+    for key, value in pairs:
+        head, _, name = key.rpartition(".")
+        sec, _, sub = head.partition(".")
+        if (sec, sub) != section:
+            section = (sec, sub)
+            quoted = sub.replace("\\", "\\\\").replace('"', '\\"')
+            out.append(f'[{sec} "{quoted}"]' if sub else f"[{sec}]")
+        text = (value or b"true").decode("utf-8", "replace")
+        out.append(f'\t{name} = "' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"')
+    return ("\n".join(out) + "\n").encode()
+
+
+def drop_execs(todo):
+    """A rebase's or cherry-pick's todo list runs its exec lines as shell commands:
+    one a sandboxed command wrote keeps every other line. [(path, what)]."""
+    data = read_plain(todo, GIT_KEEP_BYTES)
+    lines = (data or b"").decode("utf-8", "replace").splitlines(keepends=True)
+    kept = [line for line in lines if line.split()[:1] not in (["exec"], ["x"])]
+    if data is None or len(kept) == len(lines):
+        return []
+    write_inside(todo, "".join(kept).encode())
+    return [(str(todo), "had its exec lines dropped")]
 
 
 def git_plain_env():

@@ -13,6 +13,7 @@ agent does later, outside the sandbox: a plain `git status` (which runs
 core.fsmonitor) or a commit (which runs hooks). Each is first run unsandboxed,
 to show that the later git would run the planted code: the test can fail.
 """
+import json
 import os
 import subprocess
 
@@ -49,7 +50,7 @@ def git(cwd, *args):
 
 
 def pwned(where):
-    return any(p.name == "PWNED" for p in where.rglob("PWNED"))
+    return any("PWNED" in files for _, _, files in os.walk(where))
 
 
 def unsandboxed_shows_the_attack(mod, workspace, command, later):
@@ -63,8 +64,9 @@ def unsandboxed_shows_the_attack(mod, workspace, command, later):
     finally:
         state.permissions["sandbox"]["enabled"] = True
     subprocess.run(["rm", "-rf", *[str(p) for p in workspace.iterdir() if p.name != ".agent"]], check=True)
-    for p in workspace.rglob("PWNED"):
-        p.unlink()
+    for here, _, files in os.walk(workspace):
+        if "PWNED" in files:
+            os.unlink(os.path.join(here, "PWNED"))
 
 
 @in_s07
@@ -76,7 +78,7 @@ def test_a_new_repository_keeps_no_config_key_or_hook_that_runs_a_program(sandbo
     later = lambda: (git(workspace / "sub", "status"), git(workspace / "sub", "commit", "-qm", "x", "--allow-empty"))  # noqa: E731
     unsandboxed_shows_the_attack(mod, workspace, attack, later)
     out = bash(mod, attack)
-    assert "sub/.git/config had alias.st, core.fsmonitor, filter.x.clean unset" in out, out
+    assert "sub/.git/config was written anew without alias.st, core.fsmonitor, filter.x.clean" in out, out
     assert "sub/.git/hooks/pre-commit made not executable" in out
     later()
     assert not pwned(workspace)
@@ -91,8 +93,8 @@ def test_a_bare_repository_and_a_submodule_folder_are_git_folders_too(sandboxed,
     attack = ("git init -q --bare bare.git && " + FSMONITOR.format("bare.git/config") + " && "
               "git init -q --bare .git/modules/lib && " + FSMONITOR.format(".git/modules/lib/config"))
     out = bash(mod, attack)
-    assert "bare.git/config had core.fsmonitor unset" in out, out
-    assert ".git/modules/lib/config had core.fsmonitor unset" in out
+    assert "bare.git/config was written anew without core.fsmonitor" in out, out
+    assert ".git/modules/lib/config was written anew without core.fsmonitor" in out
     git(workspace / "bare.git", "status")
     git(workspace / ".git/modules/lib", "status")
     assert not pwned(workspace)
@@ -183,8 +185,93 @@ def test_in_the_default_mode_the_models_unasked_commands_leave_git_nothing_to_ru
     r = run_chapter(mod.__name__, "set things up", api=api, cwd=workspace, input="",
                     env={"HOME": str(workspace.parent / "home"), "AGENT_PERMISSION_MODE": "default"})
     assert r.returncode == 0, r.stderr
-    told = str(api.requests[1]["body"]["messages"][-1]["content"])
-    assert ".git/commondir removed" in told and "sub/.git/config had core.fsmonitor unset" in told
+    told = json.dumps(api.requests[1]["body"]["messages"][-1]["content"])
+    assert ".git/commondir removed" in told and "sub/.git/config was written anew without core.fsmonitor" in told
     git(workspace, "status")
     git(workspace / "sub", "status")
     assert not pwned(workspace)
+
+
+# --- a hostile review of the design: each failed before its fix ---
+CFG = ("printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n"
+       "\\tfsmonitor = touch PWNED\\n' > {}")
+
+
+@in_s07
+def test_git_folders_are_found_as_git_finds_them(sandboxed, workspace):
+    """HEAD a link to a folder, objects and refs executable files, the workspace
+    itself: git takes each for a repository, so the audit does too."""
+    mod = sandboxed
+    bash(mod, "mkdir -p a/objects a/refs/heads && ln -s refs/heads a/HEAD && " + CFG.format("a/config") +
+         " && mkdir b && touch b/objects b/refs && chmod +x b/objects b/refs && echo 'ref: refs/heads/m' > b/HEAD"
+         " && " + CFG.format("b/config"))
+    bash(mod, "mkdir -p objects refs/heads && echo 'ref: refs/heads/main' > HEAD && " + CFG.format("config"))
+    for where in (workspace / "a", workspace / "b", workspace):
+        git(where, "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_an_existing_submodules_git_folder_cannot_leave_the_audit(sandboxed, workspace):
+    up = workspace.parent / "up"
+    up.mkdir()
+    git(up, "init", "-q")
+    git(up, "commit", "-qm", "x", "--allow-empty")
+    git(workspace, "init", "-q")
+    git(workspace, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(up), "lib")
+    git(workspace, "commit", "-qm", "sub")
+    out = bash(sandboxed, "git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
+               "cd .git/modules/lib && rm HEAD && ln -s refs/heads HEAD && echo ../../../evil > commondir")
+    assert ".git/modules/lib/commondir removed" in out, out
+    git(workspace, "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_a_new_config_is_written_anew_however_big_and_whatever_lock_it_has(sandboxed, workspace):
+    bash(sandboxed, "git init -q big && head -c 1100000 /dev/zero | tr '\\0' '#' >> big/.git/config && "
+                    "printf '\\n[core]\\n\\tfsmonitor = touch PWNED\\n' >> big/.git/config && "
+                    "git init -q locked && printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> locked/.git/config"
+                    " && touch locked/.git/config.lock")
+    git(workspace / "big", "status")
+    git(workspace / "locked", "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_one_entry_that_cannot_be_put_back_does_not_stop_the_audit(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    deep = "d" * 200
+    out = bash(sandboxed, "git init -q --bare evil && " + FSMONITOR.format("evil/config") +
+               f" && echo ../evil > .git/commondir && mkdir .git/zzz && cd .git/zzz && "
+               f"for i in $(seq 25); do mkdir {deep} && cd {deep}; done")
+    assert ".git/commondir removed" in out and "could not be put back" in out, out
+    git(workspace, "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_a_planted_rebase_runs_no_exec_line(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    (workspace / "a").write_text("a")
+    git(workspace, "add", "a")
+    git(workspace, "commit", "-qm", "one")
+    head = git(workspace, "rev-parse", "HEAD").stdout.strip()
+    branch = git(workspace, "symbolic-ref", "HEAD").stdout.strip()
+    out = bash(sandboxed, f"mkdir .git/rebase-merge && cd .git/rebase-merge && echo {branch} > head-name && "
+               f"echo {head} > onto && echo {head} > orig-head && touch interactive && "
+               f"printf 'exec touch PWNED\\n' > git-rebase-todo && : > done && echo 1 > end && echo 0 > msgnum")
+    assert "git-rebase-todo had its exec lines dropped" in out, out
+    git(workspace, "rebase", "--continue")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_a_worktree_added_inside_the_workspace_keeps_its_pointer(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    (workspace / "a").write_text("a")
+    git(workspace, "add", "a")
+    git(workspace, "commit", "-qm", "one")
+    out = bash(sandboxed, "git worktree add -q wt -b feature")
+    assert (workspace / "wt/.git").is_file(), out
+    assert git(workspace / "wt", "branch", "--show-current").stdout.strip() == "feature"
