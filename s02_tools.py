@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -487,18 +488,20 @@ def open_folder(folder):
         raise
 
 
-def write_inside(path, data):
+def write_inside(path, data, fresh=0o666):
     """The one door for a whole file the agent writes: the judged path, as judged,
     through a new file in the same folder and a rename. Whatever stands at the path
     (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; an existing file keeps its mode (a script stays executable)."""
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
     fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
     try:
         try:
-            mode = os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode & 0o7777
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
         except FileNotFoundError:
-            mode = None  # a new file: 0o666 less the umask, as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
         with open(out, "wb") as f:
             f.write(data)
             if mode is not None:

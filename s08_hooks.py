@@ -537,18 +537,20 @@ def open_folder(folder):
         raise
 
 
-def write_inside(path, data):
+def write_inside(path, data, fresh=0o666):
     """The one door for a whole file the agent writes: the judged path, as judged,
     through a new file in the same folder and a rename. Whatever stands at the path
     (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; an existing file keeps its mode (a script stays executable)."""
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
     fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
     try:
         try:
-            mode = os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode & 0o7777
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
         except FileNotFoundError:
-            mode = None  # a new file: 0o666 less the umask, as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
         with open(out, "wb") as f:
             f.write(data)
             if mode is not None:
@@ -1728,21 +1730,13 @@ def is_trusted(rel_path, digest):
 
 
 def trust(rel_path, digest):
-    """Record a yes. Written to a temporary file, then renamed over the old one,
-    so a crash never leaves half a file."""
+    """Record a yes, through s02's door: a new file renamed over the old one, so a
+    crash never leaves half a file and no link is written through."""
     path = Path.home() / TRUSTED
     spaces = load_trusted()
     spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                yaml.safe_dump({"workspaces": spaces}, f)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)  # left only when the write failed
+    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
+        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
     except OSError as e:  # the yes still holds for this call
         warn_once(f"[could not record the yes in {path}: {e}]")
 
@@ -2042,7 +2036,7 @@ CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly wher
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
-def open_inside(path, root, flags):
+def open_inside(path, root, flags, mode=0o644):
     """os.open a file the agent keeps below root (its folders made when missing),
     through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
     is opened so too. OSError when one is a link, so nothing is written elsewhere,
@@ -2051,7 +2045,7 @@ def open_inside(path, root, flags):
         raise OSError(f"{path} is outside {root}")
     fd = open_folder(path.parent)
     try:
-        return os.open(path.name, flags | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=fd)
     finally:
         os.close(fd)
 
@@ -2481,10 +2475,9 @@ def save_transcript(messages):
     None when the workspace cannot be written: the compaction goes on without it."""
     folder = agent_state().workdir / ".agent" / "transcripts"
     path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                                for m in messages), encoding="utf-8")
+    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
+        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                   for m in messages).encode("utf-8"))
     except OSError as e:
         say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
             f"of the older messages]")

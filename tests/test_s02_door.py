@@ -126,3 +126,55 @@ def test_hooks_log_goes_through_the_door(mod, workspace, tmp_path):
     (workspace / ".agent").unlink()
     mod.log_hook(hook, "pre_tool_use", "ok", 0.1)
     assert "pre_tool_use user#1 command" in (workspace / ".agent" / "hooks.log").read_text()
+
+
+# --- every other file the agent writes goes through the same door ---------------------
+# A clone can ship .agent/<x> as a link to elsewhere (or a folder on the way as one);
+# the agent's own records then failed over or were written where the link points.
+
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A folder outside the workspace that a planted link points at; nothing may land in it."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    return folder
+
+
+def plant(link, target):
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=target.is_dir())
+
+
+@each
+def test_a_link_at_the_path_becomes_a_plain_file_of_the_new_files_mode(mod, workspace, elsewhere):
+    """write_inside kept "the mode of what stood there": for a link that is 0o777, so a
+    link replaced by the agent's own record left a world-writable file."""
+    plant(workspace / "notes.txt", elsewhere / "victim.txt")
+    mod.write_inside(workspace / "notes.txt", b"the agent's\n", 0o600)
+    assert not (elsewhere / "victim.txt").exists()
+    assert stat.S_IMODE(os.lstat(workspace / "notes.txt").st_mode) == 0o600 & ~current_umask()
+
+
+def current_umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+@pytest.mark.parametrize("mod", chapters_from("s05"), indirect=True)
+def test_a_yes_is_recorded_through_the_door_and_through_a_dotfiles_home_link(mod, workspace, tmp_path):
+    """trusted.yaml is written through s02's door too; ~/.agent itself may be the
+    user's own link (dotfiles), which is resolved once, not refused."""
+    dotfiles = tmp_path / "dotfiles" / "agent"
+    dotfiles.mkdir(parents=True)
+    plant(Path.home() / ".agent", dotfiles)
+    mod.trust("SKILL.md", "abc")
+    assert "abc" in (dotfiles / "trusted.yaml").read_text()
+    assert stat.S_IMODE((dotfiles / "trusted.yaml").stat().st_mode) == 0o600 & ~current_umask()
+
+
+@pytest.mark.parametrize("mod", chapters_from("s06"), indirect=True)
+def test_the_compaction_transcript_goes_through_the_door(mod, workspace, elsewhere):
+    plant(workspace / ".agent" / "transcripts", elsewhere)
+    assert mod.save_transcript([{"role": "user", "content": "hi"}]) is None
+    assert list(elsewhere.iterdir()) == []
