@@ -7246,16 +7246,9 @@ def read_task(path):
     """One task file as a dict, or None: unreadable, a link, not a plain file (a
     planted FIFO would hang the read: O_NONBLOCK opens it, fstat refuses it), too
     big or not a task."""
+    data = read_plain(path, TASK_FILE_BYTES)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with open(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = fh.read(TASK_FILE_BYTES + 1)
-    try:
-        task = json.loads(data) if len(data) <= TASK_FILE_BYTES else None
+        task = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):  # RecursionError: 60 KB of [ nests too deep
         return None
     return task if is_task(task, path.name) else None
