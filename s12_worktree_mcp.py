@@ -5744,13 +5744,10 @@ def write_transcript(state):
     messages = state.messages if not state.label else None
     mark = messages and (len(messages), len(json.dumps(messages[-1], default=str)))
     if messages and state.hooks.get("transcript") != mark:
-        with HOOK_LOCK, contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
+        with HOOK_LOCK, contextlib.suppress(OSError):  # s02's door: a link a clone plants is not followed
             keep_out_of_git(path.parent)  # the conversation stays out of git
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".session-")  # a new file: no planted link
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write("".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages))
-            os.replace(tmp, path)  # replaces a link at path, never its target
+            data = "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages)
+            write_inside(path, data.encode("utf-8"), 0o600)
             state.hooks["transcript"] = mark
 
 

@@ -178,3 +178,19 @@ def test_the_compaction_transcript_goes_through_the_door(mod, workspace, elsewhe
     plant(workspace / ".agent" / "transcripts", elsewhere)
     assert mod.save_transcript([{"role": "user", "content": "hi"}]) is None
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("mod", chapters_from("s08"), indirect=True)
+def test_the_hook_transcript_and_its_gitignore_go_through_the_door(mod, workspace, elsewhere):
+    """write_transcript made .agent/transcripts with Path.mkdir and keep_out_of_git
+    opened .gitignore by its path: an .agent a clone ships as a link had both (and
+    the conversation) written where it points."""
+    state = mod.agent_state()
+    state.record, state.messages = None, [{"role": "user", "content": "hi"}]
+    plant(workspace / ".agent", elsewhere)
+    mod.write_transcript(state)
+    assert list(elsewhere.iterdir()) == []
+    (workspace / ".agent").unlink()
+    mod.write_transcript(state)
+    assert (workspace / ".agent" / "transcripts" / ".gitignore").read_text() == "*\n"
+    assert mod.transcript_file(state).read_text().startswith('{"role": "user"')
