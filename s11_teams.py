@@ -6381,9 +6381,8 @@ def claim_session_file(state):
     state.record["fresh"] = False
     for _ in range(100):
         path = state.record["path"]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        try:  # s06's open_inside: no link on the way is followed, the folders made on the walk
+            os.close(open_inside(path, state.workdir, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except FileExistsError:  # another's (written first, or at once), or a planted link
             state.record["path"] = new_session(state)["path"]
             continue
@@ -6405,9 +6404,8 @@ def write_records(records):
         if not os.getenv(TEAMMATE_ENV):  # s11: a teammate's session is not the user's to --continue
             register_session(state, path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         keep_out_of_git(path.parent)  # conversations stay out of git
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # no planted link
+        fd = open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # no planted link
         with open(fd, "a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r | {"ts": time.time()}, ensure_ascii=False, default=str) + "\n"
                              for r in records))
@@ -6544,7 +6542,7 @@ def complete_prefix(messages):
 def end_torn_line(path):
     """A crash mid-write can leave a last line without its newline: end it there,
     so the next record is a line of its own and not glued to the torn one."""
-    with contextlib.suppress(OSError), open(path, "rb+") as fh:
+    with contextlib.suppress(OSError), open(open_inside(path, agent_state().workdir, os.O_RDWR), "rb+") as fh:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(max(0, size - 1))
         if size and fh.read(1) != b"\n":
@@ -6572,9 +6570,9 @@ def own_sessions(state):
 
 
 def register_session(state, path):
-    with contextlib.suppress(OSError):
-        (Path.home() / OWN_SESSIONS).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(Path.home() / OWN_SESSIONS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    home = (Path.home() / OWN_SESSIONS).parent.resolve()  # ~/.agent: a dotfiles link there is the user's own
+    with contextlib.suppress(OSError):  # s06's open_inside: no link below it is followed
+        fd = open_inside(home / OWN_SESSIONS.name, home, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with open(fd, "a", encoding="utf-8") as fh:
             fh.write(f"{state.workdir}\t{path.stem}\n")
 
@@ -6713,15 +6711,13 @@ def plain_file(path):
 
 
 def replace_file(folder, name, text):
-    """Write folder/name atomically through a new temporary file (mkstemp: no
-    planted link is ever written through); a project folder keeps out of git."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write folder/name whole through s02's door (a new file, then a rename: no link
+    on the way or at the name is written through); a project folder keeps out of git."""
     if folder.parent.name == ".agent" and folder.parent.parent != Path.home():
         keep_out_of_git(folder)  # memories are this user's notes: share them on purpose
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, folder / name)
+    else:  # ~/.agent, resolved once: a dotfiles link there is the user's own
+        folder = folder.parent.resolve() / folder.name
+    write_inside(folder / name, text.encode("utf-8"), 0o600)
 
 
 def auto_memory():
@@ -7060,9 +7056,8 @@ def take_lock(path):
     """The previous mtime (None: no lock before) when the lock is ours, else False.
     flock makes check-and-take one step, so of two processes exactly one wins;
     a lock whose PID is dead, or older than LOCK_STALE, is taken over."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # O_NOFOLLOW: a cloned .consolidate-lock -> ~/.bashrc must not be truncated to a PID
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # s06's open_inside: a cloned lock -> ~/.bashrc, or a linked folder on the way, is never written
+        fd = open_inside(path, path.parents[2], os.O_RDWR | os.O_CREAT)  # parents[2]: the workspace
     except OSError:  # a link, a directory: no lock to take
         return False
     try:
@@ -7076,7 +7071,7 @@ def take_lock(path):
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        os.utime(path)  # the start of this run: the 24 h gate counts from here
+        os.utime(fd)  # the start of this run: the 24 h gate counts from here
         return before
     finally:
         os.close(fd)  # closing releases the flock

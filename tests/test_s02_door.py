@@ -194,3 +194,59 @@ def test_the_hook_transcript_and_its_gitignore_go_through_the_door(mod, workspac
     mod.write_transcript(state)
     assert (workspace / ".agent" / "transcripts" / ".gitignore").read_text() == "*\n"
     assert mod.transcript_file(state).read_text().startswith('{"role": "user"')
+
+
+@pytest.mark.parametrize("mod", chapters_from("s09"), indirect=True)
+def test_the_session_file_goes_through_the_door(mod, workspace, elsewhere, capsys):
+    """The session file was made with Path.mkdir and opened with O_NOFOLLOW on its own
+    name only: .agent/sessions shipped as a link had the conversation appended where
+    it points, record after record."""
+    plant(workspace / ".agent" / "sessions", elsewhere)
+    state = mod.agent_state()
+    state.record = mod.new_session(state)
+    mod.sync_session([{"role": "user", "content": "hi"}])
+    mod.sync_session([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    assert list(elsewhere.iterdir()) == []
+    err = capsys.readouterr().err
+    assert err.count("session not saved") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mod", chapters_from("s09"), indirect=True)
+def test_a_torn_line_is_ended_through_the_door(mod, workspace, elsewhere):
+    """end_torn_line opened the session file by its path, following a folder on the way."""
+    (elsewhere / "s.jsonl").write_text('{"torn"')
+    plant(workspace / ".agent" / "sessions", elsewhere)
+    mod.end_torn_line(workspace / ".agent" / "sessions" / "s.jsonl")
+    assert (elsewhere / "s.jsonl").read_text() == '{"torn"'
+
+
+@pytest.mark.parametrize("mod", chapters_from("s09"), indirect=True)
+def test_memory_files_and_the_consolidation_lock_go_through_the_door(mod, workspace, elsewhere):
+    """replace_file made the folder with Path.mkdir and wrote by mkstemp in it, and
+    take_lock opened the lock with O_NOFOLLOW on its own name only: a folder on the
+    way that is (or turns into) a link had the memory, its .gitignore and the lock's
+    PID written where it points. memory_dirs refuses a linked folder when it looks,
+    and the door holds whatever changes after that look."""
+    folder = workspace / ".agent" / "memory"
+    plant(folder, elsewhere)
+    with pytest.raises(OSError):
+        mod.replace_file(folder, "deploy.md", "---\nname: deploy\n---\n")
+    assert mod.take_lock(folder / ".consolidate-lock") is False
+    assert list(elsewhere.iterdir()) == []
+    folder.unlink()
+    mod.replace_file(folder, "deploy.md", "body\n")
+    assert (folder / "deploy.md").read_text() == "body\n" and (folder / ".gitignore").read_text() == "*\n"
+    assert stat.S_IMODE((folder / "deploy.md").stat().st_mode) == 0o600 & ~current_umask()
+
+
+@pytest.mark.parametrize("mod", chapters_from("s09"), indirect=True)
+def test_user_memory_and_the_session_register_follow_a_dotfiles_home_link(mod, workspace, tmp_path):
+    """~/.agent may be the user's own link (dotfiles): resolved once, not refused."""
+    dotfiles = tmp_path / "dotfiles" / "agent"
+    dotfiles.mkdir(parents=True)
+    plant(Path.home() / ".agent", dotfiles)
+    mod.replace_file(Path.home() / ".agent" / "memory", "prefs.md", "tabs\n")
+    state = mod.agent_state()
+    mod.register_session(state, workspace / "x.jsonl")
+    assert (dotfiles / "memory" / "prefs.md").read_text() == "tabs\n"
+    assert (dotfiles / "sessions.txt").read_text() == f"{state.workdir}\tx\n"
