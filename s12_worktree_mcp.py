@@ -7260,16 +7260,15 @@ GIT_GUARD_LOCK = threading.Lock()  # overlapping sandboxed commands share one sn
 # cycle check, hold for planted edges too. The mend is written with the next
 # change, whichever task it touches; a read (task_list, task_get) writes nothing.
 def tasks_dir():
-    """The running agent's .agent/tasks, created; refused when a planted symbolic
-    link would put it outside the workspace."""
+    """The running agent's .agent/tasks (task_lock makes it, through s02's door);
+    refused when a planted symbolic link would put it, and so the reads, outside
+    the workspace, or when a file stands there."""
     ws = project_dir(agent_state())  # s12: the project's board, from a lane too
     folder = ws / TASKS_DIR
     if not leads_inside(folder, ws):
         raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; the task tools work only inside.")
-    with contextlib.suppress(FileExistsError):  # a planted file there: the check below says so
-        folder.mkdir(parents=True, exist_ok=True)
-    if not folder.is_dir():
+    if os.path.lexists(folder) and not folder.is_dir():
         raise ToolError(f"{TASKS_DIR} is not a folder. Ask the user to move it away; the task "
                         f"tools keep the board there.")
     return folder
@@ -7278,10 +7277,11 @@ def tasks_dir():
 @contextlib.contextmanager
 def task_lock(folder):
     """One writer at a time, across processes and threads: each call opens its own
-    descriptor of .lock, and flock excludes other descriptors even in this process."""
+    descriptor of .lock, and flock excludes other descriptors even in this process.
+    s06's open_inside makes the folder on its walk, never through a link."""
     try:
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as e:  # a planted link (or folder) at .lock: no lock, so no change
+        fd = open_inside(folder / ".lock", folder, os.O_RDWR | os.O_CREAT)
+    except OSError as e:  # a planted link (or folder) at .lock or on the way: no lock, so no change
         raise ToolError(f"{rel(folder / '.lock')} cannot be opened as a lock ({e.strerror}; a "
                         f"planted link?). Ask the user to remove it.")
     try:
@@ -7321,18 +7321,11 @@ def task_ids(folder):
 
 
 def save_task(folder, task):
-    """Write one record whole (a task; s10.3: a command's status): readers see the old
-    file or the new one, never half.
-    The temp file ends in .tmp, so a crash mid-write leaves no *.json behind."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{task['id']}.", suffix=".tmp")
-    try:
-        with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(task, fh, ensure_ascii=False, indent=1)
-        os.replace(tmp, folder / f"{task['id']}.json")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write one record whole (a task; s10.3: a command's status) through s02's door:
+    readers see the old file or the new one, never half, and no link is followed.
+    The temp file is no *.json, so a crash mid-write leaves no task behind."""
+    data = json.dumps(task, ensure_ascii=False, indent=1).encode("utf-8")
+    write_inside(folder / f"{task['id']}.json", data, 0o600)
 
 
 def now_stamp():
@@ -7762,24 +7755,17 @@ def release_git(state):
 
 
 def runtime_dir():
-    """.agent/runtime-tasks of the running agent's workspace, created, out of git. A
-    clone can ship it: a link there (even to a folder inside, such as the workspace
-    root) is refused, and its .gitignore is made without following a planted link."""
+    """.agent/runtime-tasks of the running agent's workspace, made out of git by
+    keep_out_of_git, through s02's door: a link a clone ships there or on the way
+    (even to a folder inside, such as the workspace root) is refused, never followed."""
     ws = project_dir(agent_state())  # s12: the project's
     folder = ws / RUNTIME_DIR
-    with contextlib.suppress(FileExistsError):  # a planted link or file: plain_folder says no
-        if leads_inside(ws / AGENT_DIR, ws):  # no folder made through a linked .agent
-            folder.mkdir(parents=True, exist_ok=True)
-    if not plain_folder(folder, ws):
-        raise ToolError(f"{RUNTIME_DIR} is a symbolic link or not a folder, or leads outside the "
-                        f"workspace. Ask the user to remove it; run the command with bash instead.")
-    keep_out_of_git(folder)  # logs of this machine's runs: not project files
+    try:
+        keep_out_of_git(folder)  # logs of this machine's runs: not project files
+    except OSError as e:
+        raise ToolError(f"{RUNTIME_DIR} cannot be made ({e.strerror or e}): a symbolic link or a file "
+                        f"stands on the way. Ask the user to remove it; run the command with bash instead.")
     return folder
-
-
-def plain_folder(folder, ws):
-    """A real folder inside the workspace: no link at its end, none leading out."""
-    return not folder.is_symlink() and folder.is_dir() and leads_inside(folder, ws)
 
 
 def leads_inside(path, ws):
@@ -7817,8 +7803,8 @@ def background_run(command):
     args, shell = bash_process(command)  # inside the OS sandbox when it is on, as bash
     id = "b" + os.urandom(4).hex()
     try:
-        fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except OSError as e:  # a file or link planted under the new id's name: never written through
+        fd = open_inside(folder / f"{id}.log", folder, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    except OSError as e:  # a file or link planted under the new id's name (or on the way): never written through
         shell or release_git(state)
         raise ToolError(f"Could not create {RUNTIME_DIR / id}.log ({e.strerror}). Ask the user to "
                         f"clear {RUNTIME_DIR}; run the command with bash instead.")
@@ -7874,12 +7860,11 @@ def watch_background(record):
 
 
 def save_status(record):
-    """<id>.json, whole (save_task). The command runs as the agent's user: it may have
-    moved the folder, even left a link in its place. Then nothing is written there;
-    the loop keeps the record either way."""
-    if plain_folder(record["_folder"], project_dir(agent_state())):  # s12: runtime_dir's
-        with contextlib.suppress(OSError):  # moved or removed just now
-            save_task(record["_folder"], public(record))
+    """<id>.json, whole (save_task, through s02's door). The command runs as the agent's
+    user: it may have moved the folder, even left a link in its place. Then nothing is
+    written through it; the loop keeps the record either way."""
+    with contextlib.suppress(OSError):  # a link on the way, a file where the folder was
+        save_task(record["_folder"], public(record))
 
 
 def kill_group(pgid):
@@ -8117,7 +8102,7 @@ def start_background_agent(client, history, child, settings, name):
         raise ToolError(f"{len(agents)} background agents ({len(running)} background tasks in all) are "
                         f"running, the most at once. Wait for a <task-notification>, or do it yourself.")
     id = "a" + os.urandom(4).hex()
-    fd = os.open(folder / f"{id}.log", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    fd = open_inside(folder / f"{id}.log", folder, os.O_RDWR | os.O_CREAT | os.O_EXCL)
     child.cancel = threading.Event()
     tools = [t for t in settings["tools"] if t["name"] not in BACKGROUND_AGENT_DROPS]
     settings = settings | {"tools": tools, "out": open(fd, "w", encoding="utf-8", errors="replace")}
@@ -8456,19 +8441,11 @@ def locked_read(path):
 
 
 def write_schedules(path, jobs, trusted):
-    """The whole file: a temp file, then os.replace. Trusted content stays trusted:
+    """The whole file, through s02's door (a new file, then a rename). Trusted content stays trusted:
     the new hash is recorded after the rename (a failed write leaves the old file
     and its trust), under the lock every reader takes (locked_read)."""
     data = json.dumps({"jobs": list(jobs.values())}, ensure_ascii=False, indent=1).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules.", suffix=".tmp")
-    try:
-        with open(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_inside(path, data, 0o600)
     if trusted:
         trust(rel(path), hashlib.sha256(data).hexdigest())
 
@@ -8479,8 +8456,7 @@ def schedule_file():
     s10.1's task_lock); the jobs the block changed are written at its end. A
     ToolError inside writes nothing."""
     path = schedules_path()
-    path.parent.mkdir(exist_ok=True)
-    with task_lock(path.parent):
+    with task_lock(path.parent):  # which makes .agent, never through a link
         jobs, digest, _ = read_schedules(path)
         trusted, before = schedules_trusted(path, jobs, digest), json.dumps(jobs, sort_keys=True)
         yield jobs, trusted
@@ -10349,16 +10325,14 @@ def repository(origin):
 
 
 def lanes_dir(origin):
-    """The project's .agent/worktrees, created and kept out of git; ToolError when a
-    planted link would put it outside the workspace."""
+    """The project's .agent/worktrees, made and kept out of git by keep_out_of_git,
+    through s02's door; ToolError when a planted link (or a file) stands on the way."""
     folder = origin / WORKTREES_DIR
-    with contextlib.suppress(FileExistsError):
-        if leads_inside(origin / AGENT_DIR, origin):  # no folder made through a linked .agent
-            folder.mkdir(parents=True, exist_ok=True)
-    if not plain_folder(folder, origin):
-        raise ToolError(f"{WORKTREES_DIR} is a link, not a folder, or leads outside the workspace. "
-                        f"Ask the user to remove it.")
-    keep_out_of_git(folder)  # the lanes are checkouts of their own, not files of this one
+    try:
+        keep_out_of_git(folder)  # the lanes are checkouts of their own, not files of this one
+    except OSError as e:
+        raise ToolError(f"{WORKTREES_DIR} cannot be made ({e.strerror or e}): a link on the way leads "
+                        f"outside the workspace or elsewhere, or a file stands there. Ask the user to remove it.")
     return folder.resolve()
 
 

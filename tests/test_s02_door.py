@@ -250,3 +250,25 @@ def test_user_memory_and_the_session_register_follow_a_dotfiles_home_link(mod, w
     mod.register_session(state, workspace / "x.jsonl")
     assert (dotfiles / "memory" / "prefs.md").read_text() == "tabs\n"
     assert (dotfiles / "sessions.txt").read_text() == f"{state.workdir}\tx\n"
+
+
+@pytest.mark.parametrize("mod", chapters_from("s10"), indirect=True)
+def test_the_task_board_schedules_and_command_logs_go_through_the_door(mod, workspace):
+    """The task board, schedules.json and runtime-tasks checked that a link "leads
+    inside" the workspace, then wrote through it: a clone that ships .agent, or
+    .agent/tasks, as a link to a folder of the project (docs/, .github/) had the
+    agent's records made there. The door follows no link, inside or out."""
+    docs = workspace / "docs"
+    docs.mkdir()
+    plant(workspace / ".agent" / "tasks", docs)
+    with pytest.raises(mod.ToolError, match="cannot be opened as a lock"):
+        mod.task_create("x")
+    (workspace / ".agent" / "tasks").unlink()
+    (workspace / ".agent").rmdir()
+    plant(workspace / ".agent", docs)
+    for call in (lambda: mod.schedule_create("* * * * *", "x", durable=True),
+                 lambda: mod.background_run("echo hi")):
+        with pytest.raises(mod.ToolError):
+            call()
+    assert list(docs.iterdir()) == []
+

@@ -519,16 +519,16 @@ def test_the_agents_own_writes_never_look_like_an_outside_change(mod, workspace,
 def test_a_failed_write_leaves_the_file_and_its_trust(mod, workspace, clock, monkeypatch):
     with restarted(mod, workspace):
         mod.schedule_create("0 9 * * *", "keep", durable=True)
-        real_replace = os.replace
+        real_rename = os.rename  # write_inside's last step (s02's door)
 
-        def full(src, dst):
+        def full(src, dst, **dir_fds):
             if str(dst).endswith("schedules.json"):
                 raise OSError(28, "No space left on device")
-            return real_replace(src, dst)
-        monkeypatch.setattr(os, "replace", full)
+            return real_rename(src, dst, **dir_fds)
+        monkeypatch.setattr(os, "rename", full)
         with pytest.raises(OSError):
             mod.schedule_create("0 10 * * *", "lost", durable=True)
-        monkeypatch.setattr(os, "replace", real_replace)
+        monkeypatch.setattr(os, "rename", real_rename)
         assert [j["prompt"] for j in mod.durable_jobs().values()] == ["keep"]  # still trusted
 
 
