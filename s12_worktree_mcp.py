@@ -8919,8 +8919,8 @@ def team_root():
         raise ToolError(f"{TEAM_DIR} leads outside the workspace (a symbolic link?). "
                         f"Ask the user to remove it; teams work only inside.")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file, a dangling link or a FIFO where the folder goes
+        os.close(open_folder(folder))  # s02's walk makes it, never through a link
+    except OSError as e:  # a file, a link or a FIFO where the folder goes, or on the way
         raise ToolError(f"{TEAM_DIR} cannot be made ({e.strerror}); ask the user to remove what is there.")
     return folder
 
@@ -9094,8 +9094,8 @@ def inbox_path(member):
 @contextlib.contextmanager
 def inbox_lock(inbox):
     """One sender or reader of this inbox at a time, across processes and threads
-    (each call opens its own descriptor, as task_lock does)."""
-    fd = os.open(inbox.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    (each call opens its own descriptor, as task_lock does, through the door too)."""
+    fd = open_inside(inbox.with_suffix(".lock"), inbox.parent, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + LOCK_WAIT  # a holder that never lets go costs a line, not the lead
         while True:
@@ -9114,9 +9114,10 @@ def inbox_lock(inbox):
 
 def open_inbox(inbox, flags):
     """The inbox's descriptor (None: there is none yet); ToolError when it is not a
-    plain file: a planted link is never followed, a FIFO never read."""
+    plain file: a planted link, at it or on the way (s06's open_inside), is never
+    followed, a FIFO never read."""
     try:
-        fd = os.open(inbox, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = open_inside(inbox, inbox.parent, flags | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -9368,9 +9369,7 @@ ANSWER_POLL = 0.2           # seconds between a waiting teammate's looks at its 
 
 
 def requests_dir():
-    folder = my_team()["dir"] / "requests"
-    folder.mkdir(exist_ok=True)
-    return folder
+    return my_team()["dir"] / "requests"  # made by task_lock's walk, never through a link
 
 
 def read_request(folder, id):
@@ -9814,7 +9813,7 @@ def teammate_env(name):
 
 def start_detached(argv, env, log):
     """A process in a session of its own (the terminal's Ctrl+C is not its), output to the log."""
-    with open(log, "ab") as out:
+    with open(open_inside(log, log.parent, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                              env=os.environ | env, cwd=agent_state().workdir, start_new_session=True)
     return p.pid, p

@@ -272,3 +272,19 @@ def test_the_task_board_schedules_and_command_logs_go_through_the_door(mod, work
             call()
     assert list(docs.iterdir()) == []
 
+
+
+@pytest.mark.parametrize("mod", chapters_from("s11"), indirect=True)
+def test_inboxes_and_the_message_log_go_through_the_door(mod, workspace, elsewhere, capsys):
+    """Inboxes, their locks and messages.jsonl were opened with O_NOFOLLOW on their own
+    names only: a team folder (or its inbox folder) turned into a link had every
+    message, and the locks, written where it points."""
+    folder = mod.create_team("t")
+    (folder / "inbox").rmdir()
+    plant(folder / "inbox", elsewhere)
+    record = {"type": "message", "from": "lead", "to": "bob", "content": "hi"}
+    with pytest.raises((OSError, mod.ToolError)):
+        mod.append_record(folder / "inbox" / "bob.jsonl", record)
+    mod.log_records(folder / "inbox", [record])          # the log of a team folder that is a link
+    assert list(elsewhere.iterdir()) == []
+    assert "the team's message log is not written" in capsys.readouterr().err
