@@ -10538,33 +10538,21 @@ def set_up_lane(lane):
     return [n for n in notes if n]
 
 
-def dirs_in(folder, root):
-    """Make `folder` under `root` (the lane) one level at a time, never through a
-    link: a tracked symbolic link in the checkout must not carry a copy outside.
-    True when it is a plain folder now."""
-    here = root
-    for part in folder.relative_to(root).parts:
-        here = here / part
-        if here.is_symlink() or (here.exists() and not here.is_dir()):
-            return False
-        with contextlib.suppress(FileExistsError):
-            here.mkdir()
-    return True
-
-
 def copy_plain(src, dst, root):
-    """Copy one plain file to dst inside root, never over or through a link; its size, or None."""
+    """Copy one plain file to dst inside root (the lane), never over or through a link:
+    s06's open_inside makes its folders on the walk, so a tracked symbolic link in the
+    checkout cannot carry a copy outside. Its size, or None."""
     data = read_plain(src, INCLUDE_MAX_BYTES)
-    if data is None or not dirs_in(dst.parent, root):
+    if data is None:
         return None
     try:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except OSError:  # there already (tracked), or a planted link
+        fd = open_inside(dst, root, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # there already (tracked), a planted link, or one on the way
         return None
     with open(fd, "wb") as fh:
         fh.write(data)
-    with contextlib.suppress(OSError):
-        os.chmod(dst, stat.S_IMODE(os.lstat(src).st_mode) & 0o755)  # its x bits; never setuid
+        with contextlib.suppress(OSError):
+            os.fchmod(fh.fileno(), stat.S_IMODE(os.lstat(src).st_mode) & 0o755)  # its x bits; never setuid
     return len(data)
 
 
@@ -10619,14 +10607,18 @@ def link_shared_dirs(origin, path):
     for name in names:
         src, dst = origin / name, path / name
         if src.is_symlink() or not src.is_dir() or not leads_inside(src, origin) \
-                or os.path.lexists(dst) or not dirs_in(dst.parent, path):
+                or os.path.lexists(dst):
             continue
         if why := link_hides(src, origin):
             notes.append(f"did not link {name}: {why}")
             continue
-        with contextlib.suppress(OSError):
-            os.symlink(src.resolve(), dst, target_is_directory=True)
-            made.append(name)
+        with contextlib.suppress(OSError):  # its folder made by s02's walk, never through a link
+            fd = open_folder(dst.parent)
+            try:
+                os.symlink(src.resolve(), dst.name, dir_fd=fd)
+                made.append(name)
+            finally:
+                os.close(fd)
     return notes + ([f"linked {', '.join(made)}"] if made else [])
 
 
@@ -10795,8 +10787,8 @@ def lock_lane(lane, touch=True, shared=False):
     holds it. shared: for the agent entering it, which keeps it shared from then on
     (flock turns exclusive into shared without letting go). Its file's time says
     when the lane was last used (touch: now; stale cleanup reads it)."""
-    try:
-        fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # s06's open_inside: no link at it or on the way is followed
+        fd = open_inside(lane_lock_file(lane), Path(lane["origin"]), os.O_RDWR | os.O_CREAT)
     except OSError as e:
         raise ToolError(f"{WORKTREES_DIR / lane['name']}.lock cannot be opened ({e.strerror}; a "
                         f"planted link?). Ask the user to remove it.")
@@ -10815,7 +10807,7 @@ def lock_lane(lane, touch=True, shared=False):
 def share_lock(lane):
     """The lane's lock taken shared beside the agent in it (a descriptor), or None."""
     try:
-        fd = os.open(lane_lock_file(lane), os.O_RDWR | os.O_NOFOLLOW)
+        fd = open_inside(lane_lock_file(lane), Path(lane["origin"]), os.O_RDWR)
     except OSError:
         return None
     try:
@@ -14051,11 +14043,14 @@ def prompt_history():
     traceback at every prompt instead."""
     from prompt_toolkit.history import FileHistory, InMemoryHistory
     path = Path.home() / HISTORY_FILE
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)  # one made before was 0644
-        trim_history(path)
+    home = path.parent.resolve()  # ~/.agent: a dotfiles link there is the user's own
+    try:  # s06's open_inside, s02's write_inside: no link below it is followed
+        fd = open_inside(home / path.name, home, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # one made before was 0644
+        finally:
+            os.close(fd)
+        trim_history(home / path.name)
     except OSError as e:
         say(f"[input history not saved: {e}]")
         return InMemoryHistory()
@@ -14071,10 +14066,7 @@ def trim_history(path):
         f.seek(-HISTORY_CAP, os.SEEK_END)
         tail = f.read()
     start = tail.find(b"\n#")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(tail[start:] if start >= 0 else b"")
-    os.replace(tmp, path)
+    write_inside(path, tail[start:] if start >= 0 else b"", 0o600)
 
 
 class LineEditor:

@@ -288,3 +288,30 @@ def test_inboxes_and_the_message_log_go_through_the_door(mod, workspace, elsewhe
     mod.log_records(folder / "inbox", [record])          # the log of a team folder that is a link
     assert list(elsewhere.iterdir()) == []
     assert "the team's message log is not written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mod", chapters_from("s12"), indirect=True)
+def test_lane_locks_and_the_event_log_go_through_the_door(mod, workspace, elsewhere, capsys):
+    """A lane's <name>.lock and events.jsonl were opened with O_NOFOLLOW on their own
+    names only: .agent/worktrees turned into a link had them made where it points."""
+    plant(workspace / ".agent" / "worktrees", elsewhere)
+    lane = {"name": "fix", "path": workspace / ".agent" / "worktrees" / "fix", "origin": str(workspace)}
+    with pytest.raises(mod.ToolError, match="cannot be opened"):
+        mod.lock_lane(lane)
+    assert mod.share_lock(lane) is None
+    mod.log_event(workspace, "create", "fix")
+    assert list(elsewhere.iterdir()) == []
+    assert "the worktree event log is not written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mod", ["agent_full"], indirect=True)
+def test_the_prompt_history_goes_through_the_door(mod, workspace, elsewhere, capsys):
+    """~/.agent/history was opened and chmod-ed by its path: a link there had its
+    target made 0600 and the prompts appended to it."""
+    victim = elsewhere / "notes"
+    victim.write_text("the user's\n")
+    victim.chmod(0o644)
+    plant(Path.home() / ".agent" / "history", victim)
+    assert type(mod.prompt_history()).__name__ == "InMemoryHistory"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and victim.read_text() == "the user's\n"
+    assert "input history not saved" in capsys.readouterr().err
