@@ -6747,8 +6747,10 @@ def json_reply(text):
 
 
 def log_memory(line):
-    with contextlib.suppress(OSError), open(agent_state().workdir / ".agent" / "memory.log", "a",
-                                            encoding="utf-8") as fh:
+    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
+    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with contextlib.suppress(OSError), \
+            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
 
 

@@ -6804,8 +6804,10 @@ def json_reply(text):
 
 
 def log_memory(line):
-    with contextlib.suppress(OSError), open(agent_state().workdir / ".agent" / "memory.log", "a",
-                                            encoding="utf-8") as fh:
+    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
+    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with contextlib.suppress(OSError), \
+            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
 
 
@@ -8851,7 +8853,7 @@ FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no tas
 
 # --- s11.1: the roster ---
 # config.json is the team's one shared record of who is in it: rewritten whole
-# (save_task's temp file and os.replace) under the team's .lock (task_lock), so
+# (save_task: a new file and a rename) under the team's .lock (task_lock), so
 # readers see the old roster or the new one and two changes never mix.
 def check_name(value, what):
     """A team or member name, which becomes a file name: never a path, never empty."""

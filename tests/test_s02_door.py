@@ -315,3 +315,14 @@ def test_the_prompt_history_goes_through_the_door(mod, workspace, elsewhere, cap
     assert type(mod.prompt_history()).__name__ == "InMemoryHistory"
     assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and victim.read_text() == "the user's\n"
     assert "input history not saved" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mod", chapters_from("s09"), indirect=True)
+def test_the_memory_log_goes_through_the_door(mod, workspace, elsewhere):
+    """memory.log was opened for appending by its path, following any link."""
+    plant(workspace / ".agent", elsewhere)
+    mod.log_memory("extracted 1")
+    assert list(elsewhere.iterdir()) == []
+    (workspace / ".agent").unlink()
+    mod.log_memory("extracted 2")
+    assert "extracted 2" in (workspace / ".agent" / "memory.log").read_text()
