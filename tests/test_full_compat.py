@@ -26,6 +26,8 @@ TINY = str(TESTS / "mcp_tiny_server.py")
 
 # A PreToolUse hook as a Claude Code project writes it: the event on stdin, exit 2
 # with the reason on stderr. It also keeps what it read, for the tests to look at.
+# The system's python3 runs it: a project's hook runs inside the OS sandbox, whose
+# /tmp is private, and the interpreter running the tests may live under /tmp.
 GUARD = """\
 import json, pathlib, sys
 data = json.load(sys.stdin)
@@ -39,7 +41,7 @@ SETTINGS = {
     "permissions": {"deny": ["Bash(rm:*)", "Read(./secrets/**)", "Edit(/ci/**)"],
                     "allow": ["Bash(npm run test:*)", "Bash(echo:*)", "WebFetch(domain:example.com)"]},
     "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
-        {"type": "command", "command": f'{PY} "$CLAUDE_PROJECT_DIR"/.claude/hooks/guard.py'}]}]},
+        {"type": "command", "command": 'python3 "$CLAUDE_PROJECT_DIR"/.claude/hooks/guard.py'}]}]},
     "statusLine": {"type": "command", "command": "echo status"}}   # a key this agent has no use for
 
 
