@@ -321,10 +321,10 @@ def run_bash(command, timeout=None):
     # a pipe open and the call would wait for it. Own process group, so a
     # timeout, the output cap or Ctrl+C kills the whole pipeline, not just the shell.
     with tempfile.TemporaryFile() as sink:
-        p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
-                             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                             env=child_env())
-        try:  # s07
+        try:  # s07: a command that cannot even start (E2BIG) is audited too
+            p = subprocess.Popen(args, shell=shell, cwd=agent_state().workdir, stdin=subprocess.DEVNULL,  # s07
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,  # s07
+                                 env=child_env())  # s07
             stopped = watch_command(p, sink, timeout)  # s07
         except BaseException:  # s07: Ctrl+C too has git's folders audited
             shell or sandbox_note("", 0)  # s07
@@ -4167,10 +4167,13 @@ GIT_NESTS = ("worktrees", "modules")  # folders of git folders: each worktree's,
 GIT_BOUND = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info")  # bound read-only
 GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config keys; none runs a program
     r"core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode"
-    r"|symlinks|autocrlf|eol)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
-    r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)")
+    r"|symlinks|autocrlf|eol|worktree)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
+    r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|submodule\..+\.(url|active|branch)")
 GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
 GIT_TODOS = ("rebase-merge/git-rebase-todo", "sequencer/todo")  # git's data, but their exec lines run
+GIT_ASIDE = ".agent/git-set-aside"  # what audit_git takes away, by run: never deleted
+GIT_STRATEGIES = ("rebase-merge/strategy", "sequencer/opts")  # git's data, but a strategy is a program
+GIT_OWN_STRATEGIES = {"ort", "recursive", "resolve", "octopus", "ours", "subtree"}  # built into git
 GIT_AUDIT_TIMEOUT = 10       # seconds for the git that reads a new repository's config
 HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
     ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
@@ -4191,6 +4194,7 @@ SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
+    ".husky", ".pre-commit-config.yaml", "lefthook.yml", ".lefthook.yml",  # git's hooks run what these say
     *HOME_DOTFILES]  # workspace = HOME
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
@@ -4200,11 +4204,13 @@ UNGUARDED_WARNING = ("[warning: bypassPermissions with no OS sandbox: the model'
                      "command lines, not code (python3 -c, scripts). For the sandbox: Linux with "
                      "bubblewrap installed and user namespaces on, sandbox.enabled not false; or "
                      "use the default mode, which asks first]")
-SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" means the path is outside the writable "
+SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" (or, for a bound file such as git's "
+                      "config, \"Device or resource busy\") means the path is outside the writable "
                       "area. Commands may write only in the workspace (not its protected config: "
                       ".agent config, hooks and skills, .git/hooks, .git/config), in extra "
                       "directories from the config, and in /tmp, which is private and discarded "
-                      "after each command. Write inside the workspace, or ask the user.]")
+                      "after each command. Write inside the workspace, or ask the user (git config "
+                      "is theirs to change).]")
 
 
 def sandbox_settings():
@@ -4302,6 +4308,7 @@ def sandbox_paths(workdir):
     with contextlib.suppress(OSError):
         (Path(workdir) / ".agent").mkdir(exist_ok=True)
     protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
+    protected += [str(Path.home() / p) for p in [AGENT_DIR, *HOME_DOTFILES]]  # an added folder may hold them
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))
@@ -4451,24 +4458,26 @@ def drop_stubs(state):
 def sandbox_note(out, returncode):
     """After a sandboxed command: a write the sandbox refused says why, not just
     EROFS; what it changed in git folders is audited (audit_git); its stubs go."""
-    note = f"\n{SANDBOX_WRITE_HINT}" if returncode and "Read-only file system" in out else ""
+    note = f"\n{SANDBOX_WRITE_HINT}" if returncode and ("Read-only file system" in out
+                                                      or "resource busy" in out) else ""  # a bound file: EBUSY
     return note + release_git(agent_state())  # s10: any agent's command may end first
 
 
-def git_snapshot(workdir, before=None):
+def git_snapshot(roots, before=None):
     """What a sandboxed command may not change in the workspace's git folders:
     {"folders": {folder: {"bound", "entries", "todos", "data"}}, "pointers": {.git file
     or link: state}}. A git folder is any folder git would take for one (is_git_folder:
     a .git folder, a bare repository, the workspace itself, those held in another's
     worktrees/ and modules/), or one that was a git folder `before`. The bytes to put
-    back are kept only in the first snapshot. .agent is skipped: no command writes it."""
+    back are kept only in the first snapshot. `roots`: every folder the command may
+    write (git_roots). .agent is skipped: no command writes it."""
     folders, pointers, old = {}, {}, (before or {}).get("folders", {})
-    for here, dirs, files in os.walk(workdir):
-        if here == str(workdir):
+    for here, dirs, files in (step for root in roots for step in os.walk(root)):
+        if here in map(str, roots):
             dirs[:] = [d for d in dirs if d != AGENT_DIR]
         if is_git_folder(Path(here)) or here in old:
             git_folder(Path(here), folders, old, before is None)
-            dirs[:] = [] if here != str(workdir) else [d for d in dirs if not data_name(d)]
+            dirs[:] = [] if here not in map(str, roots) else [d for d in dirs if not data_name(d)]
         if os.path.lexists(Path(here) / ".git"):
             path = Path(here) / ".git"
             if path.is_dir() and not path.is_symlink():
@@ -4477,6 +4486,12 @@ def git_snapshot(workdir, before=None):
                 pointers[str(path)] = entry_state(path, True)
             dirs[:] = [d for d in dirs if d != ".git"]
     return {"folders": folders, "pointers": pointers}
+
+
+def git_roots(state):
+    """The folders a sandboxed command may write: the workspace and its additional directories."""
+    extra = [Path(d).resolve() for d in state.permissions["additional_directories"] if os.path.isdir(d)]
+    return [state.workdir] + [d for d in extra if not d.is_relative_to(state.workdir)]
 
 
 def is_git_folder(folder):
@@ -4494,7 +4509,7 @@ def git_folder(folder, folders, old, keep):
     its GIT_BOUND names that exist (bound read-only; as they were in `old`, if it
     was there), every other entry that is not git's data, and its todo lists."""
     bound = old[str(folder)]["bound"] if str(folder) in old else \
-        [n for n in GIT_BOUND if os.path.lexists(folder / n)]
+        [n for n in GIT_BOUND if os.path.lexists(folder / n)] + git_reaches(folder)
     entries = {}
     for name in sorted(os.listdir(folder)):
         path = folder / name
@@ -4508,8 +4523,33 @@ def git_folder(folder, folders, old, keep):
             for here, dirs, files in os.walk(path) if entries[name] == ("dir",) else ():
                 for n in dirs + files:
                     entries[(Path(here) / n).relative_to(folder).as_posix()] = entry_state(Path(here) / n, keep)
-    todos = {t: entry_state(folder / t, False) for t in GIT_TODOS if os.path.lexists(folder / t)}
+    todos = {t: entry_state(folder / t, False) for t in GIT_TODOS + GIT_STRATEGIES if os.path.lexists(folder / t)}
     folders[str(folder)] = {"bound": bound, "entries": entries, "todos": todos}
+
+
+def git_reaches(folder):
+    """What git runs or reads from outside a git folder, by its config: files it
+    includes (include.path, includeIf), its core.hooksPath folder (husky's `_`
+    with its parent, whose scripts it runs), and the scripts its hooks link to.
+    Absolute paths, bound read-only like the folder's own config."""
+    reached = [os.path.realpath(h) for h in (folder / "hooks").glob("*") if h.is_symlink()]
+    text = (read_plain(folder / "config", GIT_KEEP_BYTES) or b"").lower()
+    if b"include" not in text and b"hookspath" not in text:
+        return reached
+    try:
+        p = subprocess.run(["git", "config", "--file", "config", "--includes", "--list", "--show-origin", "-z"],
+                           cwd=folder, capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return reached
+    items = p.stdout.split(b"\0")
+    for origin, entry in zip(items[::2], items[1::2]):
+        key, _, value = entry.decode("utf-8", "replace").partition("\n")
+        reached.append(os.path.realpath(folder / origin.decode("utf-8", "replace").removeprefix("file:")))
+        if key == "core.hookspath":
+            hooks = Path(os.path.realpath((folder.parent if folder.name == ".git" else folder) /
+                                          os.path.expanduser(value)))
+            reached += [str(hooks)] + ([str(hooks.parent)] if hooks.name == "_" else [])
+    return list(dict.fromkeys(reached))
 
 
 def entry_state(path, keep):
@@ -4559,7 +4599,7 @@ def audit_git(state):
     before, state.git_before = state.git_before, {}
     if not before:
         return ""
-    now, done = git_snapshot(state.workdir, before), []
+    now, done = git_snapshot(git_roots(state), before), []
     known = now["folders"].keys() | before["folders"].keys()
     for folder, was in before["folders"].items():
         if folder in now["folders"]:  # a repository deleted is the command's to delete
@@ -4568,7 +4608,7 @@ def audit_git(state):
         done += disarm(Path(folder), known)
     for folder, found in now["folders"].items():
         was = before["folders"].get(folder, {}).get("todos", {})
-        done += [d for t, s in found["todos"].items() if s != was.get(t) for d in drop_execs(Path(folder) / t)]
+        done += [d for t, s in found["todos"].items() if s != was.get(t) for d in tame(Path(folder) / t)]
     held = [Path(f) / n for f in known for n in GIT_NESTS]  # where `git worktree add` puts its folder
     for path, was in now["pointers"].items():
         if before["pointers"].get(path) != was and not ((to := leads_to(Path(path), "gitdir: ")) in known
@@ -4576,8 +4616,9 @@ def audit_git(state):
             old = {".git": before["pointers"][path]} if path in before["pointers"] else {}
             done += put_back(Path(path).parent, old, {".git": was})
     said = "".join(f"\n  {os.path.relpath(p, state.workdir)} {what}" for p, what in done)
+    kept = f"\n  what was set aside is in {GIT_ASIDE}/{state.run_id}/" * any(w == "set aside" for _, w in done)
     return f"\n[sandbox: in a git folder a command may change git's data only, never what git " \
-           f"runs or reads as config; so:{said}]" if done else ""
+           f"runs or reads as config; so:{said}{kept}]" if done else ""
 
 
 def leads_to(path, prefix=""):
@@ -4589,18 +4630,19 @@ def leads_to(path, prefix=""):
 
 
 def put_back(folder, was, now):
-    """Entries of a folder as they were: what is new or changed goes (deepest
-    first), what was there is written again (parents first), all through s02's
-    door. [(path, what was done)], the topmost path of each change; an entry that
-    cannot be put back is said, and the others still are."""
+    """Entries of a folder as they were: what is new or changed is set aside
+    (deepest first: never deleted, it may be the human's own git at work meanwhile),
+    what was there is written again (parents first), all through s02's door.
+    [(path, what was done)], the topmost path of each change; an entry that cannot
+    be put back is said, and the others still are."""
     changed = sorted(k for k in was.keys() | now.keys() if was.get(k, ())[:3] != now.get(k, ())[:3])
     top = [n for n in changed if not any(n.startswith(m + "/") for m in changed)]
     failed = {}
     for name in reversed([n for n in changed if n in now]):
-        failed |= try_inside(remove_inside, folder / name)
+        failed |= try_inside(set_aside, folder / name)
     for name in [n for n in changed if n in was]:
         failed |= try_inside(restore_inside, folder / name, was[name])
-    return [(str(folder / n), failed.get(str(folder / n)) or ("put back" if n in was else "removed"))
+    return [(str(folder / n), failed.get(str(folder / n)) or ("put back" if n in was else "set aside"))
             for n in top] + [(p, why) for p, why in failed.items() if Path(p).name not in top]
 
 
@@ -4611,6 +4653,34 @@ def try_inside(do, path, *args):
         return {}
     except OSError as e:
         return {str(path): f"could not be put back ({e.strerror or e}): check it before you run git there"}
+
+
+def set_aside(path):
+    """Move a file or link into the agent's GIT_ASIDE folder (its path mirrored under
+    it), through s02's door; an emptied folder is removed. Another file system
+    (an additional directory): removed, as there is no rename to there."""
+    fd = open_folder(path.parent)
+    try:
+        if stat.S_ISDIR(os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode):
+            return os.rmdir(path.name, dir_fd=fd)  # its entries were set aside first
+        state = agent_state()
+        aside = state.workdir / GIT_ASIDE / state.run_id
+        keep_out_of_git(aside.parent)
+        mirror = aside / (path.relative_to(state.workdir) if path.is_relative_to(state.workdir)
+                          else Path("outside", *path.parts[1:]))
+        to, name = open_folder(mirror.parent), mirror.name
+        try:
+            with contextlib.suppress(FileNotFoundError):  # a free name: never over an earlier one
+                for i in range(1, 1000):
+                    os.stat(name, dir_fd=to, follow_symlinks=False)
+                    name = f"{mirror.name}.{i}"
+            os.rename(path.name, name, src_dir_fd=fd, dst_dir_fd=to)
+        except OSError:  # EXDEV, or a name there already
+            os.unlink(path.name, dir_fd=fd)
+        finally:
+            os.close(to)
+    finally:
+        os.close(fd)
 
 
 def remove_inside(path):
@@ -4684,18 +4754,24 @@ def keep_safe_keys(path):
     """Write a config file anew (s02's door) with only GIT_KEYS_KEPT's keys, as git
     itself reads them (any size); the keys dropped, ["(unreadable)"] when git could
     not read it, [] when nothing had to change."""
-    try:
-        p = subprocess.run(["git", "config", "--file", str(path), "--list", "-z"], capture_output=True,
-                           env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
-        pairs = [(item.split(b"\n", 1) + [None])[:2] for item in p.stdout.split(b"\0") if item]
-    except (OSError, subprocess.SubprocessError):
-        p, pairs = None, []
-    pairs = [(k.decode("utf-8", "replace"), v) for k, v in pairs] if p and not p.returncode else None
+    pairs = keys_of(path)
     dropped = sorted({k for k, _ in pairs if not GIT_KEYS_KEPT.fullmatch(k)}) if pairs is not None \
         else ["(unreadable)"]
     if dropped:
         write_inside(path, config_text([(k, v) for k, v in pairs or [] if GIT_KEYS_KEPT.fullmatch(k)]))
     return dropped
+
+
+def keys_of(path):
+    """[(key, value bytes or None)] of a config file, as git itself reads it (any
+    size); None when git cannot read it (or cannot run)."""
+    try:
+        p = subprocess.run(["git", "config", "--file", str(path), "--list", "-z"], capture_output=True,
+                           env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    pairs = [(item.split(b"\n", 1) + [None])[:2] for item in p.stdout.split(b"\0") if item]
+    return None if p.returncode else [(k.decode("utf-8", "replace"), v) for k, v in pairs]
 
 
 def config_text(pairs):
@@ -4711,6 +4787,25 @@ def config_text(pairs):
         text = (value or b"true").decode("utf-8", "replace")
         out.append(f'\t{name} = "' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"')
     return ("\n".join(out) + "\n").encode()
+
+
+def tame(path):
+    """A file of git's data that names a program, written by a sandboxed command:
+    a strategy git does not have built in is taken away, a todo list's exec lines
+    are dropped. [(path, what was done)]."""
+    if path.name == "opts":  # sequencer/opts: a config file
+        pairs = keys_of(path)
+        if pairs is not None and all((v or b"").decode("utf-8", "replace") in GIT_OWN_STRATEGIES
+                                     for k, v in pairs if k == "options.strategy"):
+            return []
+        write_inside(path, config_text([(k, v) for k, v in pairs or [] if k != "options.strategy"]))
+        return [(str(path), "had its strategy taken away (a program)")]
+    if path.name == "strategy":
+        data = read_plain(path, 4096)
+        if data is None or data.decode("utf-8", "replace").strip() not in GIT_OWN_STRATEGIES:
+            return put_back(path.parent, {}, {path.name: ("file",)})
+        return []
+    return drop_execs(path)
 
 
 def drop_execs(todo):
@@ -5566,10 +5661,11 @@ def run_command_hook(hook, payload, env, state):
             tempfile.TemporaryFile() as err:
         stdin.write(json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8", "replace"))
         stdin.seek(0)  # a file, not a pipe: a hook that never reads stdin cannot block us
-        p = subprocess.Popen(argv, cwd=state.workdir, stdin=stdin, stdout=out, stderr=err, env=env,
-                             start_new_session=True)
-        state.hooks["procs"].add(p)
-        try:
+        p = None
+        try:  # a hook that cannot even start is audited too
+            p = subprocess.Popen(argv, cwd=state.workdir, stdin=stdin, stdout=out, stderr=err, env=env,
+                                 start_new_session=True)
+            state.hooks["procs"].add(p)
             stopped = watch_hook(p, (out, err), hook["timeout"])
         finally:
             state.hooks["procs"].discard(p)
@@ -7693,7 +7789,7 @@ def guard_git(state):
         guards = state.session.setdefault("git_guard", {})  # the session's, by workspace
         guard = guards.setdefault(str(state.workdir), {"running": 0, "before": {}})
         if not guard["running"]:
-            guard["before"] = git_snapshot(state.workdir)
+            guard["before"] = git_snapshot(git_roots(state))
         guard["running"] += 1
         return guard["before"]
 

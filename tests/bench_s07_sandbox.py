@@ -84,7 +84,7 @@ def audit_ms(mod, root, runs):
     state = mod.AgentState(root)
     if hasattr(mod, "git_snapshot"):
         def once():
-            state.git_before = mod.git_snapshot(state.workdir)
+            state.git_before = mod.git_snapshot(mod.git_roots(state))
             mod.audit_git(state)
     else:
         def once():

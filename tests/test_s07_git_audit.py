@@ -107,7 +107,7 @@ def test_a_new_git_file_or_link_is_taken_away(sandboxed, workspace):
     attack = ("git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
               "mkdir -p d e && echo 'gitdir: ../evil' > d/.git && ln -s ../evil e/.git")
     out = bash(mod, attack)
-    assert "d/.git removed" in out and "e/.git removed" in out, out
+    assert "d/.git set aside" in out and "e/.git set aside" in out, out
     assert not os.path.lexists(workspace / "d/.git") and not os.path.lexists(workspace / "e/.git")
     git(workspace / "d", "status")
     git(workspace / "e", "status")
@@ -130,7 +130,7 @@ def test_what_git_reads_in_an_existing_repository_is_read_only_or_put_back(sandb
     out = bash(mod, attack)
     for planted in ("vendor/lib/.git/commondir", ".git/commondir", ".git/config.worktree",
                     ".git/description.new"):
-        assert f"{planted} removed" in out, (planted, out)
+        assert f"{planted} set aside" in out, (planted, out)
         assert not os.path.lexists(workspace / planted)
     assert (workspace / "vendor/lib/.git/config").read_bytes() == before
     git(workspace, "status")
@@ -186,7 +186,7 @@ def test_in_the_default_mode_the_models_unasked_commands_leave_git_nothing_to_ru
                     env={"HOME": str(workspace.parent / "home"), "AGENT_PERMISSION_MODE": "default"})
     assert r.returncode == 0, r.stderr
     told = json.dumps(api.requests[1]["body"]["messages"][-1]["content"])
-    assert ".git/commondir removed" in told and "sub/.git/config was written anew without core.fsmonitor" in told
+    assert ".git/commondir set aside" in told and "sub/.git/config was written anew without core.fsmonitor" in told
     git(workspace, "status")
     git(workspace / "sub", "status")
     assert not pwned(workspace)
@@ -222,7 +222,7 @@ def test_an_existing_submodules_git_folder_cannot_leave_the_audit(sandboxed, wor
     git(workspace, "commit", "-qm", "sub")
     out = bash(sandboxed, "git init -q --bare evil && " + FSMONITOR.format("evil/config") + " && "
                "cd .git/modules/lib && rm HEAD && ln -s refs/heads HEAD && echo ../../../evil > commondir")
-    assert ".git/modules/lib/commondir removed" in out, out
+    assert ".git/modules/lib/commondir set aside" in out, out
     git(workspace, "status")
     assert not pwned(workspace)
 
@@ -245,7 +245,7 @@ def test_one_entry_that_cannot_be_put_back_does_not_stop_the_audit(sandboxed, wo
     out = bash(sandboxed, "git init -q --bare evil && " + FSMONITOR.format("evil/config") +
                f" && echo ../evil > .git/commondir && mkdir .git/zzz && cd .git/zzz && "
                f"for i in $(seq 25); do mkdir {deep} && cd {deep}; done")
-    assert ".git/commondir removed" in out and "could not be put back" in out, out
+    assert ".git/commondir set aside" in out and "could not be put back" in out, out
     git(workspace, "status")
     assert not pwned(workspace)
 
@@ -275,3 +275,153 @@ def test_a_worktree_added_inside_the_workspace_keeps_its_pointer(sandboxed, work
     out = bash(sandboxed, "git worktree add -q wt -b feature")
     assert (workspace / "wt/.git").is_file(), out
     assert git(workspace / "wt", "branch", "--show-current").stdout.strip() == "feature"
+
+
+# --- a second hostile review: each failed before its fix ---
+PROGRAM = "mkdir git-merge- && printf '#!/bin/sh\\ntouch PWNED\\n' > git-merge-/x && chmod +x git-merge-/x"
+
+
+def two_branches(ws):
+    """main: one, three; topic: one, two. Returns their commits."""
+    git(ws, "init", "-q", "-b", "main")
+    (ws / "a").write_text("a\n")
+    git(ws, "add", "a")
+    git(ws, "commit", "-qm", "one")
+    git(ws, "switch", "-qc", "topic")
+    (ws / "a").write_text("b\n")
+    git(ws, "commit", "-qam", "two")
+    git(ws, "switch", "-q", "main")
+    (ws / "c").write_text("c\n")
+    git(ws, "add", "c")
+    git(ws, "commit", "-qm", "three")
+    return git(ws, "rev-parse", "main").stdout.strip(), git(ws, "rev-parse", "topic").stdout.strip()
+
+@in_s07
+def test_a_planted_rebase_strategy_runs_a_program(sandboxed, workspace):
+    main, topic = two_branches(workspace)
+    out = bash(sandboxed, f"mkdir .git/rebase-merge && cd .git/rebase-merge && echo refs/heads/main > head-name && "
+               f"echo {main} > onto && echo {main} > orig-head && touch interactive && "
+               f"echo 'pick {topic} two' > git-rebase-todo && : > done && echo 1 > end && echo 0 > msgnum && "
+               f"echo /x > strategy && cd ../.. && {PROGRAM}")
+    git(workspace, "rebase", "--continue")     # the human, later, outside the sandbox
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_planted_cherry_pick_strategy_runs_a_program(sandboxed, workspace):
+    main, topic = two_branches(workspace)
+    out = bash(sandboxed, f"mkdir .git/sequencer && cd .git/sequencer && echo {main} > head && "
+               f"printf 'pick {main} three\\npick {topic} two\\n' > todo && printf '[options]\\n\\tstrategy = /x\\n' > opts && "
+               f"cd ../.. && {PROGRAM}")
+    git(workspace, "cherry-pick", "--continue")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_config_the_repository_includes_from_the_workspace(sandboxed, workspace):
+    """A common set-up: the project shares git settings in a tracked file, and each
+    clone runs `git config include.path ../.gitconfig` once."""
+    git(workspace, "init", "-q")
+    (workspace / "tools").mkdir(); (workspace / "tools/git.config").write_text("[diff]\n\tcolorMoved = zebra\n")
+    git(workspace, "config", "include.path", "../tools/git.config")
+    out = bash(sandboxed, "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> tools/git.config")
+    git(workspace, "status")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_nested_repositorys_hooks_path(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    (workspace / "vendor/lib/.githooks").mkdir(parents=True)
+    git(workspace / "vendor/lib", "init", "-q")
+    git(workspace / "vendor/lib", "config", "core.hooksPath", ".githooks")
+    out = bash(sandboxed, "printf '#!/bin/sh\\ntouch PWNED\\n' > vendor/lib/.githooks/pre-commit && "
+                          "chmod +x vendor/lib/.githooks/pre-commit")
+    git(workspace / "vendor/lib", "commit", "-qm", "x", "--allow-empty")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_husky_hooks_run_the_script_one_folder_up(sandboxed, workspace):
+    """husky v9 (`npx husky init`): core.hooksPath = .husky/_, whose stubs run .husky/<hook>."""
+    git(workspace, "init", "-q")
+    (workspace / ".husky/_").mkdir(parents=True)
+    stub = workspace / ".husky/_/pre-commit"
+    stub.write_text('#!/bin/sh\n. "$(dirname "$0")/h"\n')
+    (workspace / ".husky/_/h").write_text('#!/bin/sh\nn=$(basename "$0")\ns=$(dirname "$(dirname "$0")")/$n\n'
+                                          '[ ! -f "$s" ] && exit 0\nsh -e "$s"\n')
+    stub.chmod(0o755)
+    (workspace / ".husky/pre-commit").write_text("npm test\n")
+    git(workspace, "config", "core.hooksPath", ".husky/_")
+    out = bash(sandboxed, "echo 'touch PWNED' > .husky/pre-commit")
+    git(workspace, "commit", "-qm", "x", "--allow-empty")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_hook_linked_to_a_tracked_script(sandboxed, workspace):
+    """A common set-up: `ln -s ../../scripts/pre-commit.sh .git/hooks/pre-commit`."""
+    git(workspace, "init", "-q")
+    (workspace / "scripts").mkdir()
+    (workspace / "scripts/pre-commit.sh").write_text("#!/bin/sh\nexit 0\n")
+    (workspace / "scripts/pre-commit.sh").chmod(0o755)
+    os.symlink("../../scripts/pre-commit.sh", workspace / ".git/hooks/pre-commit")
+    out = bash(sandboxed, "printf '#!/bin/sh\\ntouch PWNED\\n' > scripts/pre-commit.sh")
+    git(workspace, "commit", "-qm", "x", "--allow-empty")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_repository_in_an_additional_directory(sandboxed, workspace):
+    """additional_directories (Claude Code's --add-dir) are writable in the sandbox too,
+    and a sibling checkout is the usual one to add: its .git is never bound nor audited."""
+    lib = workspace.parent / "shared-lib"
+    lib.mkdir()
+    git(lib, "init", "-q")
+    sandboxed.agent_state().permissions["additional_directories"] = [lib]
+    out = bash(sandboxed, f"printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> {lib}/.git/config && "
+                          f"printf '#!/bin/sh\\ntouch PWNED\\n' > {lib}/.git/hooks/pre-commit && chmod +x {lib}/.git/hooks/pre-commit")
+    git(lib, "status")
+    assert not pwned(lib), out
+
+
+@in_s07
+def test_a_command_too_long_to_start_leaves_nothing_held(sandboxed, workspace):
+    """E2BIG: the command never starts; its snapshot and stubs must still end with it."""
+    git(workspace, "init", "-q")
+    with pytest.raises(OSError):
+        bash(sandboxed, "cat > data.txt <<'EOF'\n" + "x" * 140_000 + "\nEOF")
+    (workspace / ".git/description").write_text("the human's, later\n")   # the human, much later
+    out = bash(sandboxed, "true")
+    assert "description" not in out, out
+    assert (workspace / ".git/description").read_text() == "the human's, later\n"
+    assert not (workspace / ".mcp.json").exists()
+
+
+@in_s07
+def test_a_config_write_is_explained(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    out = bash(sandboxed, "git config user.name Ada")
+    assert "Device or resource busy" in out and "git config is theirs to change" in out, out
+
+
+@in_s07
+def test_the_humans_own_git_meanwhile_is_set_aside_never_lost(sandboxed, workspace):
+    """The human runs `git sparse-checkout set` while the agent's command runs: the audit
+    cannot tell whose config.worktree it is, so it sets it aside, where it is kept."""
+    import threading
+    import time
+    git(workspace, "init", "-q")
+    (workspace / "src").mkdir()
+    (workspace / "src/a").write_text("a")
+    git(workspace, "add", "-A")
+    git(workspace, "commit", "-qm", "x")
+    human = threading.Thread(target=lambda: (time.sleep(1), git(workspace, "sparse-checkout", "set", "src")))
+    human.start()
+    out = bash(sandboxed, "sleep 3")
+    human.join()
+    state = sandboxed.agent_state()
+    kept = workspace / ".agent/git-set-aside" / state.run_id / ".git/config.worktree"
+    assert ".git/config.worktree set aside" in out and f"git-set-aside/{state.run_id}/" in out, out
+    assert "sparse" in kept.read_text()
+    assert git(workspace, "status", "--porcelain").stdout == ""  # set aside, and out of git

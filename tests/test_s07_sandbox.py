@@ -222,7 +222,7 @@ def test_protected_paths_cannot_be_changed_or_swapped(sandboxed, workspace):
     # git's data stays writable (commits need it); any other name in .git is put back (rule 1)
     assert mod.run_bash("echo ok > .git/COMMIT_EDITMSG && cat .git/COMMIT_EDITMSG") == "ok\n"
     out = mod.run_bash("echo ok > .git/description && cat .git/description")
-    assert out.startswith("ok\n") and ".git/description removed" in out
+    assert out.startswith("ok\n") and ".git/description set aside" in out
     assert not (workspace / ".git/description").exists()
 
 
@@ -329,7 +329,7 @@ def test_a_sandboxed_command_that_times_out_or_is_interrupted_still_has_its_git_
             time.sleep(0.01)
         return real_watch(p, sink, timeout)
     monkeypatch.setattr(mod, "watch_command", planted)
-    with pytest.raises(mod.ToolError, match=r"\.git/commondir removed"):
+    with pytest.raises(mod.ToolError, match=r"\.git/commondir set aside"):
         mod.run_bash(plant, timeout=1)                               # stopped by its timeout
     assert not commondir.exists()
 
@@ -350,7 +350,7 @@ def test_git_cannot_be_pointed_elsewhere_from_the_sandbox(sandboxed, workspace):
     out = bash(mod, "mkdir -p evil/objects evil/refs && echo ../evil > .git/commondir && "
                     "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' > evil/config")
     assert not (workspace / ".git" / "commondir").exists()
-    assert ".git/commondir removed" in out
+    assert ".git/commondir set aside" in out
     subprocess.run(["git", "status"], cwd=workspace, capture_output=True)
     assert not (workspace / "PWNED").exists()
     assert bash(mod, "git add -A && git -c user.email=a@b -c user.name=a commit -qm x && echo ok").strip() \

@@ -904,7 +904,10 @@ def test_a_command_that_swaps_the_runtime_folder_cannot_move_the_status_file(bac
     record = finish(mod, id)
     assert record["status"] == "completed"                          # known to the loop ...
     assert list(elsewhere.iterdir()) == []                          # ... and nothing written through the link
-    assert "symbolic link" in refused(mod, mod.background_run, "echo again")
+    if (workspace / ".agent" / "runtime-tasks").is_symlink():      # the status write may have remade the
+        assert "symbolic link" in refused(mod, mod.background_run, "echo again")  # folder first (the door
+    else:                                                           # makes what is missing): then ln put
+        assert (workspace / ".agent" / "runtime-tasks").is_dir()   # its link inside that folder
 
 
 @pytest.mark.permissions
