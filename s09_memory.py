@@ -4127,6 +4127,7 @@ GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config ke
     r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|submodule\..+\.(url|active|branch)")
 GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
 GIT_TODOS = ("rebase-merge/git-rebase-todo", "sequencer/todo")  # git's data, but their exec lines run
+GIT_INCLUDES = 20           # config files followed from one git folder's (git_reaches)
 GIT_ASIDE = ".agent/git-set-aside"  # what audit_git takes away, by run: never deleted
 GIT_STRATEGIES = ("rebase-merge/strategy", "sequencer/opts")  # git's data, but a strategy is a program
 GIT_OWN_STRATEGIES = {"ort", "recursive", "resolve", "octopus", "ours", "subtree"}  # built into git
@@ -4144,7 +4145,8 @@ SECRET_VARS = ("KUBECONFIG", "DOCKER_CONFIG", "AWS_SHARED_CREDENTIALS_FILE", "AW
 # the container daemons' that live under HOME (/run, with the rest, is hidden).
 SOCKET_VARS = ("SSH_AUTH_SOCK",)
 HOME_SOCKETS = (".docker/run", ".colima", ".lima", ".rd", ".orbstack", ".local/share/containers")
-HOME_DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig")  # read from HOME only
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".zshenv", ".zshrc",
+                 ".zprofile", ".profile", ".gitconfig", ".config/git")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
     ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
@@ -4264,7 +4266,7 @@ def sandbox_paths(workdir):
     with contextlib.suppress(OSError):
         (Path(workdir) / ".agent").mkdir(exist_ok=True)
     protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
-    protected += [str(Path.home() / p) for p in [AGENT_DIR, *HOME_DOTFILES]]  # an added folder may hold them
+    protected += [str(Path.home().resolve() / p) for p in [AGENT_DIR, *HOME_DOTFILES]]  # an added folder may hold them
     protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
     if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
         protected.append(str(Path(workdir) / ".git"))
@@ -4378,15 +4380,17 @@ def place_stubs(protected, state):
     .claude/settings.local.json or a hook script that a later start would trust
     unseen. Recorded in the session, for drop_stubs. A missing .git stays makeable
     (git init must work; its hooks are then git's samples), and HOME's dotfiles are
-    stubbed only in HOME, the one place a shell or git reads them."""
-    workdir, made = state.workdir, []
-    in_home = workdir == Path.home().resolve()
+    stubbed only in HOME, the one place a shell or git reads them. Every folder the
+    command may write counts (an additional directory may be HOME)."""
+    workdir, made, home = state.workdir, [], Path.home().resolve()
     for path in map(Path, protected):
-        parts = path.relative_to(workdir).parts if path.is_relative_to(workdir) else ()
-        if not parts or parts[0] == ".git" or (parts[0] in HOME_DOTFILES and not in_home) \
+        root = next((r for r in git_roots(state) if path.is_relative_to(r)), None)
+        parts = path.relative_to(root).parts if root else ()
+        dotfile = any("/".join(parts[:len(Path(d).parts)]) == d for d in HOME_DOTFILES)
+        if not parts or parts[0] == ".git" or (dotfile and root != home) \
                 or any(path.is_relative_to(stub) for stub in made):  # inside a stub: hidden with it
             continue
-        part = workdir
+        part = root
         for name in parts:
             part = part / name
             if not os.path.lexists(part):
@@ -4464,7 +4468,7 @@ def git_folder(folder, folders, old, keep):
     its GIT_BOUND names that exist (bound read-only; as they were in `old`, if it
     was there), every other entry that is not git's data, and its todo lists."""
     bound = old[str(folder)]["bound"] if str(folder) in old else \
-        [n for n in GIT_BOUND if os.path.lexists(folder / n)] + git_reaches(folder)
+        [n for n in GIT_BOUND if os.path.lexists(folder / n)] + (git_reaches(folder) if keep else [])
     entries = {}
     for name in sorted(os.listdir(folder)):
         path = folder / name
@@ -4479,31 +4483,33 @@ def git_folder(folder, folders, old, keep):
                 for n in dirs + files:
                     entries[(Path(here) / n).relative_to(folder).as_posix()] = entry_state(Path(here) / n, keep)
     todos = {t: entry_state(folder / t, False) for t in GIT_TODOS + GIT_STRATEGIES if os.path.lexists(folder / t)}
-    folders[str(folder)] = {"bound": bound, "entries": entries, "todos": todos}
+    unmade = [p for p in bound if os.path.isabs(p) and not os.path.lexists(p)] if keep else []
+    folders[str(folder)] = {"bound": bound, "entries": entries, "todos": todos, "unmade": unmade}
 
 
 def git_reaches(folder):
-    """What git runs or reads from outside a git folder, by its config: files it
-    includes (include.path, includeIf), its core.hooksPath folder (husky's `_`
-    with its parent, whose scripts it runs), and the scripts its hooks link to.
-    Absolute paths, bound read-only like the folder's own config."""
+    """What git runs or reads from outside a git folder, by its config: the files
+    it includes (include.path, and includeIf's whatever their condition: a command
+    can switch the branch), there or not yet; its core.hooksPath folder (husky's `_`
+    with its parent, whose scripts it runs); the scripts its hooks link to. Absolute
+    paths, bound read-only like the folder's own config (audit_git sets aside one
+    that was missing and appears)."""
     reached = [os.path.realpath(h) for h in (folder / "hooks").glob("*") if h.is_symlink()]
-    text = (read_plain(folder / "config", GIT_KEEP_BYTES) or b"").lower()
-    if b"include" not in text and b"hookspath" not in text:
-        return reached
-    try:
-        p = subprocess.run(["git", "config", "--file", "config", "--includes", "--list", "--show-origin", "-z"],
-                           cwd=folder, capture_output=True, env=git_plain_env(), timeout=GIT_AUDIT_TIMEOUT)
-    except (OSError, subprocess.SubprocessError):
-        return reached
-    items = p.stdout.split(b"\0")
-    for origin, entry in zip(items[::2], items[1::2]):
-        key, _, value = entry.decode("utf-8", "replace").partition("\n")
-        reached.append(os.path.realpath(folder / origin.decode("utf-8", "replace").removeprefix("file:")))
-        if key == "core.hookspath":
-            hooks = Path(os.path.realpath((folder.parent if folder.name == ".git" else folder) /
-                                          os.path.expanduser(value)))
-            reached += [str(hooks)] + ([str(hooks.parent)] if hooks.name == "_" else [])
+    configs, read = [folder / "config"], set()
+    while configs and len(read) < GIT_INCLUDES:
+        config = configs.pop()
+        text = read_plain(config, GIT_KEEP_BYTES)  # None: missing, a link (bound by its target), a FIFO
+        read.add(config)
+        if text is None or (b"include" not in text.lower() and b"hookspath" not in text.lower()):
+            continue
+        for key, value in keys_of(config) or []:
+            value = os.path.expanduser((value or b"").decode("utf-8", "replace"))
+            if re.fullmatch(r"include(if\..*)?\.path", key):
+                reached.append(os.path.realpath(config.parent / value))
+                configs += [Path(reached[-1])] if Path(reached[-1]) not in read else []
+            elif key == "core.hookspath":
+                hooks = Path(os.path.realpath((folder.parent if folder.name == ".git" else folder) / value))
+                reached += [str(hooks)] + ([str(hooks.parent)] if hooks.name == "_" else [])
     return list(dict.fromkeys(reached))
 
 
@@ -4561,6 +4567,9 @@ def audit_git(state):
             done += put_back(Path(folder), was["entries"], now["folders"][folder]["entries"])
     for folder in now["folders"].keys() - before["folders"].keys():
         done += disarm(Path(folder), known)
+    for path in [Path(p) for f in before["folders"].values() for p in f["unmade"] if os.path.lexists(p)]:
+        if any(path.is_relative_to(root) for root in git_roots(state)):  # an include made meanwhile
+            done += put_back(path.parent, {}, {path.name: ("file",)})
     for folder, found in now["folders"].items():
         was = before["folders"].get(folder, {}).get("todos", {})
         done += [d for t, s in found["todos"].items() if s != was.get(t) for d in tame(Path(folder) / t)]
@@ -4620,10 +4629,13 @@ def set_aside(path):
             return os.rmdir(path.name, dir_fd=fd)  # its entries were set aside first
         state = agent_state()
         aside = state.workdir / GIT_ASIDE / state.run_id
-        keep_out_of_git(aside.parent)
         mirror = aside / (path.relative_to(state.workdir) if path.is_relative_to(state.workdir)
                           else Path("outside", *path.parts[1:]))
-        to, name = open_folder(mirror.parent), mirror.name
+        try:
+            keep_out_of_git(aside.parent)
+            to, name = open_folder(mirror.parent), mirror.name
+        except OSError:  # no way there (a clone's link, an earlier file on the way): removed
+            return os.unlink(path.name, dir_fd=fd)
         try:
             with contextlib.suppress(FileNotFoundError):  # a free name: never over an earlier one
                 for i in range(1, 1000):
@@ -4747,7 +4759,10 @@ def config_text(pairs):
 def tame(path):
     """A file of git's data that names a program, written by a sandboxed command:
     a strategy git does not have built in is taken away, a todo list's exec lines
-    are dropped. [(path, what was done)]."""
+    are dropped; one that cannot be read as a plain file (a link, a FIFO, too big)
+    is set aside, as git would read it anyway. [(path, what was done)]."""
+    if read_plain(path, GIT_KEEP_BYTES) is None:
+        return put_back(path.parent, {}, {path.name: ("file",)})
     if path.name == "opts":  # sequencer/opts: a config file
         pairs = keys_of(path)
         if pairs is not None and all((v or b"").decode("utf-8", "replace") in GIT_OWN_STRATEGIES

@@ -425,3 +425,60 @@ def test_the_humans_own_git_meanwhile_is_set_aside_never_lost(sandboxed, workspa
     assert ".git/config.worktree set aside" in out and f"git-set-aside/{state.run_id}/" in out, out
     assert "sparse" in kept.read_text()
     assert git(workspace, "status", "--porcelain").stdout == ""  # set aside, and out of git
+
+
+# --- a third hostile review: each failed before its fix ---
+@in_s07
+def test_a_todo_list_git_reads_but_the_audit_cannot_is_set_aside(sandboxed, workspace):
+    main, _ = two_branches(workspace)
+    rebase = (f"mkdir -p .git/rebase-merge && cd .git/rebase-merge && echo refs/heads/main > head-name && "
+              f"echo {main} > onto && echo {main} > orig-head && touch interactive && : > done && "
+              f"echo 1 > end && echo 0 > msgnum && ")
+    out = bash(sandboxed, "echo 'exec touch PWNED' > notes.txt && " + rebase + "ln -s ../../notes.txt git-rebase-todo")
+    assert ".git/rebase-merge/git-rebase-todo set aside" in out, out
+    git(workspace, "rebase", "--continue")
+    assert not pwned(workspace)
+    git(workspace, "rebase", "--abort")
+    out = bash(sandboxed, rebase + "{ printf '# '; head -c 1100000 /dev/zero | tr '\\0' x; "
+                                   "printf '\\nexec touch PWNED\\n'; } > git-rebase-todo")
+    git(workspace, "rebase", "--continue")
+    assert not pwned(workspace), out
+
+
+@in_s07
+def test_a_cloned_link_where_things_are_set_aside_still_takes_the_plant_away(sandboxed, workspace):
+    git(workspace, "init", "-q")
+    (workspace / ".agent").mkdir(exist_ok=True)
+    os.symlink("/nonexistent", workspace / ".agent/git-set-aside")
+    out = bash(sandboxed, "git init -q --bare .git/lfs/evil && " + FSMONITOR.format(".git/lfs/evil/config") +
+               " && echo lfs/evil > .git/commondir")
+    git(workspace, "status")
+    assert not pwned(workspace), out
+    assert not (workspace / ".git/commondir").exists()
+
+
+@in_s07
+def test_an_include_made_by_the_command_or_chosen_by_its_branch_is_not_obeyed(sandboxed, workspace):
+    two_branches(workspace)
+    git(workspace, "config", "include.path", "../.gitconfig.local")        # optional: missing at first
+    (workspace / "t.gitconfig").write_text("[diff]\n\tcolorMoved = zebra\n")
+    git(workspace, "config", "includeIf.onbranch:topic.path", "../t.gitconfig")
+    out = bash(sandboxed, "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' > .gitconfig.local; "
+                          "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> t.gitconfig; "
+                          "git symbolic-ref HEAD refs/heads/topic")
+    assert ".gitconfig.local set aside" in out and "t.gitconfig: Read-only file system" in out, out
+    git(workspace, "status")
+    assert not pwned(workspace)
+
+
+@in_s07
+def test_home_as_an_additional_directory_keeps_the_agents_and_gits_config_out_of_reach(sandboxed, workspace):
+    home = workspace.parent / "home"
+    git(workspace, "init", "-q")
+    sandboxed.agent_state().permissions["additional_directories"] = [home]
+    bash(sandboxed, "mkdir -p ~/.config/git && printf '[core]\\n\\tfsmonitor = touch PWNED\\n' > ~/.config/git/config")
+    bash(sandboxed, "mkdir -p ~/.agent && printf 'permissions:\\n  sandbox:\\n    enabled: false\\n' > "
+                    "~/.agent/config.yaml")
+    assert not (home / ".agent/config.yaml").exists() and not (home / ".config/git/config").exists()
+    git(workspace, "status")
+    assert not pwned(workspace)
