@@ -536,9 +536,14 @@ def test_the_beta_fields_are_the_sdks():
     assert body <= fake_api._TOP_KEYS
     assert keys(sdk("beta_tool_param", "BetaToolParam")) <= fake_api._CUSTOM_TOOL_KEYS
     assert keys(sdk("beta_system_message_param", "BetaSystemMessageParam")) <= fake_api._SYSTEM_MESSAGE_KEYS
+    def literal(hint):  # Required[Literal["x"]] is unwrapped on 3.11+, kept on 3.10
+        while not isinstance(hint, str):
+            hint = get_args(hint)[0]
+        return hint
+
     edits = get_args(sdk("beta_context_management_config_param", "Edit"))
     for edit in edits:
-        kind = get_args(get_type_hints(edit)["type"])[0]
+        kind = literal(get_type_hints(edit)["type"])
         assert keys(edit) <= fake_api._EDIT_KEYS.get(kind, set()), kind
 
 
