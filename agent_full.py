@@ -152,7 +152,7 @@ class AgentState:
         self.git_before = {}  # s07: its git folders before a sandboxed command (audit_git)
         self.run_id, self.label = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", ""  # s07
         self.hooks = {"fired": set(), "jobs": [], "procs": set()}  # s08: the session's, shared with subagents
-        self.hook_notes, self.stop_blocked, self.halt = [], False, None  # s08: see start_hooks, stop_hooks
+        self.hook_notes, self.stop_blocks, self.halt = [], 0, None  # s08: see start_hooks, stop_hooks
         self.record = None  # s09: the session file it appends to (the main agent's; see sync_session)
         self.parent_session = ""  # s09: a subagent's: its parent's session id, which its hooks are told
         self.memory = {"jobs": [], "attached": set()}  # s09: background memory work, memories shown
@@ -392,7 +392,7 @@ TOOL_HANDLERS = {
 
 def run_tool(block):
     """Execute one tool_use block and always return a tool_result block."""
-    ran = False  # s08: post hooks follow only a call that ran
+    ran = None  # s08: when the call started: post hooks follow only a call that ran
     try:
         if cancelled():  # s10: a background agent that was stopped runs no further call
             raise ToolError("This agent was cancelled (background_stop): stop now.")  # s10
@@ -402,7 +402,7 @@ def run_tool(block):
             raise ToolError(f"Invalid input for {block.name}: {problem}. Fix the call and retry.")
         if denial := permit(block):  # s07: decide before running
             raise ToolError(denial)  # s07
-        ran = True  # s08
+        ran = time.monotonic()  # s08
         content, is_error = TOOL_HANDLERS[block.name](**block.input), False
     except ToolError as e:
         content, is_error = str(e), True
@@ -412,8 +412,8 @@ def run_tool(block):
     result = {"type": "tool_result", "tool_use_id": block.id, "content": content}
     persist_large(block, result)  # s06: a huge result goes to disk before it is shown
     result |= {"is_error": True} if is_error else {}  # s08
-    if ran:  # s08: post_tool_use, or post_tool_failure
-        after_tool(block, result)  # s08
+    if ran is not None:  # s08: post_tool_use, or post_tool_failure
+        after_tool(block, result, ran)  # s08
     return result
 
 
@@ -5310,6 +5310,8 @@ HOOK_JSON_CHARS = 1_000_000  # characters of stdout read to parse its JSON (a lo
 HOOK_ENV_CHARS = 32_000     # characters per variable: Linux refuses one over 128 KiB (E2BIG)
 HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old copy is kept)
 HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
+STOP_BLOCK_CAP = 8          # stop-hook blocks in a row one turn honours (Claude Code's default cap):
+                            # each is a model call, and a hook that never lets go would spend them all
 HOOK_EXIT_WAIT = 5          # seconds the session's end waits for async hooks, then kills them
 HOOK_LOCK = threading.Lock()  # parallel tool calls fire hooks from several threads
 HOOK_FILES_LOCK = threading.Lock()  # one question at a time about a hook's changed files
@@ -5326,6 +5328,7 @@ HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
                "pre_compact": "PreCompact", "post_compact": "PostCompact", "error": "Error"}
 DECISION_EVENTS = ("pre_tool_use", "permission_request")  # the loop waits for their answer: never async
 CONTEXT_EVENTS = ("user_prompt_submit", "session_start")  # plain stdout becomes context (Claude Code)
+SESSION_EVENTS = ("session_start", "session_end")  # their payload has no permission_mode (Claude Code's)
 HOOK_KEYS = {"event", "if", "action", "reject", "once", "async", "timeout"}
 ACTION_KEYS = {"command": ({"command"}, set()), "prompt": ({"message"}, set()),
                "agent": ({"prompt"}, set()),
@@ -5764,7 +5767,7 @@ def run_command_hook(hook, payload, env, state):
     argv, boxed = hook_argv(hook, quote_vars(hook["action"]["command"]), state)
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
             tempfile.TemporaryFile() as err:
-        stdin.write(json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8", "replace"))
+        stdin.write(json.dumps(hook_input(payload), ensure_ascii=False, default=str).encode("utf-8", "replace"))
         stdin.seek(0)  # a file, not a pipe: a hook that never reads stdin cannot block us
         p = None
         try:  # a hook that cannot even start is audited too
@@ -5832,7 +5835,7 @@ def run_http_hook(hook, payload, env, state):
     headers = {"Content-Type": "application/json", "User-Agent": "agent-hooks"}
     headers |= {k: header_value(v, allowed, env) for k, v in (action.get("headers") or {}).items()}
     body = (expand_text(action["body"], env, json_escape) if action.get("body")
-            else json.dumps(payload, ensure_ascii=False, default=str))
+            else json.dumps(hook_input(payload), ensure_ascii=False, default=str))
     request = urllib.request.Request(action["url"], data=body.encode("utf-8", "replace"),
                                      headers=headers, method=action.get("method", "POST"))
     deadline = time.monotonic() + hook["timeout"]
@@ -5861,7 +5864,7 @@ def run_agent_hook(hook, payload, env, state):
     spec = {"name": "hook", "tools": ["read_file", "glob", "grep"], "system": AGENT_HOOK_SYSTEM}
     settings = child_settings(spec, False, None) | {"max_turns": HOOK_AGENT_TURNS}
     task = (f"{expand_text(hook['action']['prompt'], env)}\n\nThe event, as JSON:\n"
-            f"{clip(json.dumps(payload, ensure_ascii=False, default=str), HOOK_OUTPUT_CHARS)}")
+            f"{clip(json.dumps(hook_input(payload), ensure_ascii=False, default=str), HOOK_OUTPUT_CHARS)}")
     history, child = [{"role": "user", "content": task}], child_state(False, f"hook {hook['name']}")
     child.permissions, child.mode = dict(state.permissions, hooks=[]), "bypassPermissions"  # reads only; never asks
     client = state.client.with_options(timeout=hook["timeout"], max_retries=0)
@@ -5882,12 +5885,21 @@ ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_pro
 # (seed: a reject stops the hooks after it); an updatedInput is what the next
 # hook sees. Async hooks run in a thread and can only be logged.
 def hook_payload(event, fields, state):
-    """The JSON a hook gets (Claude Code's fields), plus our event name."""
+    """The event as a hook gets it: Claude Code's keys for it, no more and no fewer
+    (prompt_id from the first prompt on, no permission_mode at the session's two
+    ends), plus our event name, which hook_input leaves out of what is sent."""
     fields = as_bash(fields)  # s10: background_run is shown as Bash with run_in_background
-    return {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
-            "cwd": str(state.workdir), "permission_mode": state.mode,
-            "hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
+    payload = {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
+               "cwd": str(state.workdir)}
+    payload |= {"prompt_id": state.hooks["prompt_id"]} if state.hooks.get("prompt_id") else {}
+    payload |= {"permission_mode": state.mode} if event not in SESSION_EVENTS else {}
+    return payload | {"hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
         | ({"agent_name": state.label} if state.label else {})
+
+
+def hook_input(payload):
+    """What a hook is sent: the payload less our own event name (hook_event_name says it)."""
+    return {k: v for k, v in payload.items() if k != "event"}
 
 
 def transcript_file(state):
@@ -5913,10 +5925,15 @@ def write_transcript(state):
 
 
 def log_hook(hook, event, outcome, seconds):
-    """One line per hook run in .agent/hooks.log; one old copy is kept past HOOK_LOG_BYTES."""
+    """One line per hook run in .agent/hooks.log."""
+    log_line(f"{event} {hook['name']} {hook['action']['type']} {seconds:.2f}s "
+             f"{' '.join(str(outcome).split())[:500]}")
+
+
+def log_line(text):
+    """A line of .agent/hooks.log, timed; one old copy is kept past HOOK_LOG_BYTES."""
     path = agent_state().workdir / ".agent" / "hooks.log"
-    line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {event} {hook['name']} "
-                     f"{hook['action']['type']} {seconds:.2f}s {' '.join(str(outcome).split())[:500]}")
+    line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
     with HOOK_LOCK, contextlib.suppress(OSError):  # s06's open_inside, s02's door: a link planted
         fd = open_inside(path, agent_state().workdir, flags)  # at .agent or hooks.log is not followed
@@ -6128,12 +6145,13 @@ def approve(name, args, state):
                           if not inside(p, state, approved=False))
 
 
-def after_tool(block, result):
-    """post_tool_use or post_tool_failure for a call that ran. Its context, or a
-    block (the call already ran: the reason goes to the model), is a reminder."""
+def after_tool(block, result, started):
+    """post_tool_use or post_tool_failure for a call that ran (since `started`). Its
+    context, or a block (the call already ran: the reason goes to the model), is a reminder."""
     failed = result.get("is_error", False)
-    fields = {"tool_name": block.name, "tool_input": block.input, "tool_use_id": block.id}
-    fields |= {"error": result["content"]} if failed else {"tool_response": result["content"]}
+    fields = {"tool_name": block.name, "tool_input": block.input, "tool_use_id": block.id,
+              "duration_ms": round((time.monotonic() - started) * 1000)}
+    fields |= {"error": result["content"], "is_interrupt": False} if failed else {"tool_response": result["content"]}
     v = fire("post_tool_failure" if failed else "post_tool_use", **fields)
     event = "post_tool_failure" if failed else "post_tool_use"
     note(v["context"] + ([f"about that {block.name} call: {v['block']}"] if v["block"] else []), event)
@@ -6165,11 +6183,13 @@ def start_hooks(messages):
     """agent_loop's first step: user_prompt_submit (a subagent: subagent_start).
     None to go on, else the stop reason: a blocked prompt is dropped."""
     state = agent_state()
-    state.stop_blocked, state.halt = False, None
+    state.stop_blocks, state.halt = 0, None
     prompt = prompt_text(messages)
     if prompt is None:
         return None
     event = "subagent_start" if state.label else "user_prompt_submit"
+    if not state.label:  # Claude Code's prompt_id: one per prompt, on the events that follow it
+        state.hooks["prompt_id"] = str(uuid.uuid4())
     v = fire(event, prompt=prompt)
     if (v["block"] is not None or v["stop"]) and event == "user_prompt_submit":
         drop_prompt(messages)
@@ -6184,18 +6204,24 @@ def start_hooks(messages):
 
 def stop_hooks(messages):
     """stop (a subagent: subagent_stop) when the model is done. A block sends it
-    back to work once, the reason as a reminder; never twice in a row."""
+    back to work, the reason as a reminder, and every stop hook after it in this
+    turn reads stop_hook_active: true, so a hook can end its own loop (Claude
+    Code's protocol). STOP_BLOCK_CAP blocks in a row are honoured; the next one is
+    overruled, said to the human and logged in .agent/hooks.log."""
     state = agent_state()
     event = "subagent_stop" if state.label else "stop"
-    v = fire(event, stop_hook_active=state.stop_blocked, last_assistant_message=last_text(messages))
+    fields = {"stop_hook_active": state.stop_blocks > 0, "last_assistant_message": last_text(messages)}
+    fields |= work_in_flight() if event == "stop" else {}  # s10: background_tasks, session_crons
+    v = fire(event, **fields)
     if v["block"] is None or v["stop"]:
-        state.stop_blocked = False
         return False
-    if state.stop_blocked:
-        say(f"[hook {v['by']} blocked the stop again: ignored, the turn ends]")
-        state.stop_blocked = False
+    if state.stop_blocks >= STOP_BLOCK_CAP:
+        text = (f"hook {v['by']} blocked the stop {STOP_BLOCK_CAP} times in a row and again: overruled, "
+                f"the turn ends (STOP_BLOCK_CAP; a stop hook ends its loop when stop_hook_active is true)")
+        say(f"[{text}]")
+        log_line(f"{event} {text}")
         return False
-    state.stop_blocked = True
+    state.stop_blocks += 1
     say(f"[hook {v['by']}: not done yet: {v['block']}]")
     add_user_text(messages, f"<system-reminder>\nA stop hook says the task is not finished: "
                             f"{v['block']}\nContinue working on it.\n</system-reminder>")
@@ -9013,6 +9039,20 @@ register("schedule_delete", (
     "longer wanted, or to make room under the 50-job cap. schedule_list shows the ids."),
     params(["id"], id=("string", "The job's id, e.g. s1a2b3c4d.")),
     schedule_delete, read_only=True)  # removing a job never lets more run
+
+
+def work_in_flight():
+    """What a stop hook is told is still going (Claude Code's Stop keys): the background
+    commands and agents still running, and this session's own scheduled jobs."""
+    state = agent_state()
+    with BACKGROUND_LOCK:
+        tasks = [{"id": r["id"], "type": "shell" if r["kind"] == "command" else "agent", "status": r["status"],
+                  "description": r["command"], "command": r["command"]}
+                 for r in state.background.values() if r["status"] in ("running", "stopping")]
+    with SCHEDULE_LOCK:
+        crons = [{"id": j["id"], "schedule": j["cron"], "recurring": j["recurring"], "prompt": j["prompt"]}
+                 for j in state.schedules["jobs"].values()]
+    return {"background_tasks": tasks, "session_crons": crons}
 
 
 # --- s11: teams ---
@@ -14345,7 +14385,7 @@ def model_command(args, ctx):
         print(f"model: {model_id()}")
 
 
-CONVERSATION_FIELDS = ("files", "plan", "compaction", "denials", "decided", "hook_notes", "stop_blocked",
+CONVERSATION_FIELDS = ("files", "plan", "compaction", "denials", "decided", "hook_notes", "stop_blocks",
                        "halt", "discovered")  # AgentState's fields that belong to one conversation
 
 

@@ -783,16 +783,75 @@ def test_a_blocked_prompt_after_a_failed_turn_keeps_the_tool_results(mod, api, c
 
 
 @each
-def test_a_stop_hook_sends_the_model_back_once(mod, api, client, workspace, capsys):
-    use_hooks(mod, hook("stop", f"{recorder(workspace, 'stop')}; echo 'run the tests first' >&2; exit 2"))
-    api.script([reply("Done."), reply("Tests pass. Done.")])
+def test_a_stop_hook_sends_the_model_back_until_it_lets_go(mod, api, client, workspace, capsys):
+    """Each block is one more model call, and every stop hook after the first block
+    reads stop_hook_active: true (Claude Code's protocol): this one lets go on its third look."""
+    counter = script(workspace, "count.sh", """\
+        n=$(( $(cat .agent/stop-count 2>/dev/null || echo 0) + 1 )); echo $n > .agent/stop-count
+        [ $n -ge 3 ] || { echo "run the tests first ($n)" >&2; exit 2; }
+        """)
+    use_hooks(mod, hook("stop", recorder(workspace, "stop")), hook("stop", counter))
+    api.script([reply("Done."), reply("Tests run. Done."), reply("Tests pass. Done.")])
     history = [{"role": "user", "content": "fix it"}]
     assert mod.agent_loop(client, history) == "end_turn"
-    assert api.remaining() == 0 and api.exhausted == 0           # exactly one extra model call
-    second = message_bodies(api)[1]["messages"][-1]
-    assert any("<system-reminder>" in t and "run the tests first" in t for t in texts(second["content"]))
-    assert [c["stdin"]["stop_hook_active"] for c in calls(workspace, "stop")] == [False, True]
-    assert "blocked the stop again: ignored" in capsys.readouterr().err
+    assert api.remaining() == 0 and api.exhausted == 0           # exactly two extra model calls
+    second, third = message_bodies(api)[1:]
+    assert any("<system-reminder>" in t and "run the tests first (1)" in t for t in texts(second["messages"][-1]["content"]))
+    assert any("run the tests first (2)" in t for t in texts(third["messages"][-1]["content"]))
+    assert [c["stdin"]["stop_hook_active"] for c in calls(workspace, "stop")] == [False, True, True]
+    assert [c["stdin"]["last_assistant_message"] for c in calls(workspace, "stop")] == \
+        ["Done.", "Tests run. Done.", "Tests pass. Done."]
+    assert "overruled" not in capsys.readouterr().err
+    history.append({"role": "user", "content": "next"})            # a new prompt starts a new count
+    (workspace / ".agent" / "stop-count").write_text("5")
+    api.script([reply("Next done.")])
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert calls(workspace, "stop")[-1]["stdin"]["stop_hook_active"] is False
+
+
+@each
+def test_a_stop_hook_that_never_lets_go_is_overruled_at_the_cap(mod, api, client, workspace, capsys):
+    use_hooks(mod, hook("stop", "echo 'not yet' >&2; exit 2"))
+    cap = mod.STOP_BLOCK_CAP
+    api.script([reply(f"Attempt {i}.") for i in range(cap + 1)])
+    history = [{"role": "user", "content": "fix it"}]
+    assert mod.agent_loop(client, history) == "end_turn"
+    assert api.remaining() == 0 and api.exhausted == 0           # the cap's blocks honoured, the next overruled
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "overruled" in line]
+    assert len(said) == 1 and f"blocked the stop {cap} times in a row" in said[0] and "stop_hook_active" in said[0]
+    assert f"blocked the stop {cap} times in a row" in hooks_log(workspace)
+
+
+@each
+def test_a_hook_gets_claude_codes_keys_for_each_event(mod, api, client, workspace):
+    """The top-level keys of the JSON on stdin are the ones the real Claude Code CLI
+    sends for the event (tests/test_cli_hooks.py holds agent_full to the CLI itself);
+    our own event name is not among them."""
+    rec = recorder(workspace, "k")
+    use_hooks(mod, *[hook(e, rec) for e in ("user_prompt_submit", "pre_tool_use", "post_tool_use",
+                                            "post_tool_failure", "stop", "session_start", "session_end")])
+    (workspace / "a.txt").write_text("alpha\n")
+    mod.begin_session()
+    run_turn(mod, api, client, [reply(tool("read_file", {"path": "a.txt"})),
+                                reply(tool("read_file", {"path": "missing.txt"}))])
+    mod.end_session("exit")
+    base = {"session_id", "transcript_path", "cwd", "hook_event_name"}
+    turn = base | {"prompt_id", "permission_mode"}
+    tool_keys = turn | {"tool_name", "tool_input", "tool_use_id"}
+    stop = turn | {"stop_hook_active", "last_assistant_message"}
+    stop |= {"background_tasks", "session_crons"} if hasattr(mod, "work_in_flight") else set()  # s10 on
+    want = {"SessionStart": base | {"source"}, "UserPromptSubmit": turn | {"prompt"},
+            "PreToolUse": tool_keys, "PostToolUse": tool_keys | {"tool_response", "duration_ms"},
+            "PostToolUseFailure": tool_keys | {"error", "is_interrupt", "duration_ms"},
+            "Stop": stop, "SessionEnd": base | {"prompt_id", "reason"}}
+    got = {}
+    for c in calls(workspace, "k"):
+        got.setdefault(c["stdin"]["hook_event_name"], set(c["stdin"]))
+        assert set(c["stdin"]) == got[c["stdin"]["hook_event_name"]]   # the same keys each time
+    assert got == want
+    ids = {c["stdin"]["prompt_id"] for c in calls(workspace, "k") if "prompt_id" in c["stdin"]}
+    assert len(ids) == 1 and all(c["env"]["CLAUDE_PROJECT_DIR"] == str(workspace) for c in calls(workspace, "k"))
 
 
 @each

@@ -734,7 +734,7 @@ HOOK_RECORD = """\
 import json, os, sys
 payload = json.load(sys.stdin)
 with open("calls.jsonl", "a") as f:
-    f.write(json.dumps({"event": payload["event"], "tool_name": payload["tool_name"],
+    f.write(json.dumps({"event": os.environ["EVENT"], "tool_name": payload["tool_name"],
                         "tool_input": payload["tool_input"], "env": os.environ.get("TOOL_NAME"),
                         "flag": os.environ.get("TOOL_ARGS_RUN_IN_BACKGROUND")}) + "\\n")
 """
