@@ -403,6 +403,7 @@ def run_tool(block):
         if denial := permit(block):  # s07: decide before running
             raise ToolError(denial)  # s07
         ran = time.monotonic()  # s08
+        keep_original(block)  # full: the file a write replaces, for Claude Code's hooks (full.3)
         content, is_error = TOOL_HANDLERS[block.name](**block.input), False
     except ToolError as e:
         content, is_error = str(e), True
@@ -13477,7 +13478,9 @@ class Headless:
 # covers Write too, as in Claude Code. A hook keeps its Claude Code shape to the
 # end: it fires on our event, but its matcher and if are tested on Claude Code's
 # tool names, its stdin is Claude Code's (tool_name "Bash", tool_input.file_path,
-# a timeout in ms), and an updatedInput it returns is turned back into ours.
+# a timeout in ms, Read's and Write's tool_response shapes, a transcript_path in its
+# JSONL line format), and an updatedInput it returns is turned back into ours.
+# tests/test_cli_hooks.py holds all of it against the real Claude Code CLI.
 CLAUDE_DIR = ".claude"       # Claude Code's folder, in the workspace and in the home directory
 SETTINGS_BYTES = 1_000_000   # a bigger settings.json is refused (a clone may ship any file)
 CLAUDE_HOOK_TIMEOUT = 600    # seconds, a command hook's default in Claude Code (ours: HOOK_TIMEOUT)
@@ -13755,11 +13758,14 @@ def matcher_hits(matcher, value):
 
 def claude_payload(hook, payload):
     """What a Claude Code hook reads on stdin: its event and tool names, its input keys
-    (file_path absolute, as it sends them), its result shapes; s08's event name stays."""
+    (file_path absolute, as it sends them), its result shapes, its transcript's line
+    format (claude_transcript); s08's event name stays for our use, never sent (hook_input)."""
     if not hook.get("claude"):
         return payload
     event, name = hook["claude"]["event"], payload.get("tool_name")
     out = payload | {"hook_event_name": event}
+    if "session_id" in payload:  # its transcript in Claude Code's line format
+        out["transcript_path"] = claude_transcript(payload["session_id"])
     if event == "SessionEnd":
         out["reason"] = END_REASONS.get(payload.get("reason"), payload.get("reason"))
     if event in ("SubagentStart", "SubagentStop"):
@@ -13768,7 +13774,8 @@ def claude_payload(hook, payload):
         out |= {"tool_name": CLAUDE_NAMES.get(name, [name])[0],
                 "tool_input": claude_input(name, payload.get("tool_input"), agent_state())}
     if "tool_response" in payload:
-        out["tool_response"] = claude_response(name, out.get("tool_input"), payload["tool_response"])
+        out["tool_response"] = claude_response(name, out.get("tool_input"), payload["tool_response"],
+                                               agent_state().hooks.get("originals", {}).pop(payload["tool_use_id"], None))
     if event == "Notification":
         shown = out.get("tool_name", "a tool")
         out = {k: v for k, v in out.items() if not k.startswith("tool_") and k != "reason"}
@@ -13790,6 +13797,8 @@ def claude_input(name, args, state):
     if name == "todo_write" and isinstance(out.get("todos"), list):
         out["todos"] = [{("activeForm" if k == "active_form" else k): v for k, v in t.items()}
                         if isinstance(t, dict) else t for t in out["todos"]]
+    if name == "edit_file":
+        out.setdefault("replace_all", False)  # Claude Code sends the default too
     return out
 
 
@@ -13808,15 +13817,123 @@ def our_input(name, args):
     return out
 
 
-def claude_response(name, args, content):
-    """A result as Claude Code's hooks see it where the shape is known (Bash's output,
-    a file written); the text itself otherwise."""
+def claude_response(name, args, content, original=None):
+    """A result as Claude Code's PostToolUse hooks read it, in its shapes (taken from
+    the real CLI, tests/test_cli_hooks.py): Bash's streams, Read's file, Write's and
+    Edit's patch against the file as it was (keep_original); the text otherwise."""
     text = blocks_text(content)
+    args = args if isinstance(args, dict) else {}
+    path = args.get("file_path", "")
     if name == "bash":
-        return {"stdout": text, "stderr": "", "interrupted": False, "isImage": False}
-    if name in WRITE_TOOLS and isinstance(args, dict):
-        return {"filePath": args.get("file_path", ""), "success": True}
+        return {"stdout": text.rstrip("\n"), "stderr": "", "interrupted": False, "isImage": False,
+                "noOutputExpected": False}
+    if name == "read_file" and (lines := file_lines(path)) is not None:
+        start = max(int(args.get("offset") or 1), 1)
+        shown = lines[start - 1:start - 1 + int(args.get("limit") or READ_LINES)]
+        return {"type": "text", "file": {"filePath": path, "content": "\n".join(shown), "numLines": len(shown),
+                                         "startLine": start, "totalLines": len(lines)}}
+    if name in WRITE_TOOLS:
+        before = original if isinstance(original, str) else None
+        after = "\n".join(file_lines(path) or []) if name == "edit_file" else str(args.get("content", ""))
+        patch = patch_hunks(before, after) if before is not None else []
+        if name == "write_file":
+            return {"type": "update" if original is not ABSENT else "create", "filePath": path,
+                    "content": after, "structuredPatch": patch, "originalFile": before, "userModified": False}
+        return {"filePath": path, "oldString": args.get("old_string", ""), "newString": args.get("new_string", ""),
+                "originalFile": before, "structuredPatch": patch, "userModified": False,
+                "replaceAll": bool(args.get("replace_all", False))}
     return text
+
+
+ABSENT = object()  # keep_original's mark: the file a write makes was not there before
+
+
+def keep_original(block):
+    """Before a write or an edit runs: the file as it is, for the originalFile and
+    structuredPatch Claude Code's PostToolUse hooks read; only when one is loaded.
+    Kept by call id until claude_payload takes it; None when unreadable or too big."""
+    state = agent_state()
+    if block.name not in WRITE_TOOLS or not any(h.get("claude") and h["event"] == "post_tool_use"
+                                                for h in state.permissions.get("hooks", [])):
+        return
+    path = tool_path((block.input or {}).get("path") if isinstance(block.input, dict) else None, state)
+    lines = file_lines(str(path)) if path else None
+    with HOOK_LOCK:
+        state.hooks.setdefault("originals", {})[block.id] = \
+            ABSENT if path and not path.exists() else None if lines is None else "\n".join(lines)
+
+
+def file_lines(path):
+    """A text file's lines as Claude Code counts them (a final newline ends in an empty
+    line), or None: not a file, not UTF-8, or over SETTINGS_BYTES."""
+    try:
+        p = Path(path)
+        if not p.is_file() or p.stat().st_size > SETTINGS_BYTES:
+            return None
+        return p.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def patch_hunks(before, after):
+    """Claude Code's structuredPatch: the diff's hunks, 3 lines of context, each
+    {oldStart, oldLines, newStart, newLines, lines} with ' ', '-', '+' line marks."""
+    a, b = before.splitlines(), after.splitlines()
+    hunks = []
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
+        lines = []
+        for op, i1, i2, j1, j2 in group:
+            lines += [" " + x for x in a[i1:i2]] if op == "equal" else \
+                [f"-{x}" for x in a[i1:i2]] + [f"+{x}" for x in b[j1:j2]]
+        (_, i1, _, j1, _), (_, _, i2, _, j2) = group[0], group[-1]
+        hunks.append({"oldStart": i1 + 1, "oldLines": i2 - i1, "newStart": j1 + 1, "newLines": j2 - j1,
+                      "lines": lines})
+    return hunks
+
+
+def claude_transcript(session):
+    """transcript_path for a Claude Code hook: the main conversation in Claude Code's
+    line format, one line per content block ({"type": "assistant", "message": {"role",
+    "content"}, "uuid", "parentUuid", "sessionId", ...}), appended as it grows (our
+    session file stays as it is), in .agent/transcripts/<session>.claude.jsonl.
+    A history that was replaced (a compaction, /clear) is written again after a
+    compact_boundary line, as Claude Code marks one."""
+    state = agent_state()
+    path = state.workdir / ".agent" / "transcripts" / f"{session}.claude.jsonl"
+    messages = state.messages if not state.label else None
+    if not messages:
+        return str(path)
+    with HOOK_LOCK:
+        done = state.hooks.setdefault("claude_lines", {"i": 0, "k": 0, "parent": None, "before": None})
+        lines, i = [], done["i"]  # written: messages before i whole, then k blocks of message i
+        before = json.dumps(saved(messages[i - 1]), default=str) if 0 < i <= len(messages) else None
+        if i >= len(messages) or done["before"] != before:  # only the last message grows in place
+            lines.append(transcript_line(done, session, {"type": "system", "subtype": "compact_boundary",
+                                                          "content": "Conversation compacted"}))
+            done.update(i=0, k=0)
+        for i in range(done["i"], len(messages)):
+            message = saved(messages[i])
+            blocks = [message["content"]] if isinstance(message["content"], str) else message["content"]
+            for block in blocks[done["k"] if i == done["i"] else 0:]:
+                lines.append(transcript_line(done, session, {"type": message["role"], "message": {
+                    "role": message["role"], "content": block if isinstance(block, str) else [block]}}))
+            done.update(i=i, k=len(blocks))
+        done["before"] = json.dumps(saved(messages[done["i"] - 1]), default=str) if done["i"] else None
+        with contextlib.suppress(OSError):  # s02's door, as hooks.log: a planted link is not followed
+            keep_out_of_git(path.parent)
+            fd = open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with open(fd, "a", encoding="utf-8") as fh:
+                fh.writelines(lines)
+    return str(path)
+
+
+def transcript_line(done, session, entry):
+    """One line of claude_transcript, chained to the one before it."""
+    line = {"parentUuid": done["parent"], "isSidechain": False, **entry, "uuid": str(uuid.uuid4()),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",
+            "sessionId": session, "cwd": str(agent_state().workdir)}
+    done["parent"] = line["uuid"]
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
 
 
 def claude_verdict(hook, v, payload):

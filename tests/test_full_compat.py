@@ -340,8 +340,8 @@ def test_a_hook_sees_claude_codes_names_and_keys(mod, api, client, workspace):
     assert got["PreToolUse", "TodoWrite"]["tool_input"] == {"todos": [{"content": "Run", "status": "in_progress",
                                                                        "activeForm": "Running"}]}
     assert got["PreToolUse", "Skill"]["tool_input"] == {"skill": "nope", "args": "x"}
-    assert got["PostToolUse", "Bash"]["tool_response"] == {"stdout": "hi\n", "stderr": "", "interrupted": False,
-                                                           "isImage": False}
+    assert got["PostToolUse", "Bash"]["tool_response"] == {"stdout": "hi", "stderr": "", "interrupted": False,
+                                                           "isImage": False, "noOutputExpected": False}
 
 
 @full
