@@ -5229,8 +5229,8 @@ HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
                "pre_compact": "PreCompact", "post_compact": "PostCompact", "error": "Error"}
 DECISION_EVENTS = ("pre_tool_use", "permission_request")  # the loop waits for their answer: never async
 CONTEXT_EVENTS = ("user_prompt_submit", "session_start")  # plain stdout becomes context (Claude Code)
-SESSION_EVENTS = ("session_start", "session_end")  # their payload has no permission_mode (Claude Code's)
 HOOK_KEYS = {"event", "if", "action", "reject", "once", "async", "timeout"}
+SESSION_EVENTS = ("session_start", "session_end")  # their payload has no permission_mode (Claude Code's)
 ACTION_KEYS = {"command": ({"command"}, set()), "prompt": ({"message"}, set()),
                "agent": ({"prompt"}, set()),
                "http": ({"url"}, {"method", "headers", "body", "allowed_env_vars"})}

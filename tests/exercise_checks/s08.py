@@ -66,11 +66,13 @@ def event_loads(x):
 
 
 def deny_rule_fires_it(x):
-    user_config(x, DENY_RM | {"hooks": [command_hook("permission_denied", "cat > denied.json")]})
+    user_config(x, DENY_RM | {"hooks": [command_hook("permission_denied",
+                                                     'cat > denied.json; printf %s "$EVENT" > denied-event.txt')]})
     history = turn(x, [bash("rm -rf build")])
     assert x.tool_results(history)[0].get("is_error"), "rm -rf build was not refused"
     payload = denied_payload(x)
-    assert payload.get("event") == "permission_denied", f"the payload's event is {payload.get('event')!r}"
+    event = (x.ws / "denied-event.txt").read_text()  # our event name: $EVENT (stdin has Claude Code's keys only)
+    assert event == "permission_denied", f"the hook's EVENT is {event!r}"
     assert payload.get("tool_name") == "bash", f"the payload's tool_name is {payload.get('tool_name')!r}"
     assert (payload.get("tool_input") or {}).get("command") == "rm -rf build", \
         f"the payload's tool_input is {payload.get('tool_input')!r}"
