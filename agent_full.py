@@ -13851,16 +13851,17 @@ ABSENT = object()  # keep_original's mark: the file a write makes was not there 
 def keep_original(block):
     """Before a write or an edit runs: the file as it is, for the originalFile and
     structuredPatch Claude Code's PostToolUse hooks read; only when one is loaded.
-    Kept by call id until claude_payload takes it; None when unreadable or too big."""
+    Kept by call id, the last write's only (writes run one at a time, their hooks
+    before the next), until claude_payload takes it; None when unreadable or too big."""
     state = agent_state()
     if block.name not in WRITE_TOOLS or not any(h.get("claude") and h["event"] == "post_tool_use"
                                                 for h in state.permissions.get("hooks", [])):
         return
     path = tool_path((block.input or {}).get("path") if isinstance(block.input, dict) else None, state)
     lines = file_lines(str(path)) if path else None
-    with HOOK_LOCK:
-        state.hooks.setdefault("originals", {})[block.id] = \
-            ABSENT if path and not path.exists() else None if lines is None else "\n".join(lines)
+    with HOOK_LOCK:  # a call whose hooks did not take theirs (a matcher left it out) is dropped here
+        state.hooks["originals"] = {block.id: ABSENT if path and not path.exists()
+                                    else None if lines is None else "\n".join(lines)}
 
 
 def file_lines(path):
