@@ -2070,18 +2070,29 @@ def keep_out_of_git(folder):
             fh.write("*\n")
 
 
+def preview_of(text):
+    """The first PREVIEW_CHARS of a text, ending on a whole line where one ends past half of it."""
+    preview = text[:PREVIEW_CHARS]
+    cut = preview.rfind("\n")
+    return preview[:cut] if cut > PREVIEW_CHARS // 2 else preview
+
+
+def save_scratch(path, data):
+    """Bytes to a file of .agent/tool-results through the door (never through a link
+    a cloned repository planted in .agent/), the folder kept out of git: the agent's
+    scratch, not a project file. OSError is the caller's to report."""
+    keep_out_of_git(path.parent)
+    with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+        f.write(data)
+
+
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
     text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
     path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
-    preview = text[:PREVIEW_CHARS]
-    if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
-        preview = preview[:cut]  # end on a whole line
-    try:  # never through a link planted in .agent/ (a cloned repository may ship one)
-        keep_out_of_git(path.parent)  # the agent's scratch, not a project file
-        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                  "w", encoding="utf-8") as f:
-            f.write(text)
+    preview = preview_of(text)
+    try:
+        save_scratch(path, text.encode("utf-8", "replace"))
     except OSError as e:
         say(f"[{len(text):,} characters of output could not be saved to {rel(path)} "
             f"({e.strerror or e}): the model gets the first {len(preview):,} only]")
@@ -2171,14 +2182,9 @@ def persist_text(text):
     data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
     path = (agent_state().workdir / ".agent" / "tool-results"
             / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
-    lines, preview = text.count("\n") + 1, text[:PREVIEW_CHARS]
-    if (cut := preview.rfind("\n")) > PREVIEW_CHARS // 2:
-        preview = preview[:cut]  # end on a whole line
-    try:  # the same door as a result's: never through a link planted in .agent/
-        keep_out_of_git(path.parent)  # the same folder: kept out of git too
-        with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                  "wb") as f:
-            f.write(data)
+    lines, preview = text.count("\n") + 1, preview_of(text)
+    try:
+        save_scratch(path, data)
     except OSError as e:
         say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
             f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")

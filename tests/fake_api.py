@@ -245,6 +245,17 @@ def _check_tool_id(path: str, value) -> None:
         raise _Invalid(f"{path}: String should match pattern '{_TOOL_ID.pattern}'")
 
 
+def _content_blocks(path: str, content):
+    # A message's content: text (checked here: None) or a non-empty list of blocks.
+    if isinstance(content, str):
+        return _check_text(f"{path}.content", content)
+    if not isinstance(content, list):
+        raise _Invalid(f"{path}.content: Input should be a valid string or list")
+    if not content:
+        raise _Invalid(f"{path}: all messages must have non-empty content")
+    return content
+
+
 def _check_text(path: str, value) -> None:
     # The API rejects empty and whitespace-only text everywhere: such blocks
     # usually come from a bug that joined nothing, so fail loudly here too.
@@ -615,14 +626,8 @@ class _RequestCheck:
             raise _Invalid(f"{path}.role: Input should be 'user', 'assistant' or 'system'")
         if "content" not in msg:
             raise _Invalid(f"{path}.content: Field required")
-        content = msg["content"]
-        if isinstance(content, str):
-            return _check_text(f"{path}.content", content)
-        if not isinstance(content, list):
-            raise _Invalid(f"{path}.content: Input should be a valid string or list")
-        if not content:
-            raise _Invalid(f"{path}: all messages must have non-empty content")
-        self.check_blocks(path, content, msg["role"])
+        if (blocks := _content_blocks(path, msg["content"])) is not None:
+            self.check_blocks(path, blocks, msg["role"])
 
     def check_system_message(self, i: int, msg: dict) -> None:
         # An instruction in the middle of the conversation (Claude Code sends its
@@ -640,14 +645,7 @@ class _RequestCheck:
             if msg.get("output_config") is None:
                 raise _Invalid(f"{path}.content: Field required")
             return
-        content = msg["content"]
-        if isinstance(content, str):
-            return _check_text(f"{path}.content", content)
-        if not isinstance(content, list):
-            raise _Invalid(f"{path}.content: Input should be a valid string or list")
-        if not content:
-            raise _Invalid(f"{path}: all messages must have non-empty content")
-        for j, block in enumerate(content):
+        for j, block in enumerate(_content_blocks(path, msg["content"]) or []):
             bpath = f"{path}.content.{j}"
             _need_dict(bpath, block)
             if block.get("type") not in _SYSTEM_MESSAGE_BLOCKS:

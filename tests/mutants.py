@@ -86,9 +86,8 @@ MUTANTS = [
      ["tests/test_s06_edges.py", "tests/test_s04_subagent.py"], ONLY),
     # saved results
     ("preview-mid-line", CH,
-     '    if (cut := preview.rfind("\\n")) > PREVIEW_CHARS // 2:\n'
-     "        preview = preview[:cut]  # end on a whole line\n",
-     "",
+     "    return preview[:cut] if cut > PREVIEW_CHARS // 2 else preview\n",
+     "    return preview\n",
      ["tests/test_s06_edges.py", "tests/test_s06_compact.py"], ONLY),
     # path sandbox
     ("sandbox-off", CH,
