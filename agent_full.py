@@ -13126,8 +13126,7 @@ STDIN_WAIT = 3               # seconds -p waits for piped input to begin when a 
 RULE_FLAGS = {"--allowed-tools": ("allow", "--allowedTools"),  # Claude Code's spelling too
               "--disallowed-tools": ("deny", "--disallowedTools")}
 SHORT_FLAGS = {"-c": "--continue", "-r": "--resume"}  # Claude Code's short forms
-FLAG_HINTS = {"--dangerously-skip-permissions": "use --permission-mode bypassPermissions",
-              "--input-format": "the prompt is text here: an argument, or stdin"}  # Claude Code flags we lack
+FLAG_HINTS = {"--dangerously-skip-permissions": "use --permission-mode bypassPermissions"}  # Claude Code flags we lack
 CLI_FLAGS_ENV = "AGENT_CLI_FLAGS"  # a lead's rule and prompt flags (JSON), for its teammates' processes
 BROKEN_PIPE = 128 + signal.SIGPIPE  # exit status when stdout's reader went away, as a shell shows SIGPIPE's
 # What json.dumps(ensure_ascii=False) leaves raw: DEL and C1 (CSI), bidi overrides (a
@@ -13143,6 +13142,8 @@ USAGE = """usage: python agent_full.py [flags] [PROMPT | /command]
   PROMPT                      one task, then exit
   -p, --print [PROMPT]        headless: one task (the prompt, then stdin), nobody asked
   --output-format FORMAT      with -p: text (default), json or stream-json
+  --input-format stream-json  with --output-format stream-json: the Agent SDK's protocol on
+                              stdin (user messages, control requests), until stdin ends
   --max-turns N               model calls per user turn
   --model NAME                the model (else MODEL_ID, else the default; sonnet, opus,
                               haiku: the configured one)
@@ -13262,9 +13263,12 @@ def start_front_end(argv):
         cli_model(models[-1])
     agent_state().session["cli"] = cli_flags(argv)  # start_permissions adds the rules, appended_prompt the text
     take_flag(argv, ("--verbose",), value=False)  # Claude Code wants it with stream-json; nothing here
-    if not headless and formats:
+    sdk = sdk_flags(argv, fmt)  # full.7: --input-format stream-json, the Agent SDK's run
+    if not headless and formats and not sdk:
         raise ValueError("--output-format works with -p (a headless run) only")
-    FRONT_END["current"] = Headless(fmt) if headless else interactive_front_end()  # full.4: RichUI at a terminal
+    headless = headless or bool(sdk)
+    FRONT_END["current"] = (SdkFront(sdk) if sdk else Headless(fmt)) if headless \
+        else interactive_front_end()  # full.4: RichUI at a terminal
     return argv, headless
 
 
@@ -13339,6 +13343,8 @@ def session_facts(state):
 
 def run_headless(client, history, argv):
     """-p: the prompt (the arguments and stdin), then one turn, or one /command."""
+    if isinstance(FRONT_END.get("current"), SdkFront):  # full.7: the Agent SDK's prompts, until stdin ends
+        return run_sdk(client, history)
     state = agent_state()
     try:
         prompt = headless_prompt(argv)
@@ -14658,6 +14664,329 @@ def open_stream(client, model, max_tokens, system, tools, messages):
         client.post, "/v1/messages", content=body, cast_to=anthropic.types.Message,
         options={"headers": STREAM_HEADERS}, stream=True,
         stream_cls=anthropic.Stream[anthropic.types.RawMessageStreamEvent]), output_format=anthropic.NOT_GIVEN)
+
+
+# --- full.7: the Agent SDK as a client ---
+# The Agent SDKs (Python's claude_agent_sdk, TypeScript's) run Claude Code as
+# `claude --output-format stream-json --verbose --input-format stream-json ...`
+# and talk to it over stdin and stdout, one JSON object a line. Given
+# ClaudeAgentOptions(cli_path="agent_full.py") they drive this agent the same way
+# (the SDK executes the file: its #! line finds python3 on PATH, so the venv must be
+# active, or PATH given in the options' env):
+#   stdin   {"type": "user", "message": {"role": "user", "content": ...}}: a prompt, one
+#           turn each, until stdin ends (ClaudeSDKClient's query() after query());
+#           {"type": "control_request", "request_id", "request": {"subtype": ...}}:
+#           initialize (the SDK's hooks are registered), interrupt (the turn is cancelled,
+#           as Ctrl+C cancels it), set_permission_mode, set_model, mcp_status; any other
+#           subtype gets an error reply; {"type": "control_response"}: an answer to ours
+#   stdout  stream-json (full.2) for each prompt: system/init (with claude_code_version),
+#           assistant, user, result; a control_response to each request; and our own
+#           control_requests: can_use_tool (with --permission-prompt-tool stdio, a
+#           permission question goes to the SDK's callback: its allow or deny decides,
+#           a deny's message is the reason the model reads) and hook_callback (a hook the
+#           SDK registered at initialize runs as a Claude Code hook of a settings file:
+#           its matcher on Claude Code's tool names, its JSON answer)
+# The SDK's flags that map to ours act (--allowedTools, --disallowedTools, --max-turns,
+# --model, --permission-mode, --resume, --continue, --append-system-prompt; a non-empty
+# --system-prompt is added to this agent's prompt, never replaces it: the tools need it);
+# the others are accepted and named in one stderr line. --setting-sources never trusts
+# the workspace: a project's files ask for trust as always, and nobody answers yes here.
+SDK_CLAUDE_VERSION = "2.1.337"  # claude_code_version in system/init: the Claude Code whose SDK protocol this follows
+SDK_NOTED = {"--setting-sources": True, "--settings": True, "--mcp-config": True, "--add-dir": True,  # accepted,
+             "--session-id": True, "--tools": True, "--max-budget-usd": True, "--fallback-model": True,  # not used;
+             "--betas": True, "--max-thinking-tokens": True, "--thinking": True, "--thinking-display": True,  # True:
+             "--effort": True, "--json-schema": True, "--plugin-dir": True, "--resume-session-at": True,  # it takes
+             "--resume-drops-turn": True, "--task-budget": True, "--include-partial-messages": False,  # a value
+             "--include-hook-events": False, "--strict-mcp-config": False, "--fork-session": False,
+             "--session-mirror": False, "--replay-user-messages": False}
+SDK_PROMPT_TOOL = "stdio"  # --permission-prompt-tool's value that sends questions to the SDK
+
+
+def sdk_flags(argv, fmt):
+    """--input-format stream-json and the SDK's other flags out of argv: None when the run
+    is not the SDK's, else {"prompt_tool": bool}. ValueError is one line and exit 2."""
+    formats = take_flag(argv, ("--input-format",))
+    if (formats or ["text"])[-1] == "text":
+        return None
+    if formats[-1] != "stream-json":
+        raise ValueError(f"--input-format {formats[-1]!r}: use text or stream-json")
+    if fmt != "stream-json":
+        raise ValueError("--input-format stream-json needs --output-format stream-json")
+    noted = [f"{name}{'=' + ','.join(map(str, found)) if takes else ''}"
+             for name, takes in SDK_NOTED.items() if (found := take_flag(argv, (name,), value=takes))]
+    for prompt in take_flag(argv, ("--system-prompt",)) + [Path(p).read_text("utf-8", "replace")
+                                                           for p in take_flag(argv, ("--system-prompt-file",))]:
+        if prompt.strip():  # "" is the SDK's default: this agent's own prompt
+            agent_state().session["cli"]["append"].append(prompt)
+            noted.append("--system-prompt (added to this agent's prompt)")
+    tools = take_flag(argv, ("--permission-prompt-tool",))
+    if tools and tools[-1] != SDK_PROMPT_TOOL:
+        noted.append(f"--permission-prompt-tool={tools[-1]} (only {SDK_PROMPT_TOOL} is served)")
+    if noted:
+        say(printable(f"[Agent SDK flags accepted but not used here: {'; '.join(noted)}]", newlines=False))
+    return {"prompt_tool": (tools or [""])[-1] == SDK_PROMPT_TOOL}
+
+
+class SdkFront(Headless):
+    """stream-json for the Agent SDK: a result each prompt, and the control protocol
+    both ways (requests it sends us, and ours to it: can_use_tool, hook_callback)."""
+
+    def __init__(self, flags):
+        super().__init__("stream-json")
+        self.prompt_tool = flags["prompt_tool"]
+        self.prompts = queue.Queue()  # user messages, then None at the end of stdin
+        self.pending = {}             # our request_id -> {"done": Event, "response" | "error"}
+        self.ids = itertools.count(1)
+        self.calls = {}               # tool name -> the id of its latest call (can_use_tool's tool_use_id)
+        self.running = False          # a turn is under way: interrupt cancels it
+        self.replied = False          # this prompt's result went out
+        self.ended = False            # stdin ended: no answer can come
+
+    def begin(self):
+        """A new prompt: its result counts its own calls, time and tokens."""
+        with self.lock:
+            self.started, self.turns, self.stop_reason = time.monotonic(), 0, None
+            self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
+            self.replied = False
+
+    def on_session(self, event, main):
+        self.session = event["session_id"]
+        self.out({"type": "system", "subtype": "init", "cwd": event["cwd"], "session_id": self.session,
+                  "tools": event["tools"], "mcp_servers": event["mcp_servers"], "model": event["model"],
+                  "permissionMode": event["mode"], "slash_commands": event["slash_commands"],
+                  "skills": event["skills"], "agents": event["agents"], "apiKeySource": "none",
+                  "claude_code_version": SDK_CLAUDE_VERSION, "output_style": "default", "uuid": str(uuid.uuid4())})
+
+    def on_tool_start(self, event, main):
+        self.calls[event["name"]] = event["id"]
+
+    def on_turn_end(self, event, main):
+        super().on_turn_end(event, main)
+        self.replied = self.replied or main
+
+    def request(self, body, timeout=None):
+        """One control_request of ours; the SDK's response. RuntimeError when it answers
+        with an error, none comes in `timeout` seconds, or stdin has ended."""
+        rid = f"agent_req_{next(self.ids)}"
+        slot = self.pending[rid] = {"done": threading.Event()}
+        try:
+            if self.ended:
+                raise RuntimeError("the Agent SDK has closed stdin")
+            self.out({"type": "control_request", "request_id": rid, "request": body})
+            if not slot["done"].wait(timeout):
+                raise RuntimeError(f"no answer from the Agent SDK in {timeout:g}s")
+        except KeyboardInterrupt:  # interrupted while the SDK decides: it may drop the question
+            self.out({"type": "control_cancel_request", "request_id": rid})
+            raise
+        finally:
+            self.pending.pop(rid, None)
+        if "error" in slot:
+            raise RuntimeError(slot["error"])
+        return slot.get("response") or {}
+
+    def answer(self, message):
+        """A control_response to one of ours."""
+        response = message.get("response") or {}
+        if slot := self.pending.get(response.get("request_id")):
+            if response.get("subtype") == "error":
+                slot["error"] = str(response.get("error") or "the Agent SDK answered with an error")
+            slot["response"] = response.get("response") or {}
+            slot["done"].set()
+
+    def end(self):
+        """stdin ended: no request of ours will be answered, and no prompt comes."""
+        self.ended = True
+        for slot in list(self.pending.values()):
+            slot.setdefault("error", "the Agent SDK closed stdin")
+            slot["done"].set()
+        self.prompts.put(None)
+
+    def interrupt(self):
+        """The SDK's interrupt: Ctrl+C for the running turn (agent_loop cancels it)."""
+        with self.lock:
+            if self.running:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def control(self, message):
+        """A control_request from the SDK, answered at once (the reader's thread)."""
+        request = message.get("request") or {}
+        reply = {"request_id": message.get("request_id")}
+        try:
+            handler = SDK_REQUESTS.get(request.get("subtype"))
+            if handler is None:
+                raise ValueError(f"{request.get('subtype')} is not supported by this agent")
+            reply |= {"subtype": "success", "response": handler(self, request) or {}}
+        except Exception as e:  # a bad mode, a bug: the SDK gets the error, the run goes on
+            reply |= {"subtype": "error", "error": f"{type(e).__name__}: {e}"}
+        self.out({"type": "control_response", "response": reply})
+
+
+def sdk_initialize(front, request):
+    """initialize: the SDK's hooks registered; what a session offers."""
+    sdk_hooks(request.get("hooks") or {})
+    if request.get("agents"):
+        say(f"[Agent SDK agents not used here: {', '.join(map(str, request['agents']))}; "
+            f"define them in .claude/agents]")
+    return {"commands": [{"name": n, "description": "", "argumentHint": ""} for n in sorted(all_commands())],
+            "output_style": "default", "available_output_styles": ["default"], "models": [], "account": {}}
+
+
+def sdk_mode(front, request):
+    set_mode(str(request.get("mode")))  # announce_plan_mode tells the model at its next turn
+
+
+def sdk_model(front, request):
+    if request.get("model"):
+        cli_model(str(request["model"]))
+
+
+def sdk_mcp_status(front, request):
+    return {"mcpServers": [{"name": s["name"], "status": server_state(s)} for s in list(MCP_SERVERS.values())]}
+
+
+SDK_REQUESTS = {"initialize": sdk_initialize, "interrupt": lambda front, request: front.interrupt(),
+                "set_permission_mode": sdk_mode, "set_model": sdk_model, "mcp_status": sdk_mcp_status}
+
+
+def sdk_hooks(config):
+    """initialize's hooks {Event: [{matcher, hookCallbackIds, timeout}]} as Claude Code hooks
+    of the session (full.3's shape), each run by asking the SDK (run_sdk_hook)."""
+    found = []
+    for event, groups in config.items():
+        if event not in CLAUDE_EVENTS:
+            warn_once(printable(f"[Agent SDK hook {event}: this agent has no such event; not run]"))
+            continue
+        for group in groups or []:
+            matcher = group.get("matcher") if group.get("matcher") not in ("", "*") else None
+            for callback in group.get("hookCallbackIds") or []:
+                found.append({"event": CLAUDE_EVENTS[event], "if": event + (f", matcher {matcher}" if matcher else ""),
+                              "cond": None, "action": {"type": "sdk", "callback_id": callback}, "reject": False,
+                              "once": False, "timeout": min(group.get("timeout") or HOOK_TIMEOUT, HOOK_MAX_TIMEOUT),
+                              "async": event == "Notification", "claude": {"event": event, "matcher": matcher, "rules": []},
+                              "name": f"sdk#{event}.{len(found) + 1}", "scope": "sdk", "file": "the Agent SDK",
+                              "trusted": True})
+    state = agent_state()
+    state.permissions["hooks"] = state.permissions.get("hooks", []) + found  # a new list: fire() may be reading
+
+
+def run_sdk_hook(hook, payload, env, state):
+    """An SDK hook's action: hook_callback with Claude Code's hook input; its answer is
+    the JSON a command hook prints (decision, hookSpecificOutput, continue, ...)."""
+    front = FRONT_END.get("current")
+    if not isinstance(front, SdkFront):
+        raise HookFailed("the Agent SDK that registered it is not connected")
+    try:
+        answer = front.request({"subtype": "hook_callback", "callback_id": hook["action"]["callback_id"],
+                                "input": hook_input(payload), "tool_use_id": payload.get("tool_use_id")},
+                               hook["timeout"])
+    except RuntimeError as e:
+        raise HookFailed(str(e))
+    return read_reply(answer, payload["event"]) if answer else verdict()
+
+
+ACTIONS["sdk"] = run_sdk_hook
+CHAPTER_ASK_PERMISSION = ask_permission  # s07's question at the terminal
+
+
+def sdk_ask_permission(name, args, reason, state):
+    """ask_permission, with --permission-prompt-tool stdio: the SDK's can_use_tool decides.
+    None for allow (its updatedInput replaces the call's input), else the denial's message."""
+    front = FRONT_END.get("current")
+    if not isinstance(front, SdkFront) or not front.prompt_tool:
+        return CHAPTER_ASK_PERMISSION(name, args, reason, state)
+    sent = claude_input(name, args, state)
+    try:
+        answer = front.request({"subtype": "can_use_tool", "tool_name": CLAUDE_NAMES.get(name, [name])[0],
+                                "input": sent, "tool_use_id": front.calls.get(name), "decision_reason": reason,
+                                "permission_suggestions": [], "blocked_path": None} |
+                               ({"agent_id": state.label} if state.label else {}))
+    except RuntimeError as e:
+        return f"the Agent SDK's permission callback failed: {e}"
+    if answer.get("behavior") == "allow":
+        if isinstance(new := answer.get("updatedInput"), dict) and new != sent:
+            args.clear()
+            args.update(our_input(name, new))
+            say(printable(f"  [the Agent SDK rewrote the input: {json.dumps(args, ensure_ascii=False)[:200]}]"))
+        return None
+    if answer.get("interrupt"):
+        front.interrupt()
+    return str(answer.get("message") or "the Agent SDK's permission callback said no")
+
+
+ask_permission = sdk_ask_permission  # judge() asks through it
+
+
+def sdk_reader(front):
+    """stdin, one JSON object a line: prompts queued for the main thread; control
+    requests and responses dealt with here, so an interrupt reaches a running turn."""
+    try:
+        for line in sys.stdin:
+            try:
+                message = json.loads(line) if line.strip() else None
+            except ValueError:
+                say(printable(f"[stdin: not a JSON line, skipped: {line.strip()[:80]}]"))
+                continue
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind == "user":
+                front.prompts.put(message)
+            elif kind == "control_request":
+                front.control(message)
+            elif kind == "control_response":
+                front.answer(message)
+            elif message is not None and kind not in ("control_cancel_request", "keep_alive"):
+                say(printable(f"[stdin: a {kind} message is not read here]"))
+    except (OSError, ValueError):  # stdin closed under us
+        pass
+    finally:
+        front.end()
+
+
+def add_user_content(history, content):
+    """A user message's content (text, or blocks: text, images) as the next prompt."""
+    if isinstance(content, str):
+        return add_user_text(history, content)
+    blocks = [b for b in content or [] if isinstance(b, dict)]
+    if history and history[-1]["role"] == "user":
+        history[-1]["content"] = as_blocks(history[-1]["content"]) + blocks
+    else:
+        history.append({"role": "user", "content": blocks})
+
+
+def sdk_turn(client, history, front, message):
+    """One prompt from the SDK: init, the turn, its result (an interrupted one's too)."""
+    state = agent_state()
+    front.begin()
+    emit(EVENTS.session, **session_facts(state))
+    content = (message.get("message") or {}).get("content")
+    try:
+        with front.lock:
+            front.running = True
+        if isinstance(content, str) and content.startswith("/"):  # as -p "/name args" runs it
+            headless_command(client, history, content)
+        elif content:
+            add_user_content(history, content)
+            prompt_turn(client, history)
+    except KeyboardInterrupt:  # the interrupt came between the loop's own catches
+        close_open_calls(history)
+    finally:
+        with front.lock:
+            front.running = False
+    if not front.replied:
+        emit(EVENTS.turn_end, reason="interrupted" if content else "command_failed", result="",
+             session_id=session_id(state), cost=state.session["cost"], api_ms=state.session.get("api_ms", 0),
+             error=None if content else "the message had no content")
+
+
+def run_sdk(client, history):
+    """--input-format stream-json: each user message on stdin is a turn, until stdin ends."""
+    front = FRONT_END["current"]
+    threading.Thread(target=contextvars.copy_context().run, args=(sdk_reader, front), daemon=True).start()
+    while (message := front.prompts.get()) is not None:
+        try:
+            sdk_turn(client, history, front, message)
+        except KeyboardInterrupt:  # a late interrupt, after the turn was done
+            pass
+    return 0
 
 
 # --- agent loop ---
