@@ -11,7 +11,8 @@ prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-j
 start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, LineEditor,
 completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
 /context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit;
-(full.6) request_body, open_stream: each message of a request encoded once.
+(full.6) request_body, open_stream: each message of a request encoded once; (full.7, the
+Agent SDK as a client) --input-format stream-json: sdk_flags, SdkFront, run_sdk, sdk_hooks.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
@@ -54,7 +55,7 @@ Where each chapter's mechanism lives (each defined here, as in its chapter file;
                          plan_deferral, tool_search
     full front end       emit, PlainText, Headless, run_headless, read_settings, claude_rule,
                          claude_hooks, RichUI, LineEditor, completions, attach_mentions,
-                         request_body, open_stream
+                         request_body, open_stream, SdkFront, run_sdk, sdk_ask_permission
 
 Key insight: the loop never prints; it says what happened, and a front end
 decides what that looks like, so one engine drives a terminal and a script alike.

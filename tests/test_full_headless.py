@@ -346,6 +346,8 @@ def test_model_and_append_system_prompt_reach_the_request(mod, api, monkeypatch,
     (["-p", "--allowed-tools", "bash(", "hi"], "--allowed-tools:"),
     (["-p", "--model"], "--model needs a value"),
     (["-p"], "-p needs a prompt"),
+    (["-p", "--input-format", "stream-json"], "--input-format stream-json needs --output-format stream-json"),
+    (["--input-format", "xml", "hi"], "--input-format 'xml'"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(mod, api, monkeypatch, capsys, argv, words):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))

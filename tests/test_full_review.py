@@ -36,7 +36,6 @@ def no_stdin(monkeypatch):
 @pytest.mark.parametrize("argv, words", [
     (["-p", "--dangerously-skip-permissions", "hi"], "unknown flag --dangerously-skip-permissions: use "
                                                     "--permission-mode bypassPermissions"),
-    (["-p", "--input-format", "stream-json"], "unknown flag --input-format"),
     (["-p", "--fast=yes", "hi"], "unknown flag --fast:"),
     (["--bogus", "hi"], "unknown flag --bogus: --help lists the flags"),  # the one-shot prompt too
 ])
