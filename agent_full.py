@@ -14668,10 +14668,10 @@ def open_stream(client, model, max_tokens, system, tools, messages):
 
 
 # --- full.7: the Agent SDK as a client ---
-# The Agent SDKs (Python's claude_agent_sdk, TypeScript's) run Claude Code as
+# The Agent SDK (Python's claude_agent_sdk) runs Claude Code as
 # `claude --output-format stream-json --verbose --input-format stream-json ...`
 # and talk to it over stdin and stdout, one JSON object a line. Given
-# ClaudeAgentOptions(cli_path="agent_full.py") they drive this agent the same way
+# ClaudeAgentOptions(cli_path="agent_full.py") it drives this agent the same way
 # (the SDK executes the file: its #! line finds python3 on PATH, so the venv must be
 # active, or PATH given in the options' env):
 #   stdin   {"type": "user", "message": {"role": "user", "content": ...}}: a prompt, one
