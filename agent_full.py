@@ -1358,8 +1358,8 @@ def parse_agent_file(path):
 
 def agent_dirs():
     """User level first, project last: a later definition of the same name wins."""
-    return [claude_dir("agents", "user"), Path.home() / ".agent" / "agents",  # full: ~/.claude/agents,
-            claude_dir("agents", "project"), project_dir(agent_state()) / ".agent" / "agents"]  # full: .claude/agents
+    return [*claude_folders("agents", "user"), Path.home() / ".agent" / "agents",  # full: ~/.claude/agents,
+            *claude_folders("agents", "project"), project_dir(agent_state()) / ".agent" / "agents"]  # full: .claude/agents
 
 
 def load_agents():
@@ -1684,6 +1684,7 @@ def discover_skills():
             if skill["name"] in skills:  # a later source wins; say whose skill it replaced
                 skill["replaces"] = skills[skill["name"]]["source"]
             skills[skill["name"]] = skill
+    claude_commands(skills, parsed)  # full: .claude/commands/*.md, Claude Code's slash commands (full.5)
     agent_state().skills = parsed
     return skills
 
@@ -3866,6 +3867,8 @@ def loosens(data):
         return True  # s08
     if data.get("mcp_servers"):  # s12: so do MCP servers
         return True  # s12
+    if data.get("claude_env"):  # full: a settings file's env reaches every command (full.3)
+        return True  # full
     return bool(perms.get("allow") or perms.get("additional_directories")
                 or perms.get("default_mode") in WIDENING_MODES or data.get("sandbox"))
 
@@ -3906,6 +3909,8 @@ def loosening(data):
         parts.append(hooks_question(data))  # s08
     if data.get("mcp_servers"):  # s12: and each server's command line or URL
         parts.append(mcp_question(data["mcp_servers"]))  # s12
+    if data.get("claude_env"):  # full: every variable, the risky ones named (full.3)
+        parts.append(env_question(data["claude_env"]))  # full
     return printable("; ".join(parts))
 
 
@@ -3940,6 +3945,7 @@ def load_permissions(workdir, trust_all=False):
         elif data.get("env") or data.get("env_allow"):
             say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
+        settings["env"] |= claude_env(path, data, full)  # full: a settings file's env, a project's once trusted
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
                 f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
@@ -6444,6 +6450,7 @@ def instruction_files(state):
     for folder in folders:
         if path := next((folder / n for n in INSTRUCTION_NAMES if (folder / n).is_file()), None):
             found.append(path)
+        found += claude_md_beside(folder, path)  # full: CLAUDE.md beside an AGENTS.md too (full.3)
     return found
 
 
@@ -6522,6 +6529,8 @@ def included(ref, path, state, depth, chain, budget):
         return None
     if target in chain or target == path.resolve():
         return f"(@{ref} skipped: it includes itself)"
+    if target in {p.resolve() for p in instruction_files(state)}:  # read on its own: once is enough
+        return f"(@{ref}: read on its own, under its # From heading)"
     if depth >= INCLUDE_DEPTH:
         return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
     if why := include_allowed(target, state, repo_root(state.workdir)):  # the chain's repository
@@ -13531,6 +13540,12 @@ CLAUDE_PERMISSION_KEYS = {"allow", "deny", "ask", "additionalDirectories", "defa
 CLAUDE_SANDBOX_KEYS = {"enabled": "enabled", "autoAllowBashIfSandboxed": "auto_allow_bash"}  # its -> ours
 MODEL_ALIASES = ("inherit", "sonnet", "opus", "haiku", "default")  # an agent file's model: the session's
 AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurns", "model", "isolation")
+CLAUDE_MD = ("CLAUDE.md", ".claude/CLAUDE.md")  # read beside a folder's AGENTS.md, the first found
+SETTINGS_KEYS = {"permissions", "sandbox", "hooks", "env", "$schema"}  # acted on ($schema is for editors)
+ENV_SHOWN = 60               # characters of a variable's value shown in the trust question
+RISKY_ENV = re.compile(      # a variable that points the agent elsewhere or makes a program run other code
+    r"(ANTHROPIC_|CLAUDE_|LD_|DYLD_|GIT_|PYTHON|PERL|RUBY|NODE_|NPM_CONFIG_|JAVA_|_JAVA_)\w*|PATH|BASH_ENV|ENV"
+    r"|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|EDITOR|VISUAL|PAGER|(HTTPS?|ALL)_PROXY", re.I)
 
 
 def settings_files(workdir):
@@ -13552,6 +13567,27 @@ def claude_dir(kind, scope):
     return (Path.home() if scope == "user" else project_dir(agent_state())) / CLAUDE_DIR / kind
 
 
+def claude_folders(kind, scope):
+    """claude_dir and the folders below it, sorted: Claude Code reads agent files in
+    subfolders too (a folder only groups them). A link to a folder is not entered,
+    so a cloned repository cannot send the search elsewhere or round a loop."""
+    root = claude_dir(kind, scope)
+    try:
+        below = sorted(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+    except OSError:  # an unreadable folder: the top one still counts
+        below = []
+    return [root, *below]
+
+
+def claude_md_beside(folder, first):
+    """A folder's CLAUDE.md when its first instruction file (s09) is an AGENTS file, so
+    a project holding both loses neither; each is read once (s09's included does not
+    repeat a file of the chain, so CLAUDE.md's @AGENTS.md points to it)."""
+    if first is None or first.name == "CLAUDE.md":
+        return []
+    return next(([folder / n] for n in CLAUDE_MD if (folder / n).is_file()), [])
+
+
 def claude_base(path):
     """The folder a settings file's relative paths start from: the one holding .claude."""
     return Path(path).parent.parent
@@ -13560,7 +13596,7 @@ def claude_base(path):
 def read_settings(path):
     """A Claude Code settings file in s07's shape ({} when there is none); ConfigError
     names the file and the key when it cannot be used. Keys this agent has no use
-    for (env, model, statusLine, ...) are left alone."""
+    for (model, statusLine, ...) are named in one line (name_unused)."""
     try:
         if path.is_file() and path.stat().st_size > SETTINGS_BYTES:
             raise ValueError(f"it is over {SETTINGS_BYTES:,} bytes")
@@ -13578,8 +13614,50 @@ def read_settings(path):
            "no_bypass": perms.get("disableBypassPermissionsMode") == "disable"}  # load_permissions keeps it
     out = {k: v for k, v in out.items() if v}
     check_config(path, out)  # s07's checks: every rule readable, the mode, the sandbox's values
-    hooks = settings_hooks(path, data.get("hooks"))
-    return out | ({"hooks": hooks} if hooks else {})
+    hooks, env = settings_hooks(path, data.get("hooks")), settings_env(path, data.get("env"))
+    name_unused(path, data)
+    return out | ({"hooks": hooks} if hooks else {}) | ({"claude_env": env} if env else {})
+
+
+def settings_env(path, env):
+    """A settings file's env as {name: text} ({} for none); a number is its text, as in a shell."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(re.fullmatch(r"\w+", str(k)) and type(v) in (str, int, float)
+                                            for k, v in env.items()):
+        raise ConfigError(f"{path}: env must map variable names to strings")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def claude_env(path, data, full):
+    """What a settings file's env adds to the model's commands (s01's child_env, the
+    path env in ~/.agent/config.yaml takes): nothing from an untrusted project file,
+    nor a name that looks like a secret (the commands' output reaches the model); one
+    line for each left out."""
+    env = data.get("claude_env") or {}
+    if env and not full:
+        say(printable(f"[{rel(path)} is not trusted: its env ({', '.join(env)}) is not set]"))
+        return {}
+    if secret := [k for k in env if SECRET_NAME.search(k)]:
+        warn_once(printable(f"[{rel(path)}: env {', '.join(secret)} looks like a secret, so the model's "
+                            f"commands do not get it; ~/.agent/config.yaml's env passes it]"))
+    return {k: v for k, v in env.items() if k not in secret}
+
+
+def env_question(env):
+    """The trust question's part for env: every variable and its value, then those
+    that redirect the agent's tools or make a program run other code, named."""
+    shown = ", ".join(f"{k}={clip_row(v, ENV_SHOWN)}" for k, v in env.items())
+    risky = [k for k in env if RISKY_ENV.fullmatch(k)]
+    warning = f" (WARNING: {', '.join(risky)} can redirect the agent or run code)" if risky else ""
+    return f"sets {shown} in every command's environment{warning}"
+
+
+def name_unused(path, data):
+    """One line naming the keys of a settings file this agent does not act on (model,
+    statusLine, outputStyle, ...), so none is dropped unsaid."""
+    if unused := sorted(set(map(str, data)) - SETTINGS_KEYS):
+        warn_once(printable(f"[{rel(path)}: {', '.join(unused)} not used by this agent: ignored]"))
 
 
 def settings_permissions(path, perms):
@@ -13972,7 +14050,7 @@ def claude_agent_meta(path, meta):
     mapped (a tool this agent lacks left out), its model aliases the session's model,
     and the fields with no match here (permissionMode, skills, hooks, mcpServers,
     color, ...) left out: none of them may widen what the agent does."""
-    if path.parent.name != "agents" or path.parent.parent.name != CLAUDE_DIR:
+    if not any(path.is_relative_to(claude_dir("agents", scope)) for scope in ("user", "project")):
         return meta
     out = {k: v for k, v in meta.items() if k in AGENT_FILE_FIELDS}
     for field in ("tools", "disallowedTools"):
@@ -14469,6 +14547,47 @@ INIT_PROMPT = (
     "first. Keep it short (under 150 lines) and factual; if an AGENTS.md or CLAUDE.md exists, "
     "improve it instead of starting over.")
 CONTEXT_BAR = 30  # characters of /context's bar for the whole window
+
+
+def claude_commands(skills, parsed):
+    """Claude Code's custom commands, ~/.claude/commands and .claude/commands (their
+    subfolders too), added to discover_skills' list: so /name, -p "/name args" and the
+    model's load_skill run one, and a project file's !`commands` ask first (may_run),
+    as a project skill's do. A skill of the same name wins (Claude Code's rule); a
+    project command wins a user one."""
+    for source in ("user", "project"):
+        root = claude_dir("commands", source)
+        for path in sorted(root.rglob("*.md")) if root.is_dir() else []:
+            try:
+                skill = command_skill(path, source, parsed)
+            except (OSError, ValueError) as e:
+                warn_once(f"[skipped command {path}: {e}]")
+                continue
+            old = skills.get(skill["name"])
+            if old is None or (old.get("command") and old["source"] != source):
+                skills[skill["name"]] = skill | ({"replaces": old["source"]} if old else {})
+
+
+def command_skill(path, source, parsed):
+    """One command file as a skill dict: its name the file's, its description the
+    frontmatter's or its first line; the frontmatter is optional. Cached by content,
+    as parsed_skill caches a SKILL.md."""
+    raw, key = path.read_bytes(), (str(path), source)
+    digest = hashlib.sha256(raw).hexdigest()
+    cached = agent_state().skills.get(key)
+    if cached is None or cached["sha256"] != digest:
+        text = raw.decode("utf-8", "replace")
+        meta, body = split_frontmatter(text) if text.lstrip("\ufeff").startswith("---") else ({}, text.strip())
+        if not SKILL_NAME.fullmatch(path.stem):
+            raise ValueError(f"name {path.stem!r} must be one word (letters, digits, - _ . :)")
+        first = next((line.strip("# ") for line in body.splitlines() if line.strip()), path.stem)
+        description = meta.get("description") if isinstance(meta.get("description"), str) else first
+        cached = {"name": path.stem, "description": " ".join(description.split())[:MAX_DESCRIPTION],
+                  "body": body, "path": path.resolve(), "source": source, "meta": meta, "file": path,
+                  "sha256": digest, "arg_hint": hint_text(meta.get("argument-hint")), "command": True,
+                  "model": not flag(meta, "disable-model-invocation", False), "user": True}
+    parsed[key] = cached
+    return dict(cached)
 
 
 def message_parts(messages):

@@ -6411,6 +6411,8 @@ def included(ref, path, state, depth, chain, budget):
         return None
     if target in chain or target == path.resolve():
         return f"(@{ref} skipped: it includes itself)"
+    if target in {p.resolve() for p in instruction_files(state)}:  # read on its own: once is enough
+        return f"(@{ref}: read on its own, under its # From heading)"
     if depth >= INCLUDE_DEPTH:
         return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
     if why := include_allowed(target, state, repo_root(state.workdir)):  # the chain's repository

@@ -167,6 +167,19 @@ def instruction_tree(workspace):
     return sub, deeper
 
 
+def test_a_file_of_the_chain_that_another_includes_is_read_once(mod, workspace, monkeypatch):
+    git_init(workspace)
+    write(workspace / "AGENTS.md", "ROOT-ONCE\n")
+    deeper = workspace / "pkg"
+    write(deeper / "AGENTS.md", "Start from the root's rules: @../AGENTS.md\nPKG-OWN\n")
+    monkeypatch.chdir(deeper)
+    state = mod.agent_state()
+    state.workdir = deeper.resolve()
+    text = mod.load_instructions(state)
+    assert text.count("ROOT-ONCE") == 1 and text.count("PKG-OWN") == 1
+    assert "(@../AGENTS.md: read on its own, under its # From heading)" in text
+
+
 def test_the_instruction_chain_one_file_per_folder_root_first_includes_guarded(mod, workspace, monkeypatch):
     sub, deeper = instruction_tree(workspace)
     monkeypatch.chdir(deeper)
@@ -176,11 +189,13 @@ def test_the_instruction_chain_one_file_per_folder_root_first_includes_guarded(m
     text = mod.load_instructions(state)
 
     heads = [line.removeprefix("# From ") for line in text.splitlines() if line.startswith("# From ")]
+    claude = mod.__name__ == "agent_full"  # full.3: a folder's CLAUDE.md is read beside its AGENTS file
     assert heads == [str(Path.home() / ".agent" / "AGENTS.md"), str(workspace.resolve() / "AGENTS.md"),
-                     str(sub.resolve() / "AGENTS.override.md"), str(deeper.resolve() / "CLAUDE.md")]
-    for kept in ("HOME-RULE", "ROOT-AGENTS", "SUB-OVERRIDE", "DEEPER-CLAUDE"):
+                     *[str(workspace.resolve() / "CLAUDE.md")] * claude, str(sub.resolve() / "AGENTS.override.md"),
+                     *[str(sub.resolve() / "CLAUDE.md")] * claude, str(deeper.resolve() / "CLAUDE.md")]
+    for kept in ("HOME-RULE", "ROOT-AGENTS", "SUB-OVERRIDE", "DEEPER-CLAUDE", *["ROOT-CLAUDE", "SUB-CLAUDE"] * claude):
         assert text.count(kept) == 1
-    for shadowed in ("ROOT-CLAUDE", "SUB-AGENTS", "SUB-CLAUDE"):  # one file per folder
+    for shadowed in ("SUB-AGENTS", *["ROOT-CLAUDE", "SUB-CLAUDE"] * (not claude)):  # one file per folder
         assert shadowed not in text
     assert text.index("HOME-RULE") < text.index("ROOT-AGENTS") < text.index("SUB-OVERRIDE") \
         < text.index("DEEPER-CLAUDE")
