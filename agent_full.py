@@ -13489,8 +13489,11 @@ class Headless:
 # ~/.claude/settings.json (user), .claude/settings.json (project) and
 # .claude/settings.local.json (local) next to the YAML files of each scope; skills
 # from ~/.claude/skills and .claude/skills, agent types from ~/.claude/agents and
-# .claude/agents (ours win a name); CLAUDE.md or .claude/CLAUDE.md (s09), .mcp.json
-# (s12). A settings file is translated into s07's shape once, when it is read:
+# .claude/agents and their subfolders (ours win a name); CLAUDE.md or .claude/CLAUDE.md
+# beside a folder's AGENTS.md (s09), .mcp.json (s12); custom commands (full.5). A
+# settings file's env joins the commands' environment (s01's child_env), a project's
+# once trusted; a key acted on nowhere is named in one line. A settings file is
+# translated into s07's shape once, when it is read:
 #     {"permissions": {"allow": ["Bash(npm run test:*)"], "deny": ["Read(./.env)"],
 #                      "additionalDirectories": ["../docs"], "defaultMode": "acceptEdits"},
 #      "hooks": {"PreToolUse": [{"matcher": "Bash",
