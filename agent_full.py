@@ -4099,6 +4099,7 @@ MAX_DENIALS = 3             # denials in a row before the model is told to stop 
 PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
                   ".claude/skills", ".claude/agents",
                   ".claude/hooks",  # full: where Claude Code projects keep the scripts their hooks run
+                  ".claude/commands",  # full: custom commands (full.5), whose !`lines` a typed /name runs
                   ".agent/team",  # s11: messages, requests and the roster: only the program writes them
                   ".agent/worktrees")  # s12: lanes, their locks and log: work in a lane by entering it
 PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")

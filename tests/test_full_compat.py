@@ -483,6 +483,10 @@ def test_claude_commands_are_slash_commands_with_their_arguments(mod, api, clien
     assert cmds["fix"]["arg_hint"] == "[issue]" and cmds["standup"]["description"] == "Write the standup note"
     assert "XNOTES-7" in mod.handle_slash("/x", ctx)
     assert "- fix: Fix an issue the house way." in mod.skills_prompt()
+    state = mod.agent_state()
+    state.mode = "default"
+    effect, layer, _ = mod.decide("write_file", {"path": ".claude/commands/fix.md", "content": "x"}, state)
+    assert (effect, layer) == ("deny", "protected path")          # the model cannot plant one
 
 
 @pytest.mark.permissions
