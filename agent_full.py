@@ -12,7 +12,8 @@ start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, Li
 completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
 /context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit;
 (full.6) request_body, open_stream: each message of a request encoded once; (full.7, the
-Agent SDK as a client) --input-format stream-json: sdk_flags, SdkFront, run_sdk, sdk_hooks.
+Agent SDK as a client) --input-format stream-json: sdk_flags, SdkFront, run_sdk, sdk_hooks;
+(full.8) result_object, init_extras: -p's result and init with Claude Code's keys, UUID session ids.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
@@ -55,7 +56,8 @@ Where each chapter's mechanism lives (each defined here, as in its chapter file;
                          plan_deferral, tool_search
     full front end       emit, PlainText, Headless, run_headless, read_settings, claude_rule,
                          claude_hooks, RichUI, LineEditor, completions, attach_mentions,
-                         request_body, open_stream, SdkFront, run_sdk, sdk_ask_permission
+                         request_body, open_stream, SdkFront, run_sdk, sdk_ask_permission,
+                         result_object, init_extras
 
 Key insight: the loop never prints; it says what happened, and a front end
 decides what that looks like, so one engine drives a terminal and a script alike.
@@ -6611,8 +6613,7 @@ def sessions_dir(state):
 
 
 def new_session(state):
-    stamp_ = time.strftime("%Y%m%d-%H%M%S")
-    return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
+    return {"path": sessions_dir(state) / f"{uuid.uuid4()}.jsonl",  # full: a UUID, as Claude Code's (full.8)
             "written": 0, "last": None, "fresh": True}  # fresh: its file is made at the first write
 
 
@@ -6926,7 +6927,7 @@ def resume_command(args, ctx):
         try:
             started = time.strftime("%Y-%m-%d %H:%M", time.strptime(p.stem[:15], "%Y%m%d-%H%M%S"))
         except ValueError:
-            started = "?"
+            started = session_started(p)  # full: a UUID names no time: the file's first record tells (full.8)
         mark = "" if p in own else "  (not started here by you)"
         print(printable(f"  {p.stem}  {started}  {count:>4} messages  {prompt}{mark}"))
     if not files:
@@ -12979,12 +12980,14 @@ register("tool_search", (
 #               terminal as the chapters did
 #   denial      id, name, input, layer, reason: the permission system refused a call
 #   notice      text: any other progress line (say)
-#   error       text, error: the turn failed (the API, after its retries)
+#   error       text, error, status (the HTTP status, else None), error_type (the API's
+#               error type, else None): the turn failed (the API, after its retries)
 #   session     session_id, cwd, model, mode, tools, mcp_servers, slash_commands, skills,
 #               agents: a headless run is set up and about to send its prompt
 #   turn_end    reason (agent_loop's, or command_failed), result (the answer; "" unless
 #               reason is end_turn), session_id, cost, api_ms (the session's time in model
-#               calls), error (a failed -p /command's line, else absent): one user prompt is done
+#               calls), error (a failed -p /command's line, else absent), local (True for a
+#               -p /command that ran here, no model turn): one user prompt is done
 # Events come from any thread (parallel tools, MCP readers, background jobs):
 # a front end that keeps state takes a lock. A background agent's events go to
 # its log as plain text, as its lines always did, never to the front end.
@@ -13383,7 +13386,7 @@ def headless_command(client, history, line):
         return 0 if prompt_turn(client, history) == "end_turn" else 1
     emit(EVENTS.turn_end, reason="command_failed" if ctx.get("error") else "end_turn",
          result=shown.getvalue().rstrip("\n"), session_id=session_id(state), cost=state.session["cost"],
-         api_ms=state.session.get("api_ms", 0), error=ctx.get("error"))
+         api_ms=state.session.get("api_ms", 0), error=ctx.get("error"), local=True)
     return 1 if ctx.get("error") else 0
 
 
@@ -13396,6 +13399,7 @@ class Headless:
         self.started, self.session, self.turns, self.stop_reason = time.monotonic(), "", 0, None
         self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
         self.closed = False  # stdout's reader went away
+        self.models, self.api_error, self.first_content = {}, None, None  # full.8: Claude Code's fields
 
     def handle(self, event):
         with self.lock:
@@ -13437,13 +13441,20 @@ class Headless:
             self.out({"type": "system", "subtype": "init", "cwd": event["cwd"], "session_id": self.session,
                       "tools": event["tools"], "mcp_servers": event["mcp_servers"], "model": event["model"],
                       "permissionMode": event["mode"], "slash_commands": event["slash_commands"],
-                      "skills": event["skills"], "agents": event["agents"], "uuid": str(uuid.uuid4())})
+                      "skills": event["skills"], "agents": event["agents"], "uuid": str(uuid.uuid4())}
+                     | init_extras(event))  # full.8
+
+    def on_text(self, event, main):
+        if main and self.first_content is None:  # full.8: ttft_ms
+            self.first_content = time.monotonic()
 
     def on_reply(self, event, main):
         for k in USAGE_KEYS:  # every agent's tokens: the cost is the session's too
             self.usage[k] += event["usage"][k]
+        add_model_usage(self.models, event["model"], event["usage"])  # full.8: modelUsage, every agent's
         if not main:  # num_turns and the stream are the main agent's
             return
+        self.on_text(event, main)
         self.turns += 1
         self.stop_reason = event["stop_reason"]
         if self.fmt == "stream-json":
@@ -13464,25 +13475,21 @@ class Headless:
     def on_error(self, event, main):
         if main:  # a subagent's failure is its parent's tool error, not the run's
             self.errors.append(event["error"])
+            self.api_error = event  # full.8: api_error_status, api_error_type
 
     def on_turn_end(self, event, main):
         if not main:
             return
-        subtype = RESULT_SUBTYPES.get(event["reason"], "error_during_execution")
+        reason, api_error = event["reason"], event["reason"] == "api_error" and self.api_error
+        subtype = "success" if api_error else RESULT_SUBTYPES.get(reason, "error_during_execution")
         errors = [] if subtype == "success" else \
-            self.errors or [event.get("error") or f"the turn stopped: {event['reason']}"]
+            [max_turns_error()] if reason == "max_turns" else \
+            self.errors or [event.get("error") or f"the turn stopped: {reason}"]
         if self.fmt == "text":
-            if not errors:  # at a terminal its control characters are shown, not obeyed
+            if not errors and not api_error:  # at a terminal its control characters are shown, not obeyed
                 self.write(printable(event["result"]) if is_terminal(sys.stdout) else event["result"])
             return
-        self.out({"type": "result", "subtype": subtype, "is_error": bool(errors),
-                  "duration_ms": round((time.monotonic() - self.started) * 1000),
-                  "duration_api_ms": round(event.get("api_ms", 0)), "num_turns": self.turns,
-                  "result": event["result"] if not errors else "; ".join(errors), "stop_reason": self.stop_reason,
-                  "session_id": event["session_id"] or self.session, "total_cost_usd": event["cost"],
-                  "usage": dict(self.usage), "permission_denials": list(self.denials),
-                  "uuid": str(uuid.uuid4())} | ({"errors": errors} if errors else {}))
-
+        self.out(result_object(self, event, subtype, errors, api_error))
 
 # --- full.3: Claude Code project compatibility ---
 # A repository set up for Claude Code works as it is. Its files are read beside
@@ -14815,7 +14822,6 @@ def open_stream(client, model, max_tokens, system, tools, messages):
 # --system-prompt is added to this agent's prompt, never replaces it: the tools need it);
 # the others are accepted and named in one stderr line. --setting-sources never trusts
 # the workspace: a project's files ask for trust as always, and nobody answers yes here.
-SDK_CLAUDE_VERSION = "2.1.337"  # claude_code_version in system/init: the Claude Code whose SDK protocol this follows
 SDK_NOTED = {"--setting-sources": True, "--settings": True, "--mcp-config": True, "--add-dir": True,  # accepted,
              "--session-id": True, "--tools": True, "--max-budget-usd": True, "--fallback-model": True,  # not used;
              "--betas": True, "--max-thinking-tokens": True, "--thinking": True, "--thinking-display": True,  # True:
@@ -14878,8 +14884,8 @@ class SdkFront(Headless):
         self.out({"type": "system", "subtype": "init", "cwd": event["cwd"], "session_id": self.session,
                   "tools": event["tools"], "mcp_servers": event["mcp_servers"], "model": event["model"],
                   "permissionMode": event["mode"], "slash_commands": event["slash_commands"],
-                  "skills": event["skills"], "agents": event["agents"], "apiKeySource": "none",
-                  "claude_code_version": SDK_CLAUDE_VERSION, "output_style": "default", "uuid": str(uuid.uuid4())})
+                  "skills": event["skills"], "agents": event["agents"], "uuid": str(uuid.uuid4())}
+                 | init_extras(event))  # full.8: the CLI's other keys, claude_code_version among them
 
     def on_tool_start(self, event, main):
         self.calls[event["name"]] = event["id"]
@@ -15113,6 +15119,153 @@ def run_sdk(client, history):
     return 0
 
 
+# --- full.8: Claude Code's headless fields ---
+# -p's result object carries every key `claude -p` puts in its own for the same
+# run (held against the real CLI in tests/test_cli_headless.py): real values
+# where they mean something here, a neutral one where they do not.
+#   modelUsage     per model: inputTokens, outputTokens, cacheReadInputTokens,
+#                  cacheCreationInputTokens (Ephemeral5m: ours are 5-minute writes),
+#                  costUSD at this agent's prices, contextWindow, maxOutputTokens
+#                  (ours, per request), canonicalModel, provider, costBasis;
+#                  webSearchRequests and thinkingTokens 0 (no such tools, no thinking)
+#   terminal_reason  agent_loop's reason in the CLI's words (TERMINAL_REASONS); null
+#                  for a -p /command that ran here, as the CLI's local commands
+#   num_turns      the CLI's count: model calls begun, the failed one included, plus
+#                  one when --max-turns stopped the next
+#   an API error   the CLI's shape: subtype success with is_error true, result the
+#                  error, api_error_status (the HTTP status, null without one) and
+#                  api_error_type; exit status 1
+#   error_*        errors, no result (the CLI sends none), "Reached maximum number of
+#                  turns (N)" for --max-turns
+#   ttft_ms, ttft_stream_ms, first_content_frame_ms  ms from the start to the main
+#                  agent's first streamed text (or reply); time_to_request_ms null (the
+#                  SDK's client sends the request; this loop does not see it leave)
+#   neutral        fast_mode_state "off", fast_mode_disabled_reason null,
+#                  subagent_stats null, safety_stops 0, queued_turn_count 0,
+#                  result_index 0 (one prompt, one result)
+# stream-json's result adds model_usage_since_last_result and written_at, and its
+# system/init the CLI's keys (init_extras). Session ids are UUIDs, as the CLI's;
+# files named the older way (20261201-101500-1a2b) are still found by --resume.
+# claude_code_version is CLAUDE_CODE_VERSION: the CLI release whose -p contract
+# this follows, "+agent-full" as semver build metadata (it orders as that release,
+# so the Agent SDK, which reads the leading x.y.z, does not warn it is too old).
+CLAUDE_CODE_VERSION = "2.1.337+agent-full"
+TERMINAL_REASONS = {"end_turn": "completed", "max_turns": "max_turns", "api_error": "api_error",
+                    "hook_stop": "hook_stopped", "prompt_blocked": "hook_stopped",
+                    "interrupted": "aborted_streaming", "cancelled": "aborted_tools",
+                    "unknown_tools": "malformed_tool_use_exhausted", "shutdown": "completed"}
+
+
+def api_error_facts(e):
+    """An API exception's HTTP status and the API's error type (None, None for a transport error)."""
+    body = getattr(e, "body", None)
+    kind = body.get("error", {}).get("type") if isinstance(body, dict) and isinstance(body.get("error"), dict) \
+        else body.get("type") if isinstance(body, dict) else None
+    status = getattr(e, "status_code", None)
+    return {"status": status if isinstance(status, int) else None, "error_type": kind if isinstance(kind, str) else None}
+
+
+def usage_cost(usage):
+    """One call's cost, as charge() counts it."""
+    return ((usage["input_tokens"] + usage["cache_read_input_tokens"] * CACHE_READ_PRICE
+             + usage["cache_creation_input_tokens"] * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + usage["output_tokens"] * PRICE_OUTPUT) / 1e6
+
+
+def add_model_usage(models, model, usage):
+    """A reply's tokens into modelUsage[model], in the CLI's shape."""
+    entry = models.setdefault(model, {
+        "inputTokens": 0, "outputTokens": 0, "cacheReadInputTokens": 0, "cacheCreationInputTokens": 0,
+        "webSearchRequests": 0, "costUSD": 0.0, "contextWindow": CONTEXT_WINDOW, "maxOutputTokens": MAX_TOKENS,
+        "thinkingTokens": 0, "cacheCreationEphemeral5mInputTokens": 0, "cacheCreationEphemeral1hInputTokens": 0,
+        "canonicalModel": model, "provider": "firstParty", "costBasis": "list"})
+    entry["inputTokens"] += usage["input_tokens"]
+    entry["outputTokens"] += usage["output_tokens"]
+    entry["cacheReadInputTokens"] += usage["cache_read_input_tokens"]
+    entry["cacheCreationInputTokens"] += usage["cache_creation_input_tokens"]
+    entry["cacheCreationEphemeral5mInputTokens"] += usage["cache_creation_input_tokens"]  # EPHEMERAL: 5 min
+    entry["costUSD"] += usage_cost(usage)
+
+
+def max_turns_error():
+    try:
+        return f"Reached maximum number of turns ({turn_limit()})"
+    except ValueError:
+        return "Reached maximum number of turns"
+
+
+def now_iso():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def result_object(front, event, subtype, errors, api_error):
+    """Headless's result for one turn_end, with the CLI's keys for that kind of end."""
+    reason, since = event["reason"], lambda t: round((t - front.started) * 1000)
+    turns = front.turns + (reason in ("api_error", "max_turns"))  # the call that failed, or was not begun
+    out = {"type": "result", "subtype": subtype, "is_error": bool(errors or api_error),
+           "duration_ms": since(time.monotonic()), "duration_api_ms": round(event.get("api_ms", 0)),
+           "num_turns": turns, "stop_reason": front.stop_reason,
+           "session_id": event["session_id"] or front.session, "total_cost_usd": event["cost"],
+           "usage": dict(front.usage), "modelUsage": json.loads(json.dumps(front.models)),
+           "permission_denials": list(front.denials),
+           "terminal_reason": None if event.get("local") else TERMINAL_REASONS.get(reason),
+           "fast_mode_state": "off", "fast_mode_disabled_reason": None, "subagent_stats": None,
+           "safety_stops": 0, "queued_turn_count": 0, "result_index": 0, "uuid": str(uuid.uuid4())}
+    if api_error:
+        out |= {"result": api_error["error"], "api_error_status": api_error.get("status"),
+                "api_error_type": api_error.get("error_type")}
+    elif errors:
+        out["errors"] = errors
+    else:
+        first = None if front.first_content is None else since(front.first_content)
+        out |= {"result": event["result"], "api_error_status": None, "ttft_ms": first, "ttft_stream_ms": first,
+                "first_content_frame_ms": first, "time_to_request_ms": None}
+    if front.fmt == "stream-json":
+        out |= {"model_usage_since_last_result": out["modelUsage"], "written_at": now_iso()}
+    return out
+
+
+def init_extras(event):
+    """The CLI's other system/init keys: ours where we have them, neutral otherwise."""
+    base = os.getenv("ANTHROPIC_BASE_URL", "").strip()
+    return {"apiKeySource": "ANTHROPIC_API_KEY" if os.getenv("ANTHROPIC_API_KEY") else "none",
+            "claude_code_version": CLAUDE_CODE_VERSION, "output_style": "default",
+            "terminal_slash_commands": [], "plugins": [], "capabilities": [],
+            "analytics_disabled": True, "product_feedback_disabled": True,
+            "served_by_anthropic": not base or urllib.parse.urlsplit(base).hostname == "api.anthropic.com",
+            "sandbox_enabled": None, "memory_paths": {}, "original_cwd": event["cwd"],
+            "additional_directories": [], "messaging_socket_path": None,
+            "fast_mode_state": "off", "fast_mode_disabled_reason": None, "per_turn_effort_active": False,
+            "ultrathink_available": False, "ultrathink_typed_raises": False, "view_mode": "default",
+            "written_at": now_iso()}
+
+
+def session_started(path):
+    """/resume's start time of a session file: its first record's, else '?'."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(json.loads(fh.readline())["ts"])))
+    return "?"
+
+
+def startup_failed(error):
+    """main() could not set the session up (--resume of an unknown id, a bad flag): with
+    -p --output-format json or stream-json, one result object on stdout says so too,
+    as the CLI's stream-json does (its json prints nothing on stdout)."""
+    front = FRONT_END.get("current")
+    if not isinstance(front, Headless) or front.fmt == "text":
+        return
+    state = agent_state()
+    text = str(error)
+    front.out({"type": "result", "subtype": "error_during_execution", "is_error": True, "duration_ms": 0,
+               "duration_api_ms": 0, "num_turns": 0, "stop_reason": None,
+               "session_id": session_id(state) if state.record else str(uuid.uuid4()), "total_cost_usd": 0,
+               "usage": dict.fromkeys(USAGE_KEYS, 0), "modelUsage": {}, "permission_denials": [],
+               "uuid": str(uuid.uuid4()), "errors": [text], "result_index": 0}
+              | ({"startup_failure_reason": "resume_target_not_found"}
+                 if text.startswith(("--resume", "--continue")) else {}))
+
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -15281,7 +15434,8 @@ def agent_loop(client, messages, tools=None, max_turns=None, **settings):  # s04
         return "interrupted"
     except Exception as e:  # API errors, and transport errors the SDK leaves unwrapped
         close_open_calls(messages, "the turn failed before this ran")
-        emit(EVENTS.error, text=f"[API error: {type(e).__name__}: {e}]", error=f"{type(e).__name__}: {e}")  # full
+        emit(EVENTS.error, text=f"[API error: {type(e).__name__}: {e}]", error=f"{type(e).__name__}: {e}",  # full
+             **api_error_facts(e))  # full: the HTTP status and error type, for -p's result (full.8)
         fire("error", error=f"{type(e).__name__}: {e}")  # s08
         return "api_error"
     finally:  # s09
@@ -15364,6 +15518,7 @@ def main(argv=None):
         start_worktree(lane)  # s12: the lane made or reused, the agent's workdir set (no chdir)
     except (ValueError, ConfigError, ToolError) as e:  # s07; s11: a team that cannot be joined
         print(e, file=sys.stderr)  # s07
+        startup_failed(e)  # full: -p's json formats get a result object too (full.8)
         return 2  # s07
     with hook_session(), memory_session(), worktree_session(), background_session(), mcp_session(), team_session():  # s08-s11; s12: a lane closed after its commands, MCP servers
         if agent_state().team:  # s11: only a teammate has joined a team at start-up

@@ -27,13 +27,13 @@ USAGE = {"type": "object", "required": ["input_tokens", "output_tokens", "cache_
                                          "cache_read_input_tokens"],
          "properties": {k: {"type": "integer", "minimum": 0} for k in
                         ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}}
-SESSION_ID = {"type": "string", "pattern": r"^\d{8}-\d{6}-[0-9a-f]{4}$"}
+SESSION_ID = {"type": "string", "pattern": r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"}  # full.7
 TAGS = {"parent_tool_use_id": {"type": ["string", "null"]}, "session_id": SESSION_ID, "uuid": {"type": "string"}}
 
 RESULT = {
     "type": "object",
-    "required": ["type", "subtype", "is_error", "duration_ms", "num_turns", "result", "session_id",
-                 "total_cost_usd", "usage", "permission_denials"],
+    "required": ["type", "subtype", "is_error", "duration_ms", "num_turns", "session_id",
+                 "total_cost_usd", "usage", "modelUsage", "permission_denials", "terminal_reason"],
     "properties": {
         "type": {"const": "result"},
         "subtype": {"enum": ["success", "error_max_turns", "error_during_execution"]},
@@ -44,16 +44,23 @@ RESULT = {
         "session_id": SESSION_ID,
         "total_cost_usd": {"type": "number", "minimum": 0},
         "usage": USAGE,
+        "modelUsage": {"type": "object"},
+        "terminal_reason": {"type": ["string", "null"]},
+        "api_error_status": {"type": ["integer", "null"]},
         "permission_denials": {"type": "array", "items": {
             "type": "object", "required": ["tool_name", "tool_use_id", "tool_input"],
             "properties": {"tool_name": {"type": "string"}, "tool_use_id": {"type": "string"},
                            "tool_input": {"type": "object"}}}},
         "errors": {"type": "array", "items": {"type": "string"}, "minItems": 1},
     },
-    # success and is_error go together; a failure says what went wrong
+    # as Claude Code's: success has a result (an API error too, with is_error and its
+    # status); a failure says what went wrong in errors, and has no result
     "if": {"properties": {"subtype": {"const": "success"}}},
-    "then": {"properties": {"is_error": {"const": False}}, "not": {"required": ["errors"]}},
-    "else": {"properties": {"is_error": {"const": True}}, "required": ["errors"]},
+    "then": {"required": ["result", "api_error_status"], "not": {"required": ["errors"]},
+             "if": {"properties": {"terminal_reason": {"const": "api_error"}}},
+             "then": {"properties": {"is_error": {"const": True}}},
+             "else": {"properties": {"is_error": {"const": False}, "api_error_status": {"const": None}}}},
+    "else": {"properties": {"is_error": {"const": True}}, "required": ["errors"], "not": {"required": ["result"]}},
 }
 
 INIT = {
@@ -277,7 +284,8 @@ def test_max_turns_ends_with_error_max_turns_and_exit_1(mod, api, monkeypatch, c
     status, out, err = headless(mod, api, monkeypatch, capsys, "--output-format", "json", "--max-turns", "2",
                                 "loop forever")
     [result] = json_lines(out)
-    assert status == 1 and (result["subtype"], result["is_error"], result["num_turns"]) == ("error_max_turns", True, 2)
+    assert status == 1 and (result["subtype"], result["is_error"], result["num_turns"]) == ("error_max_turns", True, 3)
+    assert result["terminal_reason"] == "max_turns" and "result" not in result  # the CLI counts the turn it refused
     assert len(message_bodies(api)) == 2 and "[stopped: 2 turns without finishing]" in err
 
 
@@ -287,7 +295,7 @@ def test_a_subagent_failure_is_not_the_run_failure(mod, api, monkeypatch, capsys
     status, out, err = headless(mod, api, monkeypatch, capsys, "--output-format", "json", "--max-turns", "2", "go")
     [result] = json_lines(out)
     assert status == 1 and result["subtype"] == "error_max_turns" and "child key refused" in err
-    assert result["errors"] == ["the turn stopped: max_turns"]
+    assert result["errors"] == ["Reached maximum number of turns (2)"]
 
 
 def test_a_question_is_a_denial_recorded_in_the_result(mod, api, monkeypatch, capsys, workspace):
@@ -319,14 +327,16 @@ def test_allowed_and_disallowed_tools_are_rules(mod, api, monkeypatch, capsys, w
     assert [d["tool_name"] for d in result["permission_denials"]] == ["bash"]
 
 
-def test_an_api_error_is_error_during_execution_and_exit_1(mod, api, monkeypatch, capsys):
+def test_an_api_error_is_claude_codes_api_error_result_and_exit_1(mod, api, monkeypatch, capsys):
     api.script([error(401, "invalid x-api-key")])
     status, out, err = headless(mod, api, monkeypatch, capsys, "--output-format", "stream-json", "hello")
     lines = json_lines(out)
     assert status == 1 and [line["type"] for line in lines] == ["system", "result"]
     result = lines[-1]
-    assert (result["subtype"], result["is_error"], result["num_turns"]) == ("error_during_execution", True, 0)
-    assert "invalid x-api-key" in result["errors"][0] and "[API error:" in err
+    assert (result["subtype"], result["is_error"], result["num_turns"]) == ("success", True, 1)  # as the CLI's
+    assert (result["terminal_reason"], result["api_error_status"], result["api_error_type"]) == \
+        ("api_error", 401, "authentication_error")
+    assert "invalid x-api-key" in result["result"] and "errors" not in result and "[API error:" in err
 
 
 def test_model_and_append_system_prompt_reach_the_request(mod, api, monkeypatch, capsys):
@@ -375,7 +385,7 @@ def test_as_a_process_stdout_is_json_only_and_failure_exits_1(mod, api, workspac
     api.script([error(400, "bad request here")])
     r = run_chapter("agent_full", "-p", "--output-format", "json", "hello", api=api, cwd=workspace,
                     env={"HOME": str(workspace.parent / "home")})
-    assert r.returncode == 1 and json_lines(r.stdout)[0]["subtype"] == "error_during_execution"
+    assert r.returncode == 1 and json_lines(r.stdout)[0]["api_error_status"] == 400
     assert "Traceback" not in r.stderr
 
 
