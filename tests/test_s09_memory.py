@@ -929,6 +929,7 @@ def test_resume_id_picks_that_session_and_a_bad_id_is_one_line(mod, api, client,
     assert sent_texts(message_bodies(api)[0]) == ["the first session", "Finished.", "go on"]
     assert mod.agent_state().record["path"] == first
     capsys.readouterr()
+    write(first.with_name(first.stem[:8] + "-twin.jsonl"), "{}\n")  # a second name with first's prefix
     for argv, error in [(["--resume", "nope", "hi"], "--resume nope: no such session; /resume lists them"),
                         (["--resume", first.stem[:8], "hi"],
                          f"--resume {first.stem[:8]}: more than one session matches; /resume lists them"),
@@ -954,7 +955,10 @@ def test_slash_resume_lists_start_time_first_prompt_and_message_count(mod, api, 
     out = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line for line in out}
     assert set(rows) == {first.stem, second.stem}
-    start = time.strftime("%Y-%m-%d %H:%M", time.strptime(first.stem[:15], "%Y%m%d-%H%M%S"))
+    try:
+        start = time.strftime("%Y-%m-%d %H:%M", time.strptime(first.stem[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:  # agent_full names a session by UUID: its first record's time
+        start = time.strftime("%Y-%m-%d %H:%M", time.localtime(json.loads(first.read_text().splitlines()[0])["ts"]))
     assert start in rows[first.stem]
     assert "4 messages" in rows[first.stem] and "alpha prompt" in rows[first.stem]
     assert "beta prompt" not in rows[first.stem]
