@@ -136,6 +136,10 @@ def result(run):
     return next(o for o in reversed(run["objects"]) if o.get("type") == "result")
 
 
+def full_run(runs, name):
+    return runs["full"][name]
+
+
 def init(run):
     return next(o for o in run["objects"] if o.get("subtype") == "init")
 
@@ -193,10 +197,6 @@ def test_model_usage_is_per_model_in_the_clis_shape(runs):
     assert stream["model_usage_since_last_result"] == stream["modelUsage"] != {}
 
 
-def full_run(runs, name):
-    return runs["full"][name]
-
-
 def test_new_sessions_get_uuids_and_old_ids_still_resume(runs):
     f = result(full_run(runs, "tool"))
     assert str(uuid.UUID(f["session_id"])) == f["session_id"] and full_run(runs, "tool")["sessions"] == [f["session_id"]]
@@ -204,8 +204,7 @@ def test_new_sessions_get_uuids_and_old_ids_still_resume(runs):
     r = result(old)
     assert old["returncode"] == 0 and r["session_id"] == OLD_ID and r["result"] == "It was 7.", old["stderr"]
     assert old["sessions"] == [OLD_ID]
-    sent = old["requests"][0]["messages"]
-    assert sent[0]["content"][-1]["text"] == "remember 7" or "remember 7" in json.dumps(sent[0])
+    assert "remember 7" in json.dumps(old["requests"][0]["messages"][0])  # the old history was sent
 
 
 def test_resume_of_an_unknown_id_is_one_json_error_object(runs):
