@@ -13116,7 +13116,7 @@ def prompt_turn(client, history, **settings):
 # the CLI counts them), result, session_id (--resume takes it), duration_ms,
 # duration_api_ms (the model calls'), stop_reason (the last reply's),
 # total_cost_usd, usage, permission_denials: [{tool_name, tool_use_id,
-# tool_input}], errors (on failure)}, and the CLI's other keys (full.7).
+# tool_input}], errors (on failure)}, and the CLI's other keys (full.8).
 # Tool names, in the stream and in permission_denials, are this agent's (bash,
 # read_file), as the model calls them.
 # stdout carries that format only; progress goes to stderr as in the REPL. A
