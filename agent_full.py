@@ -29,10 +29,8 @@ Run:
 Try:
     python agent_full.py -p --output-format stream-json "list the files here"
     python agent_full.py -p --continue "and now the tests"   # the same session
-    python agent_full.py -p --allowed-tools "Bash(git log:*) read_file" "summarise the log"
 
-Where each chapter's mechanism lives (each defined here, as in its chapter file;
-`diff sNN_*.py` against the one before shows it arriving):
+Where each chapter's mechanism lives (defined here as in its chapter file):
     s01 the loop         agent_loop, call_model, run_tools, run_bash, check_dangerous, repl, main
     s02 tools            register, safe_path, read_file, write_file, edit_file, glob_files,
                          grep, run_parallel, normalize_messages
