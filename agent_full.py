@@ -15033,13 +15033,27 @@ def sdk_ask_permission(name, args, reason, state):
         return f"the Agent SDK's permission callback failed: {e}"
     if answer.get("behavior") == "allow":
         if isinstance(new := answer.get("updatedInput"), dict) and new != sent:
-            args.clear()
-            args.update(our_input(name, new))
-            say(printable(f"  [the Agent SDK rewrote the input: {json.dumps(args, ensure_ascii=False)[:200]}]"))
+            return sdk_rewrite(name, args, our_input(name, new), state)
         return None
     if answer.get("interrupt"):
         front.interrupt()
     return str(answer.get("message") or "the Agent SDK's permission callback said no")
+
+
+def sdk_rewrite(name, args, new, state):
+    """An allow that rewrote the call's input: the new input is judged as the model's
+    was (its schema, deny rules, protected paths, the list of secrets), before it
+    replaces anything. A deny is the refusal; an ask is answered by the SDK's allow.
+    None when the rewrite stands."""
+    if problem := check_input(name, new):
+        return f"the Agent SDK's updatedInput is not valid input: {problem}"
+    effect, layer, why = decide(name, new, state)
+    if effect == "deny":
+        return f"the Agent SDK's updatedInput is refused ({layer}): {why}"
+    args.clear()
+    args.update(new)
+    say(printable(f"  [the Agent SDK rewrote the input: {json.dumps(args, ensure_ascii=False)[:200]}]"))
+    return None
 
 
 ask_permission = sdk_ask_permission  # judge() asks through it
@@ -15056,14 +15070,13 @@ def sdk_reader(front):
                 say(printable(f"[stdin: not a JSON line, skipped: {line.strip()[:80]}]"))
                 continue
             kind = message.get("type") if isinstance(message, dict) else None
-            if kind == "user":
+            if kind == "user" and isinstance(message.get("message"), dict):
                 front.prompts.put(message)
-            elif kind == "control_request":
-                front.control(message)
-            elif kind == "control_response":
-                front.answer(message)
+            elif kind in ("control_request", "control_response") and isinstance(message.get(
+                    "request" if kind == "control_request" else "response"), dict):
+                (front.control if kind == "control_request" else front.answer)(message)
             elif message is not None and kind not in ("control_cancel_request", "keep_alive"):
-                say(printable(f"[stdin: a {kind} message is not read here]"))
+                say(printable(f"[stdin: a {kind} message of that shape is not read here, skipped]"))
     except (OSError, ValueError):  # stdin closed under us
         pass
     finally:
@@ -15074,7 +15087,7 @@ def add_user_content(history, content):
     """A user message's content (text, or blocks: text, images) as the next prompt."""
     if isinstance(content, str):
         return add_user_text(history, content)
-    blocks = [b for b in content or [] if isinstance(b, dict)]
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
     if history and history[-1]["role"] == "user":
         history[-1]["content"] = as_blocks(history[-1]["content"]) + blocks
     else:
@@ -15086,7 +15099,9 @@ def sdk_turn(client, history, front, message):
     state = agent_state()
     front.begin()
     emit(EVENTS.session, **session_facts(state))
-    content = (message.get("message") or {}).get("content")
+    content = message["message"].get("content")
+    if not isinstance(content, str):  # blocks only (text, images); another shape is no content
+        content = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else None
     try:
         with front.lock:
             front.running = True
