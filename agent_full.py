@@ -14006,6 +14006,7 @@ def claude_transcript(session):
     if not messages:
         return str(path)
     with HOOK_LOCK:
+        fresh = "claude_lines" not in state.hooks  # this process's first: the file is written anew
         done = state.hooks.setdefault("claude_lines", {"i": 0, "k": 0, "parent": None, "before": None})
         lines, i = [], done["i"]  # written: messages before i whole, then k blocks of message i
         before = json.dumps(saved(messages[i - 1]), default=str) if 0 < i <= len(messages) else None
@@ -14023,7 +14024,8 @@ def claude_transcript(session):
         done["before"] = json.dumps(saved(messages[done["i"] - 1]), default=str) if done["i"] else None
         with contextlib.suppress(OSError):  # s02's door, as hooks.log: a planted link is not followed
             keep_out_of_git(path.parent)
-            fd = open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = open_inside(path, state.workdir, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND),
+                             0o600)  # a resumed session's history is all written again, never twice
             with open(fd, "a", encoding="utf-8") as fh:
                 fh.writelines(lines)
     return str(path)

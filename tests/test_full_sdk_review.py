@@ -91,3 +91,24 @@ def test_user_content_int_crashes(api, workspace):
     p = spawn(api, workspace)
     out, err = p.communicate(lines({"type": "user", "message": {"role": "user", "content": 5}}, USER), timeout=60)
     assert "Traceback" not in err and p.returncode == 0
+
+
+def test_claude_transcript_on_resume(api, workspace):
+    """Each resumed process writes the Claude-format transcript anew: never the history twice."""
+    api.script([reply("one"), reply("two"), reply("three")])
+    paths = []
+
+    async def hook(inp, tid, ctx):
+        paths.append(inp["transcript_path"])
+        return {}
+    hooks = {"Stop": [sdk.HookMatcher(matcher=None, hooks=[hook])]}
+
+    async def once(prompt, **kw):
+        async with sdk.ClaudeSDKClient(options(api, workspace, hooks=hooks, **kw)) as client:
+            await client.query(prompt)
+            return [m async for m in client.receive_response()][-1].session_id
+    sid = run(lambda: once("first prompt"))
+    run(lambda: once("second prompt", resume=sid))
+    run(lambda: once("third prompt", resume=sid))
+    text = open(paths[-1], encoding="utf-8").read()
+    assert "third prompt" in text and text.count("first prompt") == 1
