@@ -6464,7 +6464,9 @@ def include_allowed(path, state, root=None):
     AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
     root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
     if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
-        return "outside the repository and ~/.agent"
+        if not external_import(path, state):  # full: read after the human's yes, as Claude Code (full.3)
+            return "outside the repository and ~/.agent"  # full
+        root = Path("/")  # full: the secret list and the read rules still apply to it
     here = f"/{path.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
     if SECRET_FILE.match(path.name) or any(f"/{d}/" in here for d in (*HOME_SECRETS, ".git")):  # s07's list
         return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
@@ -13587,6 +13589,23 @@ def claude_folders(kind, scope):
     except OSError:  # an unreadable folder: the top one still counts
         below = []
     return [root, *below]
+
+
+def external_import(path, state):
+    """May an instruction file include `path`, outside the repository and ~/.agent
+    (`@~/notes/style.md`)? Claude Code asks before such an import; so does this, once
+    per path and session: --trust-workspace says yes, no human means no."""
+    seen = state.session.setdefault("external_imports", {})
+    if str(path) not in seen:
+        yes = state.permissions.get("trust_all", False)
+        try:
+            yes = yes or ask_human(printable(
+                f"An instruction file imports {path}, outside this workspace: read it into the "
+                f"agent's context? [y/N] ")).strip().lower() in ("y", "yes")
+        except ToolError:  # nobody to ask (a background agent)
+            yes = False
+        seen[str(path)] = yes
+    return seen[str(path)]
 
 
 def claude_md_beside(folder, first):

@@ -557,3 +557,24 @@ def test_settings_keys_this_agent_does_not_use_are_named_in_one_line(mod, worksp
     mod.load_permissions(workspace)
     err = capsys.readouterr().err
     assert err.count("[.claude/settings.json: model, outputStyle, statusLine not used by this agent: ignored]") == 1
+
+
+@full
+def test_an_import_from_outside_the_workspace_is_read_after_the_humans_yes(mod, workspace, monkeypatch):
+    """`@~/notes/style.md` in a project's CLAUDE.md: Claude Code asks before an external
+    import, and so does this; a no leaves it unread, and the secret list still holds."""
+    home = workspace.parent / "home"
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "style.md").write_text("Use tabs.\n")
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
+    (workspace / "CLAUDE.md").write_text("Project rules.\n@~/notes/style.md\n@~/.ssh/id_rsa\n")
+    asked = []
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "n")
+    state = mod.agent_state()
+    assert "Use tabs." not in mod.load_instructions(state)
+    assert any("notes/style.md" in q for q in asked)
+    state.session.pop("external_imports")
+    monkeypatch.setattr(mod, "ask_human", lambda q: asked.append(q) or "y")
+    text = mod.load_instructions(state)
+    assert "Use tabs." in text and "PRIVATE KEY" not in text
