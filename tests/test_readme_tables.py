@@ -114,3 +114,12 @@ def test_the_boundary_tables_tests_exist(readme):
     assert len(named) >= 20
     for file, test in named:
         assert re.search(rf"^def {test}\(", (ROOT / "tests" / file).read_text(), re.M), (file, test)
+
+
+@pytest.mark.parametrize("readme", READMES)
+def test_the_compatibility_table_is_the_oracle_tests_list(readme):
+    """The table of differences left against the real CLI is made from the oracle
+    tests' INTENDED lists (python tests/compat_table.py rewrites it)."""
+    import compat_table
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    assert compat_table.rewritten(text) == text, "run python tests/compat_table.py"
