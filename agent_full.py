@@ -14889,12 +14889,14 @@ class SdkFront(Headless):
         self.ids = itertools.count(1)
         self.calls = {}               # tool name -> the id of its latest call (can_use_tool's tool_use_id)
         self.running = False          # a turn is under way: interrupt cancels it
+        self.interrupted = False      # this turn was interrupted already (interrupt)
         self.replied = False          # this prompt's result went out
         self.ended = False            # stdin ended: no answer can come
 
     def begin(self):
         """A new prompt: its result counts its own calls, time and tokens."""
         with self.lock:
+            self.interrupted = False
             self.started, self.turns, self.stop_reason = time.monotonic(), 0, None
             self.usage, self.denials, self.errors = dict.fromkeys(USAGE_KEYS, 0), [], []
             self.replied = False
@@ -14952,9 +14954,12 @@ class SdkFront(Headless):
         self.prompts.put(None)
 
     def interrupt(self):
-        """The SDK's interrupt: Ctrl+C for the running turn (agent_loop cancels it)."""
+        """The SDK's interrupt: Ctrl+C for the running turn (agent_loop cancels it), once
+        a turn: a second one could land inside the cleanup the first started (a sandboxed
+        command's audit, its stubs) and cut it short."""
         with self.lock:
-            if self.running:
+            if self.running and not self.interrupted:
+                self.interrupted = True
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def control(self, message):

@@ -112,3 +112,30 @@ def test_claude_transcript_on_resume(api, workspace):
     run(lambda: once("third prompt", resume=sid))
     text = open(paths[-1], encoding="utf-8").read()
     assert "third prompt" in text and text.count("first prompt") == 1
+
+
+@pytest.mark.parametrize("floods", [1, 40])
+def test_a_flood_of_interrupts_during_a_sandboxed_command_leaves_nothing_behind(api, workspace, floods):
+    """One interrupt a turn: a second would land in the cleanup the first started and
+    leave the sandbox's stubs (empty read-only folders) in the workspace for good."""
+    import anyio
+    before = set(os.listdir(workspace))
+    api.script([reply(tool("bash", {"command": "touch started; sleep 8"})), reply("after")])
+    async def main():
+        async with sdk.ClaudeSDKClient(options(api, workspace, permission_mode="bypassPermissions")) as client:
+            await client.query("run it")
+            while not (workspace / "started").exists():
+                await anyio.sleep(0.05)
+            for _ in range(floods):
+                try:
+                    await client.interrupt()
+                except Exception:  # the SDK may refuse one while the turn ends: that is fine
+                    pass
+            cut = [m async for m in client.receive_response()]
+            await client.query("again")
+            after = [m async for m in client.receive_response()]
+        return cut, after
+    cut, after = run(main)
+    left = set(os.listdir(workspace)) - before - {"started", ".agent"}
+    assert after[-1].result == "after"
+    assert not left
