@@ -3945,7 +3945,7 @@ def load_permissions(workdir, trust_all=False):
         elif data.get("env") or data.get("env_allow"):
             say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
         full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
-        settings["env"] |= claude_env(path, data, full)  # full: a settings file's env, a project's once trusted
+        settings["env"] |= claude_env(path, data, full, scope)  # full: a settings file's env, a project's once trusted
         if not full:
             say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
                 f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
@@ -13555,8 +13555,12 @@ AGENT_FILE_FIELDS = ("name", "description", "tools", "disallowedTools", "maxTurn
 CLAUDE_MD = ("CLAUDE.md", ".claude/CLAUDE.md")  # read beside a folder's AGENTS.md, the first found
 SETTINGS_KEYS = {"permissions", "sandbox", "hooks", "env", "$schema"}  # acted on ($schema is for editors)
 ENV_SHOWN = 60               # characters of a variable's value shown in the trust question
+ENV_VALUE_CHARS = 32_000     # a longer env value is refused: Linux refuses one over 128 KiB (E2BIG)
+COMMAND_BYTES = 256_000      # a bigger .claude/commands file is not read
+UNUSED_SHOWN = 8             # settings keys named in the start line's list of those not used
 RISKY_ENV = re.compile(      # a variable that points the agent elsewhere or makes a program run other code
-    r"(ANTHROPIC_|CLAUDE_|LD_|DYLD_|GIT_|PYTHON|PERL|RUBY|NODE_|NPM_CONFIG_|JAVA_|_JAVA_)\w*|PATH|BASH_ENV|ENV"
+    r"(ANTHROPIC_|CLAUDE_|LD_|DYLD_|GIT_|PYTHON|PERL|RUBY|NODE_|NPM_CONFIG_|JAVA_|_JAVA_|XDG_|PIP_|CARGO_"
+    r"|RUSTC_|GO)\w*|PATH|HOME|BASH_ENV|ENV|GCONV_PATH|CC|CXX|LESSOPEN|TMPDIR"
     r"|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|EDITOR|VISUAL|PAGER|(HTTPS?|ALL)_PROXY", re.I)
 
 
@@ -13655,10 +13659,12 @@ def settings_env(path, env):
     if not isinstance(env, dict) or not all(re.fullmatch(r"\w+", str(k)) and type(v) in (str, int, float)
                                             for k, v in env.items()):
         raise ConfigError(f"{path}: env must map variable names to strings")
+    if bad := [k for k, v in env.items() if "\0" in str(v) or len(str(v)) > ENV_VALUE_CHARS]:
+        raise ConfigError(f"{path}: env {bad[0]} holds a NUL or is over {ENV_VALUE_CHARS:,} characters")
     return {str(k): str(v) for k, v in env.items()}
 
 
-def claude_env(path, data, full):
+def claude_env(path, data, full, scope):
     """What a settings file's env adds to the model's commands (s01's child_env, the
     path env in ~/.agent/config.yaml takes): nothing from an untrusted project file,
     nor a name that looks like a secret (the commands' output reaches the model); one
@@ -13667,6 +13673,10 @@ def claude_env(path, data, full):
     if env and not full:
         say(printable(f"[{rel(path)} is not trusted: its env ({', '.join(env)}) is not set]"))
         return {}
+    if risky := [k for k in env if RISKY_ENV.fullmatch(k)] * (scope != "user"):
+        warn_once(printable(f"[{rel(path)}: env {', '.join(risky)} is not set: from a project it could point "
+                            f"the agent's own programs (git, the sandbox) elsewhere; your own settings may]"))
+        env = {k: v for k, v in env.items() if k not in risky}
     if secret := [k for k in env if SECRET_NAME.search(k)]:
         warn_once(printable(f"[{rel(path)}: env {', '.join(secret)} looks like a secret, so the model's "
                             f"commands do not get it; ~/.agent/config.yaml's env passes it]"))
@@ -13676,9 +13686,10 @@ def claude_env(path, data, full):
 def env_question(env):
     """The trust question's part for env: every variable and its value, then those
     that redirect the agent's tools or make a program run other code, named."""
-    shown = ", ".join(f"{k}={clip_row(v, ENV_SHOWN)}" for k, v in env.items())
+    shown = ", ".join(f"{k}={clip_row(repr(v)[1:-1], ENV_SHOWN)}" for k, v in env.items())  # \n shown as such
     risky = [k for k in env if RISKY_ENV.fullmatch(k)]
-    warning = f" (WARNING: {', '.join(risky)} can redirect the agent or run code)" if risky else ""
+    warning = f" (WARNING: {', '.join(risky)} can redirect the agent or run code: a project's are " \
+              f"never set)" if risky else ""
     return f"sets {shown} in every command's environment{warning}"
 
 
@@ -13686,7 +13697,9 @@ def name_unused(path, data):
     """One line naming the keys of a settings file this agent does not act on (model,
     statusLine, outputStyle, ...), so none is dropped unsaid."""
     if unused := sorted(set(map(str, data)) - SETTINGS_KEYS):
-        warn_once(printable(f"[{rel(path)}: {', '.join(unused)} not used by this agent: ignored]"))
+        more = f" and {len(unused) - UNUSED_SHOWN} more" if len(unused) > UNUSED_SHOWN else ""
+        named = ", ".join(clip_row(k, ENV_SHOWN) for k in unused[:UNUSED_SHOWN]) + more
+        warn_once(printable(f"[{rel(path)}: {named} not used by this agent: ignored]"))
 
 
 def settings_permissions(path, perms):
@@ -14603,7 +14616,9 @@ def command_skill(path, source, parsed):
     """One command file as a skill dict: its name the file's, its description the
     frontmatter's or its first line; the frontmatter is optional. Cached by content,
     as parsed_skill caches a SKILL.md."""
-    raw, key = path.read_bytes(), (str(path), source)
+    raw, key = read_plain(path, COMMAND_BYTES), (str(path), source)  # s07's: no link, no FIFO
+    if raw is None:  # a link a clone ships (to /proc/self/environ, say) is never read
+        raise ValueError(f"not a plain file of at most {COMMAND_BYTES:,} bytes")
     digest = hashlib.sha256(raw).hexdigest()
     cached = agent_state().skills.get(key)
     if cached is None or cached["sha256"] != digest:

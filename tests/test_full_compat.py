@@ -538,11 +538,14 @@ def test_settings_env_reaches_the_commands_a_projects_once_trusted(mod, workspac
     assert "env DEPLOY_TOKEN looks like a secret" in err
     assert "[.claude/settings.json is not trusted: its env (PROJECT_SETTING, PATH, ANTHROPIC_BASE_URL) is not set]" in err
     assert "sets PROJECT_SETTING=p1, PATH=/opt/evil/bin, ANTHROPIC_BASE_URL=http://x" in asked[0]
-    assert "WARNING: PATH, ANTHROPIC_BASE_URL can redirect the agent or run code" in asked[0]
+    assert "WARNING: PATH, ANTHROPIC_BASE_URL can redirect the agent or run code: a project's are never set" \
+        in asked[0]
     monkeypatch.setattr(mod, "ask_human", lambda q: "y")
     load(mod, monkeypatch)
-    env = mod.child_env()
-    assert env["PROJECT_SETTING"] == "p1" and env["PATH"] == "/opt/evil/bin" and env["USER_SETTING"] == "u1"
+    env = mod.child_env()                                           # trusted: its plain variables, never
+    assert env["PROJECT_SETTING"] == "p1" and env["USER_SETTING"] == "u1"  # one that points the agent's
+    assert env["PATH"] != "/opt/evil/bin" and "ANTHROPIC_BASE_URL" not in env  # own programs elsewhere
+    assert "env PATH, ANTHROPIC_BASE_URL is not set: from a project" in capsys.readouterr().err
     assert mod.run_bash("echo $PROJECT_SETTING-$USER_SETTING").strip() == "p1-u1"
 
 
