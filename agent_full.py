@@ -14902,7 +14902,7 @@ class SdkFront(Headless):
         self.prompts = queue.Queue()  # user messages, then None at the end of stdin
         self.pending = {}             # our request_id -> {"done": Event, "response" | "error"}
         self.ids = itertools.count(1)
-        self.calls = {}               # tool name -> the id of its latest call (can_use_tool's tool_use_id)
+        self.judging = None           # the id of the call judge() is deciding (can_use_tool's tool_use_id)
         self.running = False          # a turn is under way: interrupt cancels it
         self.interrupted = False      # this turn was interrupted already (interrupt)
         self.replied = False          # this prompt's result went out
@@ -14923,9 +14923,6 @@ class SdkFront(Headless):
                   "permissionMode": event["mode"], "slash_commands": event["slash_commands"],
                   "skills": event["skills"], "agents": event["agents"], "uuid": str(uuid.uuid4())}
                  | init_extras(event))  # full.8: the CLI's other keys, claude_code_version among them
-
-    def on_tool_start(self, event, main):
-        self.calls[event["name"]] = event["id"]
 
     def on_turn_end(self, event, main):
         super().on_turn_end(event, main)
@@ -15067,7 +15064,7 @@ def sdk_ask_permission(name, args, reason, state):
     sent = claude_input(name, args, state)
     try:
         answer = front.request({"subtype": "can_use_tool", "tool_name": CLAUDE_NAMES.get(name, [name])[0],
-                                "input": sent, "tool_use_id": front.calls.get(name), "decision_reason": reason,
+                                "input": sent, "tool_use_id": front.judging, "decision_reason": reason,
                                 "permission_suggestions": [], "blocked_path": None} |
                                ({"agent_id": state.label} if state.label else {}))
     except RuntimeError as e:
@@ -15098,6 +15095,19 @@ def sdk_rewrite(name, args, new, state):
 
 
 ask_permission = sdk_ask_permission  # judge() asks through it
+CHAPTER_JUDGE = judge  # s07's decision, as each chapter makes it
+
+
+def sdk_judge(block):
+    """judge(), noting which call it decides: a parallel batch is judged before any of
+    it runs, so only this says which call a can_use_tool question is about."""
+    front = FRONT_END.get("current")
+    if isinstance(front, SdkFront):
+        front.judging = block.id
+    return CHAPTER_JUDGE(block)
+
+
+judge = sdk_judge  # permit() and decide_batch() judge through it
 
 
 def sdk_reader(front):

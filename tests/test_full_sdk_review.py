@@ -139,3 +139,19 @@ def test_a_flood_of_interrupts_during_a_sandboxed_command_leaves_nothing_behind(
     left = set(os.listdir(workspace)) - before - {"started", ".agent"}
     assert after[-1].result == "after"
     assert not left
+
+
+def test_each_call_of_a_parallel_batch_is_asked_about_by_its_own_id(api, workspace):
+    out = workspace.parent / "o"
+    out.mkdir()
+    (out / "a").write_text("A")
+    (out / "b").write_text("B")
+    api.script([reply(tool("read_file", {"path": str(out / "a")}, id="toolu_A"),
+                      tool("read_file", {"path": str(out / "b")}, id="toolu_B")), reply("done")])
+    seen = []
+
+    async def decide(name, tool_input, context):
+        seen.append((tool_input["file_path"][-1], context.tool_use_id if hasattr(context, "tool_use_id") else None))
+        return sdk.PermissionResultAllow()
+    drive(api, workspace, decide)
+    assert seen == [("a", "toolu_A"), ("b", "toolu_B")]
