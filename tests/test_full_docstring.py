@@ -16,7 +16,7 @@ def docstring_map():
     doc = ast.get_docstring(ast.parse((ROOT / "agent_full.py").read_text()))
     block = doc.split("Where each chapter's mechanism lives")[1].split("Key insight")[0]
     rows, current = {}, None
-    for line in block.splitlines()[2:]:
+    for line in block.splitlines():  # the heading's own lines match no row
         head = re.match(r"    (s\d\d|full) ", line)
         if head:
             current = head.group(1)
