@@ -5086,7 +5086,7 @@ def judge(block):
     if effect == "ask" and state.cancel is not None:  # s10: nobody watches a background agent
         effect, reason = "deny", f"{reason}; {BACKGROUND_ASK}"  # s10
     if effect == "ask":
-        refusal = ask_permission(block.name, args, reason, state)
+        refusal = sdk_ask_permission(block.name, args, reason, block.id, state)  # full: the SDK may answer (full.7)
         if refusal is None:  # exactly these paths, for this call (or batch) only
             approve(block.name, args, state)  # s08: shared with a hook's allow
             effect = "allow"
@@ -14902,7 +14902,6 @@ class SdkFront(Headless):
         self.prompts = queue.Queue()  # user messages, then None at the end of stdin
         self.pending = {}             # our request_id -> {"done": Event, "response" | "error"}
         self.ids = itertools.count(1)
-        self.judging = None           # the id of the call judge() is deciding (can_use_tool's tool_use_id)
         self.running = False          # a turn is under way: interrupt cancels it
         self.interrupted = False      # this turn was interrupted already (interrupt)
         self.replied = False          # this prompt's result went out
@@ -15052,19 +15051,20 @@ def run_sdk_hook(hook, payload, env, state):
 
 
 ACTIONS["sdk"] = run_sdk_hook
-CHAPTER_ASK_PERMISSION = ask_permission  # s07's question at the terminal
 
 
-def sdk_ask_permission(name, args, reason, state):
-    """ask_permission, with --permission-prompt-tool stdio: the SDK's can_use_tool decides.
-    None for allow (its updatedInput replaces the call's input), else the denial's message."""
+def sdk_ask_permission(name, args, reason, call_id, state):
+    """judge()'s question: s07's ask_permission, or with --permission-prompt-tool stdio the
+    SDK's can_use_tool about that call (call_id: a parallel batch is judged before any of
+    it runs). None for allow (its updatedInput, judged, replaces the call's input), else
+    the denial's message."""
     front = FRONT_END.get("current")
     if not isinstance(front, SdkFront) or not front.prompt_tool:
-        return CHAPTER_ASK_PERMISSION(name, args, reason, state)
+        return ask_permission(name, args, reason, state)
     sent = claude_input(name, args, state)
     try:
         answer = front.request({"subtype": "can_use_tool", "tool_name": CLAUDE_NAMES.get(name, [name])[0],
-                                "input": sent, "tool_use_id": front.judging, "decision_reason": reason,
+                                "input": sent, "tool_use_id": call_id, "decision_reason": reason,
                                 "permission_suggestions": [], "blocked_path": None} |
                                ({"agent_id": state.label} if state.label else {}))
     except RuntimeError as e:
@@ -15094,20 +15094,6 @@ def sdk_rewrite(name, args, new, state):
     return None
 
 
-ask_permission = sdk_ask_permission  # judge() asks through it
-CHAPTER_JUDGE = judge  # s07's decision, as each chapter makes it
-
-
-def sdk_judge(block):
-    """judge(), noting which call it decides: a parallel batch is judged before any of
-    it runs, so only this says which call a can_use_tool question is about."""
-    front = FRONT_END.get("current")
-    if isinstance(front, SdkFront):
-        front.judging = block.id
-    return CHAPTER_JUDGE(block)
-
-
-judge = sdk_judge  # permit() and decide_batch() judge through it
 
 
 def sdk_reader(front):
