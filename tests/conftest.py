@@ -7,7 +7,9 @@ back to its state right after import, and the test runs as a fresh agent
 (AgentState) on its own workspace, so tests cannot leak into each other.
 """
 import copy
+import fcntl
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -216,3 +218,18 @@ def run_chapter(name, *args, api=None, input=None, cwd=None, env=None, timeout=6
     full_env |= env or {}
     return subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *args], input=input,
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def once_per_run(tmp_path_factory, name, make):
+    """make(folder) run once per test run, its JSON-able result shared: with -n, the
+    first worker to get here runs it (the workers' temporary folders share a parent)
+    while the others wait on a lock, then read what it saved."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = root / "runs.json"
+        if not saved.exists():
+            saved.write_text(json.dumps(make(root)))
+        return json.loads(saved.read_text())

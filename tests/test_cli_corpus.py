@@ -15,7 +15,6 @@ an update of the CLI:
 
     python tests/test_cli_corpus.py
 """
-import fcntl
 import http.client
 import importlib.util
 import json
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import once_per_run
 from fake_api import ScriptedAPI, reply, tool
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "claude_cli_requests.jsonl"
@@ -178,24 +178,16 @@ def shape(path, betas, body):
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory):
     """Each scenario run once by the real CLI (under a second each), once per test
-    run: with -n, the first worker to get here records for all of them (the
-    workers' temporary folders share a parent), the others wait and read."""
+    run, shared by the workers (once_per_run)."""
     binary, why = cli_binary()
     if binary is None:
         pytest.skip(why)
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "claude-cli"
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        saved = root / "runs.json"
-        if not saved.exists():
-            runs = record(binary, root / "runs")
-            keep = ("path", "headers", "body", "valid", "error")
-            for run in runs.values():
-                run["requests"] = [{k: e[k] for k in keep} for e in run["requests"]]
-            saved.write_text(json.dumps(runs))
-        return json.loads(saved.read_text())
+    def kept(root):
+        runs, keep = record(binary, root / "runs"), ("path", "headers", "body", "valid", "error")
+        for run in runs.values():
+            run["requests"] = [{k: e[k] for k in keep} for e in run["requests"]]
+        return runs
+    return once_per_run(tmp_path_factory, "claude-cli", kept)
 
 
 def test_every_request_of_the_cli_is_accepted(cli_runs):

@@ -10,7 +10,6 @@ Then: the same keys in the result and the init objects, the same num_turns,
 terminal_reason, api_error_status, subtype, is_error and exit status, and modelUsage
 in the CLI's shape. INTENDED is every difference left, with its reason.
 """
-import fcntl
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, once_per_run
 from fake_api import ScriptedAPI, error, reply, tool
 from test_cli_corpus import cli_binary, cli_env
 
@@ -112,18 +111,8 @@ def run_all(root, binary, why):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Once per test run: with -n, the first worker to get here runs them all (the
-    workers' temporary folders share a parent), the others wait and read."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cli-headless"
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        saved = root / "runs.json"
-        if not saved.exists():
-            binary, why = cli_binary()
-            saved.write_text(json.dumps(run_all(root, binary, why)))
-        return json.loads(saved.read_text())
+    """Once per test run, shared by the workers (once_per_run)."""
+    return once_per_run(tmp_path_factory, "cli-headless", lambda root: run_all(root, *cli_binary()))
 
 
 def pair(runs, name):

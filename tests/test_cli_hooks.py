@@ -13,7 +13,6 @@ top-level keys, the same tool_response shapes, and a transcript_path in the CLI'
 line format. INTENDED is every difference left, with its reason; the README's
 Claude Code compatibility section lists them too.
 """
-import fcntl
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, once_per_run
 from fake_api import ScriptedAPI, reply, tool
 from test_cli_corpus import cli_binary, cli_env
 
@@ -135,20 +134,12 @@ def run_full(api, root):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The session run once by the CLI (when it can run here) and once by agent_full,
-    once per test run: with -n, the first worker to get here runs both (the workers'
-    temporary folders share a parent), the others wait and read."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cli-hooks"
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        saved = root / "runs.json"
-        if not saved.exists():
-            binary, why = cli_binary()
-            with ScriptedAPI() as api:
-                out = {"cli": run_cli(binary, api, root) if binary else {"skip": why}, "full": run_full(api, root)}
-            saved.write_text(json.dumps(out))
-        return json.loads(saved.read_text())
+    once per test run, shared by the workers (once_per_run)."""
+    def both(root):
+        binary, why = cli_binary()
+        with ScriptedAPI() as api:
+            return {"cli": run_cli(binary, api, root) if binary else {"skip": why}, "full": run_full(api, root)}
+    return once_per_run(tmp_path_factory, "cli-hooks", both)
 
 
 def cli(runs):
