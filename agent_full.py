@@ -6463,10 +6463,9 @@ def include_allowed(path, state, root=None):
     files and their includes pass the same check with the same root: a cloned
     AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
     root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
+    root = import_root(path, root, state)  # full: an import from outside, after the human's yes (full.3)
     if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
-        if not external_import(path, state):  # full: read after the human's yes, as Claude Code (full.3)
-            return "outside the repository and ~/.agent"  # full
-        root = Path("/")  # full: the secret list and the read rules still apply to it
+        return "outside the repository and ~/.agent"
     here = f"/{path.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
     if SECRET_FILE.match(path.name) or any(f"/{d}/" in here for d in (*HOME_SECRETS, ".git")):  # s07's list
         return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
@@ -13593,6 +13592,14 @@ def claude_folders(kind, scope):
     except OSError:  # an unreadable folder: the top one still counts
         below = []
     return [root, *below]
+
+
+def import_root(path, root, state):
+    """The root an include is checked against: "/" for one outside the repository and
+    ~/.agent that the human let in (external_import), so the secret list and the read
+    rules still apply to it; else `root`, which refuses it."""
+    outside = not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir()))
+    return Path("/") if outside and external_import(path, state) else root
 
 
 def external_import(path, state):

@@ -17,10 +17,8 @@ import pytest
 from conftest import CHAPTERS, ROOT
 
 MAX_REMOVED = 25           # carried lines a chapter may change (hook lines), docstring aside
-MAX_REMOVED_IN = {"s12_worktree_mcp": 40,  # two mechanisms (worktrees, MCP), and in a lane every
-                                           # place that finds the project's data (memory, skills, schedules) hooked
-                  "agent_full": 26}  # a front end hooks each place the chapters print or ask, and the
-                                     # Agent SDK answers judge()'s question (a hooked line, not a rebound name)
+MAX_REMOVED_IN = {"s12_worktree_mcp": 40}  # two mechanisms (worktrees, MCP), and in a lane every
+                           # place that finds the project's data (memory, skills, schedules) hooked
 PAIRS = list(zip(CHAPTERS, CHAPTERS[1:]))
 FIXED_NAMES = ["agent_loop", "call_model", "run_bash", "run_tool", "run_tools", "TOOLS",
                "TOOL_HANDLERS", "ToolError", "check_dangerous", "make_client", "main", "repl"]
