@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The READMEs' table of what agent_full still does differently from the real
-Claude Code CLI, made from the oracle tests' own lists.
+"""The table of what agent_full still does differently from the real Claude Code
+CLI, on agent_full's reference page (docs/agent_full.md and its Chinese twin),
+made from the oracle tests' own lists.
 
 tests/test_cli_hooks.py and tests/test_cli_headless.py run the same scripted
 sessions through the CLI and through agent_full and compare them; each keeps an
@@ -8,7 +9,7 @@ INTENDED dict of the differences left, with the reason, and fails when it finds 
 difference that is not listed or lists one it does not find. This table is those
 dicts, so it says what the last comparison found:
 
-    python tests/compat_table.py        # rewrite the table in both READMEs
+    python tests/compat_table.py        # rewrite the table on both pages
 
 tests/test_readme_tables.py checks that the tables are current.
 """
@@ -20,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 BEGIN = "<!-- compat-table: written by tests/compat_table.py from the oracle tests; do not edit -->"
 END = "<!-- /compat-table -->"
-READMES = ["README.md", "README.zh-CN.md"]
+PAGES = ["docs/agent_full.md", "docs/zh-CN/agent_full.md"]  # the table's home, in both languages
 
 
 def rows():
@@ -49,7 +50,7 @@ def rewritten(text):
 
 
 def main():
-    for name in READMES:
+    for name in PAGES:
         path = ROOT / name
         path.write_text(rewritten(path.read_text(encoding="utf-8")), encoding="utf-8")
         print(f"{name}: {len(rows())} rows")

@@ -27,7 +27,7 @@ from test_cli_corpus import cli_binary, cli_env
 
 UNKNOWN = "0b7e5e3c-1111-4222-8333-444455556666"
 OLD_ID = "20261201-101500-1a2b"  # a session file named the way agent_full named them before UUIDs
-# Differences left, and why (the README's Claude Code compatibility section lists them too).
+# Differences left, and why (docs/agent_full.md's Claude Code compatibility section lists them too).
 INTENDED = {"resume exit status": "a --resume that finds nothing is a start-up error here, exit 2 as for "
                                   "every bad flag or config; the CLI exits 1",
             "resume json stdout": "with --output-format json the CLI prints the error on stderr only; "

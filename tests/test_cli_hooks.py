@@ -10,8 +10,8 @@ loop's three iterations) runs once through the CLI bundled with claude-agent-sdk
 offline against the scripted API (as tests/test_cli_corpus.py runs it), and once
 through `agent_full.py -p`. Then, event by event, a hook must have got the same
 top-level keys, the same tool_response shapes, and a transcript_path in the CLI's
-line format. INTENDED is every difference left, with its reason; the README's
-Claude Code compatibility section lists them too.
+line format. INTENDED is every difference left, with its reason; the Claude Code
+compatibility section of docs/agent_full.md lists them too.
 """
 import json
 import os

@@ -1,4 +1,4 @@
-"""Run modes (README: Running a chapter), exercised as a learner runs them: subprocesses.
+"""Run modes (docs/s01_agent_loop.md: Running a chapter), exercised as a learner runs them: subprocesses.
 
 These are the slow tests (each starts Python and imports the SDK: ~2.5 s of CPU),
 so they run on the first and the newest chapter only; the no-key check also runs
