@@ -10,10 +10,14 @@ Each chapter page holds the chapter's docstring (its diagram kept exactly), the
 diff from the previous chapter side by side (pygments' Python lexer colours each
 side, difflib pairs the lines, unchanged runs are folded to a few lines of
 context), the transcript of its offline demo (`python tests/demo.py sNN`, run when
-the book is built), and a link to its exercises. The index is the chapter table
-of the README, line counts computed from the files, with the lines each chapter
-adds as a bar chart. The pages are plain HTML with their CSS inline and relative
-links only: they open from disk, with no server, no script and no network.
+the book is built), a link to its exercises, and a link to its reference page. The
+index is the chapter table of the README, line counts computed from the files, with
+the lines each chapter adds as a bar chart. The reference pages (docs/*.md and
+docs/zh-CN/*.md) are rendered into book/docs/ whatever chapters are built, so a link
+between them, or from a chapter page, opens a page of the book; a link to a chapter
+file opens that chapter's page when it was built, the README the index. The pages
+are plain HTML with their CSS inline and relative links only: they open from disk,
+with no server, no script and no network.
 
 Because the book is generated, it cannot drift from the files. The same files
 give the same book, byte for byte, except where a demo itself varies from run to
@@ -43,12 +47,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from packages import require  # noqa: E402
 
-require("pygments")  # before pip install: one line that says how, not a traceback
-from pygments.lexers import PythonLexer   # pygments comes with rich
+require("pygments", "markdown_it")  # before pip install: one line that says how, not a traceback
+from markdown_it import MarkdownIt          # markdown-it-py and pygments come with rich
+from pygments.lexers import PythonLexer
 from pygments.token import STANDARD_TYPES
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+DOCS = "docs"          # the reference pages, docs/<chapter file>.md and docs/zh-CN/, as book/docs/...html
 
 CONTEXT = 3            # unchanged lines shown around each change, as `diff -u` does
 WIDE = 16              # this many lines added in a row (a new section) span the full width
@@ -601,6 +607,17 @@ footer .in { padding-top: 14px; padding-bottom: 24px; }
 .nc, .ne { color: #953800; }
 .nn { color: #1f2328; }
 .err { color: inherit; }
+.reference { max-width: 64rem; }
+.reference h3 { font-size: 1.15rem; margin: 1.8rem 0 0.6rem; }
+.reference table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.92rem; display: block;
+  overflow-x: auto; }
+.reference th, .reference td { border: 1px solid var(--line); padding: 5px 10px; vertical-align: top;
+  text-align: left; }
+.reference th { background: var(--soft); }
+.reference pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px;
+  padding: 12px 16px; overflow-x: auto; font-size: 13px; line-height: 1.5; }
+.reference pre code { background: none; border: 0; padding: 0; font-size: inherit; }
+a.ref { font-size: 0.85rem; margin-left: 0.4em; white-space: nowrap; }
 """
 
 
@@ -609,12 +626,12 @@ def href(target, out):
     return urllib.parse.quote(Path(os.path.relpath(target, out)).as_posix())
 
 
-def page(title, body, nav=""):
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+def page(title, body, nav="", home="index.html", lang="en"):
+    return (f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f'<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n'
             f'<header class="top"><div class="in">'
-            f'<a class="book" href="index.html">{TITLE}: the chapter book</a>'
+            f'<a class="book" href="{home}">{TITLE}: the chapter book</a>'
             f'{nav}</div></header>\n<main>\n{body}\n</main>\n'
             f'<footer><div class="in">Generated from the chapter files by <code>python tests/book.py</code>; '
             f'rebuild it after any change. It opens from disk: no server, no script, no network.'
@@ -708,6 +725,19 @@ def exercises_section(name, out):
             f'<code>python tests/exercise.py {name}.1 my_copy.py</code>).</p>')
 
 
+def reference_section(path, out):
+    """The link from a chapter page to its reference page (and the Chinese twin)."""
+    rel = reference_of(path)
+    if rel is None:
+        return '<h2 id="reference">Reference</h2>\n<p class="note">No reference page yet.</p>'
+    twin = Path(DOCS) / "zh-CN" / rel.name
+    zh = (f' (中文: <a href="{href(reference_out(twin, out), out)}">{twin.as_posix()}</a>)'
+          if (ROOT / twin).exists() else "")
+    return (f'<h2 id="reference">Reference</h2>\n<p>What a user of this chapter needs: its '
+            f'configuration keys, commands, formats, and what it does not support: '
+            f'<a href="{href(reference_out(rel, out), out)}">{rel.as_posix()}</a>{zh}.</p>')
+
+
 def chapter_page(k, files, rows, built, out, diff, demo):
     name, path = files[k]
     row = rows[k]
@@ -719,11 +749,12 @@ def chapter_page(k, files, rows, built, out, diff, demo):
             f'<a href="{href(path, out)}">{path.name}</a></p>\n'
             f'<ul class="toc"><li><a href="#doc">The docstring</a></li><li><a href="#diff">'
             f'{"The code" if k == 0 else "The diff"}</a></li><li><a href="#demo">Offline demo</a>'
-            f'</li><li><a href="#exercises">Exercises</a></li></ul>\n'
+            f'</li><li><a href="#exercises">Exercises</a></li><li><a href="#reference">Reference</a>'
+            f'</li></ul>\n'
             f'<h2 id="doc">The docstring <span class="sub">what is new, a diagram, how to run it, '
             f'what to try</span></h2>\n<pre class="doc">\n{linkify(html.escape(doc, quote=False))}</pre>\n'
             f'{diff}\n{demo_section(name, demo)}\n'
-            f'{exercises_section(name, out)}\n'
+            f'{exercises_section(name, out)}\n{reference_section(path, out)}\n'
             f'<p class="meta" style="margin-top:2rem">{pager(files, k, built)}</p>')
     return page(f"{name} · {path.name} · {TITLE}", body, pager(files, k, built))
 
@@ -736,8 +767,10 @@ def index_page(files, rows, built):
                 else f'<span title="not built this time">{r["name"]}</span>')
         width = max(0.5, 100 * r["added"] / top)
         front = ' class="front"' if r["name"] == "agent_full" else ""
+        rel = reference_of(ROOT / r["file"])
+        ref = f' <a class="ref" href="{rel.with_suffix(".html").as_posix()}">reference</a>' if rel else ""
         trs.append(f'<tr{front}><td class="name">{name}<span class="file">{r["file"]}</span></td>'
-                   f'<td>{html.escape(r["what"])}</td><td class="n">{r["lines"]:,}</td>'
+                   f'<td>{html.escape(r["what"])}{ref}</td><td class="n">{r["lines"]:,}</td>'
                    f'<td class="n">+{r["added"]:,}<div class="bar" title="{r["added"]:,} lines added">'
                    f'<span style="width:{width:.1f}%"></span></div></td></tr>')
     start = rows[0]["name"] if rows else "s01"
@@ -748,13 +781,98 @@ def index_page(files, rows, built):
             f'<b>docstring</b> (what is new, a diagram, how to run it), the <b>diff</b> from the '
             f'previous chapter side by side (added lines green, removed red, hook lines marked), the '
             f'transcript of its <b>offline demo</b> against the scripted model, recorded when the book '
-            f'was built, and its <b>exercises</b>. Start with {first}.</p>\n'
+            f'was built, its <b>exercises</b>, and its <b>reference</b> page. Start with {first}.</p>\n'
             f'<p class="meta">Lines are each file\'s line count; added is the count minus the '
             f'previous file\'s, as in the README\'s chapter table.</p></div>\n'
             f'<table class="chapters"><thead><tr><th>chapter</th><th>mechanism</th>'
             f'<th style="text-align:right">lines</th><th>added</th></tr></thead>\n'
             f'<tbody>{"".join(trs)}</tbody></table>')
     return page(TITLE + ": the chapter book", body)
+
+
+# --------------------------------------------------------------------------
+# The reference pages: docs/ rendered into the book.
+# --------------------------------------------------------------------------
+
+COMMENT_LINE = re.compile(r"^[ \t]*<!--.*?-->[ \t]*\n?", re.M)   # marker comments: not shown
+
+
+def reference_pages():
+    """The Markdown pages under docs/, repository-relative, sorted."""
+    folder = ROOT / DOCS
+    return sorted(p.relative_to(ROOT) for p in folder.rglob("*.md")) if folder.is_dir() else []
+
+
+def reference_out(rel, out):
+    """Where the book writes a reference page: docs/x.md -> <out>/docs/x.html."""
+    return Path(out) / rel.with_suffix(".html")
+
+
+def reference_of(path):
+    """A chapter file's reference page, docs/<its name>.md, or None."""
+    rel = Path(DOCS) / f"{Path(path).stem}.md"
+    return rel if (ROOT / rel).exists() else None
+
+
+def anchor_slug(text):
+    """GitHub's anchor for a heading, so the pages' own links (#the-boundary-by-rule) work here."""
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def book_link(target, source, page_out, out, built):
+    """Where a link of the reference page `source` points in the book: another reference
+    page -> its page here; a chapter file -> its chapter page when built; the README ->
+    the index (its chapter table); any other file -> that file on disk."""
+    if re.match(r"[a-z][a-z0-9+.-]*:|#", target, re.I):
+        return target
+    path, hash_, anchor = target.partition("#")
+    dest = Path(os.path.normpath((ROOT / source).parent / urllib.parse.unquote(path)))
+    if not dest.is_relative_to(ROOT):
+        return target
+    rel, here = dest.relative_to(ROOT), page_out.parent
+    if rel.suffix == ".md" and rel.parts[0] == DOCS:
+        return href(reference_out(rel, out), here) + hash_ + anchor
+    if len(rel.parts) == 1 and rel.name in ("README.md", "README.zh-CN.md"):
+        return href(Path(out) / "index.html", here)
+    chapter = next((n for n, p in chapters() if p.name == rel.name and len(rel.parts) == 1), None)
+    if chapter in built:
+        return href(Path(out) / f"{chapter}.html", here)
+    return href(dest, here) + hash_ + anchor
+
+
+def markdown_html(text, link):
+    """A page's Markdown as HTML: tables on, raw HTML off (shown as text), marker
+    comments dropped, each heading with GitHub's anchor as its id, links through `link`."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens, seen = md.parse(COMMENT_LINE.sub("", text)), {}
+    for k, tok in enumerate(tokens):
+        if tok.type == "heading_open":
+            base = anchor_slug(tokens[k + 1].content)
+            tok.attrSet("id", f"{base}-{seen[base]}" if seen.get(base) else base)
+            seen[base] = seen.get(base, 0) + 1
+        for child in tok.children or []:
+            if child.type == "link_open":
+                child.attrSet("href", link(child.attrGet("href")))
+    return md.renderer.render(tokens, md.options, {})
+
+
+def reference_page(rel, out, built):
+    """One reference page of docs/, as a page of the book."""
+    text = (ROOT / rel).read_text(encoding="utf-8")
+    page_out = reference_out(rel, out)
+    here = page_out.parent
+    body = markdown_html(text, lambda target: book_link(target, rel, page_out, out, built))
+    title = next((m[1] for m in re.finditer(r"^# (.+)$", text, re.M)), rel.stem)
+    home = href(Path(out) / "index.html", here)
+    chapter = next((n for n, p in chapters() if p.stem == rel.stem), None)
+    links = [f'<a href="{home}">contents</a>']
+    if chapter in built:
+        links.insert(0, f'<a href="{href(Path(out) / f"{chapter}.html", here)}">{chapter}: the chapter '
+                        f'page</a>')
+    source = (f'<p class="meta" style="margin-top:2rem">Rendered from <a href="{href(ROOT / rel, here)}">'
+              f'{rel.as_posix()}</a>; links to other pages of docs/ open them in the book.</p>')
+    return page(f"{title} · {TITLE}", f'<div class="reference">{body}</div>\n{source}',
+                f'<nav class="pn">{"".join(links)}</nav>', home, "zh-CN" if "zh-CN" in rel.parts else "en")
 
 
 # --------------------------------------------------------------------------
@@ -789,6 +907,10 @@ def build(out, chapters_wanted=None, demos=True, jobs=JOBS):
             html_text = chapter_page(k, files, rows, built, out, diffs[name], recorded.get(name))
             (out / f"{name}.html").write_text(html_text, encoding="utf-8")
     (out / "index.html").write_text(index_page(files, rows, built), encoding="utf-8")
+    for rel in reference_pages():   # all of them: they link to each other
+        target = reference_out(rel, out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(reference_page(rel, out, built), encoding="utf-8")
     return [f"demo {n}: {'timed out' if c is None else f'exit status {c}'}"
             for n, (c, _) in sorted(recorded.items()) if c != 0]
 

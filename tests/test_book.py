@@ -5,11 +5,13 @@ The build runs in-process; only the two demos it records run as subprocesses. Th
 Chromium test skips, and says why, only where no chromium binary exists (.ci/run
 installs Debian's). The other tests need no browser: the HTML links to nothing
 outside the book, the same files give the same book, the transcripts lose what
-changes from run to run, the exercises are linked only once they exist.
+changes from run to run, the exercises are linked only once they exist, the reference
+pages of docs/ are rendered into the book and every chapter page links to its own.
 """
 import re
 import shutil
 import subprocess
+import urllib.parse
 from html.parser import HTMLParser
 
 import pytest
@@ -90,6 +92,16 @@ def outside_links(page, allowed=()):
     return found
 
 
+def test_the_reference_pages_reach_nothing_outside_the_book_but_their_own_web_links(tmp_path):
+    book.build(tmp_path, ["s01"], demos=False)
+    for rel in book.reference_pages():
+        written = set(re.findall(r"\]\((https?://[^)\s]+)\)", (ROOT / rel).read_text(encoding="utf-8")))
+        page = book.reference_out(rel, tmp_path).read_text(encoding="utf-8")
+        assert outside_links(page, written) == [], rel
+    assert outside_links(book.markdown_html("<script>alert(1)</script> [x](https://x.example/)\n",
+                                            lambda t: t)) == ["<a href='https://x.example/'>"]
+
+
 def test_the_html_reaches_nothing_outside_the_book(tmp_path, monkeypatch):
     # A docstring's own address becomes a link (text the author wrote), never a resource;
     # a transcript's stays text.
@@ -113,21 +125,60 @@ def test_the_html_reaches_nothing_outside_the_book(tmp_path, monkeypatch):
 
 
 def test_relative_links_land_on_pages_and_files_that_exist(tmp_path):
+    """Every relative link of every page (the reference pages in docs/ too) lands on a
+    file, and a link into a page of the book on an element with that id."""
     book.build(tmp_path, ["s01", "s02"], demos=False)
-    for page in tmp_path.glob("*.html"):
+    pages = sorted(tmp_path.rglob("*.html"))
+    assert len(pages) > 3 + 2 * len(book.chapters()) - 1   # the index, two chapters, the reference pages
+    ids = {p: {attrs["id"] for _, attrs, _ in Elements(p.read_text(encoding="utf-8")).found if "id" in attrs}
+           for p in pages}
+    for page in pages:
         for tag, attrs, _ in Elements(page.read_text(encoding="utf-8")).found:
-            target = (attrs.get("href") or "").split("#")[0]
-            if tag == "a" and target and not re.match(r"[a-z]+:", target):
-                assert (tmp_path / target).resolve().exists(), f"{page.name} links to {target}"
+            href = attrs.get("href") or ""
+            if tag != "a" or not href or re.match(r"[a-z]+:", href):
+                continue
+            target, _, anchor = href.partition("#")
+            dest = (page.parent / urllib.parse.unquote(target)).resolve() if target else page
+            assert dest.exists(), f"{page.name} links to {target}"
+            if anchor and dest in ids:
+                assert urllib.parse.unquote(anchor) in ids[dest], f"{page.relative_to(tmp_path)} links to {href}: no such id"
     s02 = (tmp_path / "s02.html").read_text(encoding="utf-8")
     assert 'href="s01.html"' in s02 and 'href="s03.html"' not in s02   # s03 was not built
+
+
+def test_each_chapter_page_links_its_reference_page_and_the_pages_link_inside_the_book(tmp_path):
+    book.build(tmp_path, ["s06", "s07"], demos=False)
+    s07 = Elements((tmp_path / "s07.html").read_text(encoding="utf-8"))
+    links = {attrs.get("href") for tag, attrs, _ in s07.found if tag == "a"}
+    assert {"docs/s07_permissions.html", "docs/zh-CN/s07_permissions.html"} <= links
+    index = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert index.count('class="ref"') == len(book.chapters())          # a reference link per row
+    page = Elements((tmp_path / "docs" / "s07_permissions.html").read_text(encoding="utf-8"))
+    hrefs = [attrs.get("href") for tag, attrs, _ in page.found if tag == "a"]
+    assert "s08_hooks.html" in hrefs and "s06_compact.html" in hrefs   # the next and previous pages
+    assert "zh-CN/s07_permissions.html" in hrefs                       # the Chinese twin
+    assert "../s07.html" in hrefs          # the chapter file: its page, built this time
+    assert "../index.html" in hrefs        # the README: the book's index
+    markdown = [h for h in hrefs if h.endswith(".md")]    # exercises, and the page's own source
+    assert all("/exercises/" in h or h.endswith("/docs/s07_permissions.md") for h in markdown), markdown
+    assert sum(h.endswith("/docs/s07_permissions.md") for h in markdown) == 1
+    ids = {attrs.get("id") for _, attrs, _ in page.found}
+    assert {"permissions-s07-and-later", "the-boundary-by-rule"} <= ids   # GitHub's anchors
+    text = "".join(page.having("td"))
+    assert "test_s02_door.py::test_the_path_judged_is_the_path_written" in text   # the security table
+    s08 = Elements((tmp_path / "docs" / "s08_hooks.html").read_text(encoding="utf-8"))
+    targets = {(tmp_path / "docs" / attrs["href"]).resolve() for tag, attrs, _ in s08.found
+               if tag == "a" and not attrs.get("href", "").startswith(("http", "#"))}
+    assert (ROOT / "s08_hooks.py").resolve() in targets       # s08 was not built: the file itself
+    compat = (tmp_path / "docs" / "agent_full.html").read_text(encoding="utf-8")
+    assert "compat-table" not in compat and "held by" in compat      # the marker comments are not shown
 
 
 def test_the_same_files_give_the_same_book(tmp_path):
     book.build(tmp_path / "a", BUILT, demos=False)
     book.build(tmp_path / "b", BUILT, demos=False)
-    names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    names = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -216,3 +267,7 @@ def test_chromium_renders_the_index_and_a_chapter_page(request, tmp_path):
     assert "is outside the workspace ($TMPDIR/agent-demo-s02-XXXXXXXX)" in term
     assert "demo s02: ok (" in term and "check held" in term
     assert "python tests/demo.py s02" in "".join(page.having("code"))
+    ref = dump_dom(browser, built / "docs" / "s02_tools.html", tmp_path / "profile")   # a reference page
+    assert ref.having("h1") == ["s02: tools"] and "`" not in "".join(ref.having("h2"))
+    assert any(cell.startswith("read_file") for cell in ref.having("td"))          # its tools table
+    assert ("a", {"href": "../s02.html"}, "s02_tools.py") in ref.found                # the chapter's page
