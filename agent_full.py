@@ -98,7 +98,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-try:  # the packages of requirements.txt: missing, they are one line that says how, not a traceback
+try:  # requirements.txt's packages: missing, one line says how (a venv first: PEP 668), no traceback
     import anthropic
     import yaml
     import httpx2 as httpx  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
@@ -108,9 +108,9 @@ try:  # the packages of requirements.txt: missing, they are one line that says h
 except ModuleNotFoundError as e:
     if __name__ != "__main__":
         raise  # an importer (a test, the demo) says it its own way
-    requirements = os.path.relpath(Path(__file__).with_name("requirements.txt"))
-    print(f"No module named {e.name!r}: install the packages with pip install -r {requirements}",
-          file=sys.stderr)
+    venv = "" if sys.prefix != sys.base_prefix else "python3 -m venv .venv && . .venv/bin/activate && "
+    print(f"No module named {e.name!r}: install the packages with {venv}pip install -r "
+          f"{os.path.relpath(Path(__file__).with_name('requirements.txt'))}", file=sys.stderr)
     sys.exit(2)
 
 # --- config ---

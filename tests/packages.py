@@ -2,7 +2,8 @@
 
 A learner who runs `python tests/demo.py s01` before `pip install` should read one
 line that names the missing module and the install command, not a traceback
-(and not a demo that fails three times for a reason it never names).
+(and not a demo that fails three times for a reason it never names). The line is
+the chapters' own (their import guard), so every entry point says the same thing.
 """
 import importlib.util
 import os
@@ -14,10 +15,17 @@ REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 RUNTIME_MODULES = ("anthropic", "dotenv", "yaml", "rich")
 
 
+def install_line(module):
+    """The chapters' line for a missing module. Outside a virtual environment it makes
+    one first: many systems' Python refuses a global pip install (PEP 668)."""
+    venv = "" if sys.prefix != sys.base_prefix else "python3 -m venv .venv && . .venv/bin/activate && "
+    return (f"No module named {module!r}: install the packages with {venv}pip install -r "
+            f"{os.path.relpath(REQUIREMENTS)}")
+
+
 def require(*modules, status=2):
     """Exit with `status` and one line on stderr when any of the modules is missing."""
     missing = [m for m in RUNTIME_MODULES + modules if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"No module named {missing[0]!r}{' (and more)' if len(missing) > 1 else ''}: install "
-              f"the packages with pip install -r {os.path.relpath(REQUIREMENTS)}", file=sys.stderr)
+        print(install_line(missing[0]), file=sys.stderr)
         sys.exit(status)
