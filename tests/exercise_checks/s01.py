@@ -44,13 +44,13 @@ def bad_value_one_line(x):
 EXERCISES = {
     1: ("a --max-turns flag", [
         ("the flag and its value are not sent to the model",
-         "In main(), take '--max-turns N' off argv before joining the rest into the prompt.",
+         "Look at how main() builds the prompt from argv: what does it do with your two words?",
          flag_not_in_prompt),
         ("--max-turns 2 stops after two model calls, with a non-zero exit",
          "The limit has to reach turn_limit(), which agent_loop() asks each time.",
          flag_limits_calls),
         ("the flag wins over AGENT_MAX_TURNS",
-         "Check the flag first in turn_limit() (or wherever you keep it), the environment second.",
+         "turn_limit() reads AGENT_MAX_TURNS: where does your flag's value come into it, and which one wins?",
          flag_beats_env),
         ("a bad value gets one line on stderr and exit status 2, before any model call",
          "Validate like turn_limit() does and print the ValueError, as main() already does.",
@@ -161,36 +161,37 @@ def cost_per_turn(x):
 
 EXERCISES[2] = ("stop a model that repeats itself", [
     ("the same call three times in a row stops the turn after the third",
-     "Keep the previous call (name and input) and a count beside `unknown` in agent_loop(); "
-     "return a stop reason of your own once the count reaches 3.",
+     "Read how agent_loop() counts unknown tools in a row and stops on the third: a repeat is "
+     "another thing to count in a row.",
      repeats_stop),
     ("one line on stderr says the turn stopped and names the repeated call",
-     "say() writes to stderr; put the command (json.dumps(block.input)) in the line.",
+     "say() writes to stderr; the line has to name the call, so what of the call goes in it?",
      repeats_said),
     ("two calls taking turns (a, b, a, b, ...) are not a repeat",
-     "Reset the count whenever a call differs from the one before it.",
+     "'In a row': what happens to your count when a different call comes in between?",
      alternating_is_fine),
     ("after the stop the history is valid: the next prompt runs normally",
-     "Stop after run_tools(), when every call of the reply has its result in the history.",
+     "Print the last two messages of the history your stop leaves, and read agent_loop()'s "
+     "docstring: what does the next request need of every tool_use?",
      valid_after_stop),
     ("each turn counts from zero (two calls at the end of one turn and one at the start of the next are no repeat)",
-     "Keep the count local to agent_loop(), like `unknown`, not at module level.",
+     "Where does your count live, and what sets it back to zero? Compare with `unknown`.",
      fresh_each_turn),
 ])
 
 EXERCISES[3] = ("what a turn cost", [
     ("after a turn, one stderr line gives its model calls, input tokens and output tokens",
-     "call_model() returns the message: message.usage.input_tokens and .output_tokens. Add them up "
-     "in agent_loop() and say() the totals when the turn ends.",
+     "call_model() returns the message, and message.usage has the two token counts; say() writes "
+     "to stderr. Where in agent_loop() does a turn end?",
      cost_line),
     ("stdout still carries only the answer",
      "Use say() (stderr), not print().",
      cost_not_stdout),
     ("a turn stopped by the turn limit still reports what it spent",
-     "agent_loop() returns in several places; report in one spot they all pass (try/finally), "
-     "or where main() and repl() get the stop reason back.",
+     "A turn cut by the limit leaves agent_loop() by another way than end_turn: does your "
+     "report run on that way out, and on the others?",
      cost_when_stopped),
     ("each turn reports its own totals",
-     "Start the totals at zero for every turn, not once per session.",
+     "Where are your totals set to zero, and how often does that line run?",
      cost_per_turn),
 ])

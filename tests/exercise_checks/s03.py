@@ -109,14 +109,13 @@ def nudged_every_turn(x):
 EXERCISES = {
     1: ("a reminder that names the stale item", [
         ("an item in progress for 6 tool rounds gets a reminder that names it, even if the plan is re-sent",
-         "Count rounds per item in progress (its content), in plan_reminder(); a todo_write that keeps "
-         "the same item in progress is no progress.",
+         "Trace a round that re-sends the same plan through plan_reminder(): does your count see it?",
          stale_named),
         ("a new item in progress starts a new count",
-         "When the in-progress item's content differs from the one you were counting, start again.",
+         "How does your count know which item it is counting?",
          stale_progress_resets),
         ("the reminder comes every 6 rounds, not every round after the 6th",
-         "Remind when the count is a multiple of STALE_ROUNDS, as the chapter does with % PLAN_REMINDER_INTERVAL.",
+         "Every 6 rounds, not every round after the 6th: how does the chapter repeat its own reminder?",
          stale_not_every_round),
         ("the chapter's reminder after 3 rounds without todo_write still works",
          "Add to plan_reminder(); do not replace what it already does.",
@@ -131,7 +130,7 @@ EXERCISES = {
          "has_open_items() says whether there is anything to remind about.",
          no_nudge_when_done),
         ("every turn gets its own reminder",
-         "Keep the 'already reminded' flag local to agent_loop(), so it starts False each turn.",
+         "Where does your 'already reminded' mark live, and what sets it back for the next turn?",
          nudged_every_turn),
     ]),
 }

@@ -161,17 +161,16 @@ def clear_in_help(x):
 EXERCISES = {
     1: ("a skill is loaded once per conversation", [
         ("loading the same skill twice with the same arguments sends the body once",
-         "In load_skill(), see whether the running agent's history (agent_state().messages) already "
-         "holds this exact text as a tool result; if so, return a short note instead.",
+         "What does the running agent already have in its context, and how can load_skill() see it?",
          twice_is_once),
         ("other arguments load the skill again",
-         "Compare the rendered text (arguments included), not just the skill's name.",
+         "What differs between two loads with other arguments? Compare that.",
          new_arguments_load_again),
         ("a SKILL.md changed since the last load is sent again",
-         "The rendered text of a changed file differs, or key on skill['sha256'] as well.",
+         "What changes when SKILL.md changes, and does your comparison see it?",
          changed_skill_load_again),
         ("a subagent loading it gets the body: its context is its own",
-         "Keep the memory per agent (its history, or a field on AgentState), never at module level.",
+         "Where does your record of loaded skills live? A subagent is an AgentState of its own.",
          child_gets_it),
     ]),
     2: ("named arguments", [
@@ -182,10 +181,10 @@ EXERCISES = {
          "command_line() quotes $0, $1 with shlex.quote: treat a name as the index it stands for.",
          named_quoted_in_commands),
         ("only the declared names, as whole words, are placeholders ($HOME, $filename, $styles stay)",
-         "Build the pattern from the declared names only, and end it with (?!\\w).",
+         "Which names may be placeholders? And what in your pattern stops $filename reading as $file + 'name'?",
          undeclared_untouched),
         ("one scan: an argument's text is never scanned again (one that reads $style or !`cmd` stays as it is)",
-         "One re.sub over the body with one pattern for everything, as TEMPLATE does, not a replace per name.",
+         "After you put a word in for $file, is that word scanned again by a later step?",
          one_scan),
         ("$0 and $ARGUMENTS still work, and a body using a named placeholder gets no ARGUMENTS: line appended",
          "substitute() appends the arguments when the body has no placeholder: named ones count as placeholders.",
@@ -193,7 +192,7 @@ EXERCISES = {
     ]),
     3: ("a /clear command", [
         ("after /clear the next prompt starts a new conversation, and /clear itself never reaches the model",
-         "A local command's handler gets ctx['history']: empty that list in place (history.clear()).",
+         "Which object does repl() go on using after your handler returns? Read repl() and handle_slash().",
          clear_empties),
         ("the plan goes too",
          "The plan is on agent_state(): give it a fresh, empty one.",

@@ -1,6 +1,7 @@
 """Checks for exercises/s07.md. Each point: (what must hold, a hint, fn(x))."""
 import contextlib
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,12 +136,20 @@ def answered_s(x, history):
         f"after the answer s the command did not run: {result['content'][:200]!r}"
 
 
+def offers_session(question):
+    """Does the question name the session answer? The forms a question shows its answers
+    in count: `[s]ession` (the chapter's own `[y]es` style), `(s)ession`, Sessions, and
+    the obvious ways to say it without the word (this run, until you quit)."""
+    text = re.sub(r"[\[\]()]", "", question).lower()
+    return bool(re.search(r"session|this run\b|until (you |the agent )?(exit|quit|restart|close)", text))
+
+
 def session_answer_runs(x):
     default_mode(x)
     asked = human(x, "s")
     history = turn(x, touch("made.txt"))
     assert asked, "the command did not ask in default mode"
-    assert "session" in asked[0].lower(), f"the question does not offer the session answer: {asked[0]!r}"
+    assert offers_session(asked[0]), f"the question does not offer the session answer: {asked[0]!r}"
     answered_s(x, history)
 
 
@@ -191,20 +200,18 @@ def other_answers_unchanged(x):
 EXERCISES = {
     1: ("git push always asks, and shows where it goes", [
         ("git push origin main asks even in bypassPermissions; a no refuses it and nothing is pushed",
-         "A built-in ask rule bash(git push *) is checked in every mode: add it where the config's "
-         "rules are loaded (load_permissions), or check it in decide() before the mode's table.",
+         "Which step of decide() does bypassPermissions never skip? Read decide() in order.",
          push_asks_in_bypass),
         ("the question shows the URL of the remote the command names (git push -u upstream main)",
-         "Find the remote in the command (the first word after push that is no option) and ask git "
-         "for its URL: git remote get-url NAME, run in the workspace as a list, never a shell line.",
+         "Which word of `git push -u upstream main` is the remote? git can name its URL (the name is "
+         "the model's text: never in a shell line).",
          shows_the_named_remote),
         ("a bare `git push` shows origin's URL; `git add -A && git push origin main` asks too",
-         "Look at every subcommand (command_parts), not at the start of the line; with no remote "
-         "named, show origin.",
+         "How does the chapter split `a && b` before it matches rules? And which remote does a bare "
+         "push go to?",
          bare_push_and_compound),
         ("other commands run as before; a yes pushes; acceptEdits and the sandbox ask too",
-         "Only git push may ask, and before the sandbox's auto-allow (an ask rule is checked there); "
-         "leave the other commands to the rules and the mode's table.",
+         "With the sandbox on, which step of decide() allows a command before yours is reached?",
          others_still_run_and_yes_pushes),
     ]),
     2: ("an answer that allows a call for this session only", [
@@ -212,14 +219,14 @@ EXERCISES = {
          "In ask_permission(), treat s (or session) like a yes, and name it in the question.",
          session_answer_runs),
         ("after s the same call runs without a question, this turn and the next",
-         "Keep an allow rule where decide() looks: the agent's state.permissions['rules'].",
+         "Where does decide() read its allow rules from?",
          session_answer_holds),
         ("nothing is written to disk, and a new session asks again",
-         "Unlike a, do not call remember_rules(); and keep the rule on the agent (state.permissions), "
-         "not in a module-level list: a new session is a new AgentState.",
+         "Which step of a writes to disk? And where does your rule live: what does a new AgentState "
+         "start with?",
          session_answer_is_not_saved),
         ("the session rule is as narrow as an always rule",
-         "Reuse narrow_rule() for the rule text, as a does.",
+         "How does a word its rule?",
          session_answer_is_narrow),
         ("y, n and a still do what they did",
          "Add the new answer beside the others; do not change them.",

@@ -165,7 +165,7 @@ def fork_needs_a_session(x):
 EXERCISES = {
     1: ("a /remember command", [
         ("/remember project TEXT saves a project memory, indexed, with no model call",
-         "Build one create operation and let apply_operations() write the file and the index.",
+         "The extractor writes no file itself: what does it hand its decisions to, and in what shape?",
          saves_a_project_memory),
         ("/remember TEXT (no type) saves a user memory in ~/.agent/memory",
          "The type decides the folder (memory_dir); take the first word as the type only if it is one.",
@@ -174,8 +174,8 @@ EXERCISES = {
          "If the file and MEMORY.md are right, attach_context() already does this.",
          next_session_sees_it),
         ("the same text twice is one memory; two texts that start alike are two",
-         "A name made from the text's first words can be taken: pick the next free one (name-2), "
-         "and keep the whole text as the description, which is what marks a duplicate.",
+         "What does apply_operations() compare to decide that a memory exists already, and what "
+         "happens when two memories want one file name?",
          twice_once_and_two_apart),
         ("nothing to remember: one line on stderr, a non-zero exit, nothing saved",
          "Set ctx['error'] and say() it, as /forget does for an unknown name.",
@@ -186,8 +186,8 @@ EXERCISES = {
          "Take --fork-session off argv in start_session(), with --continue and --resume.",
          fork_carries_the_history),
         ("the session it forks from stays byte-for-byte as it was",
-         "resume() points state.record at the old file and writes a boundary there (and may end a "
-         "torn line): for a fork, point it at a new_session() file before anything is written.",
+         "List the writes to the old file that --continue causes: in resume(), and later through "
+         "whatever state.record names.",
          old_file_untouched),
         ("a new session file holds the old conversation and the new turn",
          "session_boundary() writes the whole history to whatever file state.record names.",

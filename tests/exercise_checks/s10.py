@@ -1,10 +1,12 @@
 """Checks for exercises/s10.md. Each point: (what must hold, a hint, fn(x))."""
 import contextlib
+import contextvars
 import datetime
 import io
 import json
 import re
 import sys
+import threading
 import time
 
 from fake_api import reply, tool
@@ -26,11 +28,11 @@ def call(x, name, args):
     return x.tool_results(history)[0]
 
 
-# s10.1: task priorities --------------------------------------------------------------
+# s10.1: the work that unblocks the most comes first -----------------------------------
 def create(x, *tasks):
-    """task_create for each (subject, priority or None, more fields), in one turn; the results."""
-    steps = [reply(tool("task_create", {"subject": subject} | ({"priority": p} if p else {}) | more))
-             for subject, p, *rest in tasks for more in [rest[0] if rest else {}]]
+    """task_create for each (subject, ids it is blocked by), in one turn; the results."""
+    steps = [reply(tool("task_create", {"subject": subject} | ({"blocked_by": after} if after else {})))
+             for subject, *rest in tasks for after in [rest[0] if rest else []]]
     results = x.tool_results(turn(x, steps))
     for r in results:
         assert not r.get("is_error"), f"task_create was refused: {r['content'][:300]!r}"
@@ -44,59 +46,91 @@ def listed(x):
     return re.findall(r"^#(\d+) \[", result["content"], re.M)
 
 
-def priority_offered(x):
-    turn(x, [], prompt="hello")
-    tools = {t["name"]: t for t in x.bodies()[0]["tools"]}
-    for name in ("task_create", "task_update"):
-        prop = tools[name]["input_schema"].get("properties", {}).get("priority")
-        assert prop and prop.get("type") == "string" and set(prop.get("enum", [])) == {"high", "normal", "low"}, \
-            f"{name} has no priority field with the values high, normal, low: {prop}"
-        assert "priority" not in tools[name]["input_schema"].get("required", []), f"{name}'s priority must be optional"
+def named(x, id):
+    """The task ids task_get names, the task's own aside."""
+    result = call(x, "task_get", {"id": id})
+    assert not result.get("is_error"), f"task_get {id} failed: {result['content'][:300]!r}"
+    return set(re.findall(r"#(\d+)", result["content"])) - {id}
 
 
-def listed_by_priority(x):
-    create(x, ("write the parser", None), ("tidy the docs", "low"), ("fix the crash", "high"),
-           ("add the tests", "normal"), ("release", "high", {"blocked_by": ["1"]}))
-    order = listed(x)
-    assert order[:4] == ["3", "1", "4", "2"], \
-        f"ready tasks #1 normal, #2 low, #3 high, #4 normal are listed as {order[:4]}, not 3, 1, 4, 2"
-    assert order[4:] == ["5"], f"the blocked high task #5 must still come after the ready ones: {order}"
+def a_release(x):
+    """#3 has three tasks waiting on it (#5, and #6 and #7 through #5), #2 one (#4),
+    #1 and #8 none: ready 3, 2, 1, 8; blocked: 5 (two wait on it), then 4, 6, 7."""
+    create(x, ("write the docs",), ("write the parser",), ("design the schema",),
+           ("test the parser", ["2"]), ("migrate the data", ["3"]), ("backfill old rows", ["5"]),
+           ("report the numbers", ["5"]), ("tidy the repo",))
 
 
-def update_and_get(x):
-    create(x, ("write the parser", None), ("tidy the docs", None))
-    result = call(x, "task_update", {"id": "2", "priority": "high"})
-    assert not result.get("is_error"), f"task_update priority high was refused: {result['content'][:300]!r}"
-    assert listed(x) == ["2", "1"], "after task_update priority high, #2 is not listed first"
-    shown = call(x, "task_get", {"id": "2"})["content"]
-    assert re.search(r"priority:? high", shown), f"task_get does not show priority: high: {shown[:300]!r}"
-    shown = call(x, "task_get", {"id": "1"})["content"]
-    assert re.search(r"priority:? normal", shown), f"a task made without one is not shown as normal: {shown[:300]!r}"
-
-
-def bad_priority_refused(x):
-    result = call(x, "task_create", {"subject": "ship it", "priority": "urgent"})
-    assert result.get("is_error"), f"priority urgent was accepted: {result['content'][:200]!r}"
-    assert "high" in result["content"], f"the refusal does not name the priorities there are: {result['content'][:200]!r}"
-    assert not listed(x), "a task was created with priority urgent"
-    create(x, ("write the parser", "low"))
-    result = call(x, "task_update", {"id": "1", "priority": "urgent"})
-    assert result.get("is_error"), f"task_update priority urgent was accepted: {result['content'][:200]!r}"
-    assert re.search(r"priority:? low", call(x, "task_get", {"id": "1"})["content"]), \
-        "a refused update changed the priority"
-
-
-def files_without_or_with_a_bad_priority(x):
+def plant(x, id, blocks=(), blocked_by=(), status="pending"):
+    """A task file as another process (or a clone) writes it, no tool asked."""
     folder = x.ws / ".agent" / "tasks"
-    folder.mkdir(parents=True)
-    for id, priority in (("1", None), ("2", 7)):  # one from before priorities, one a clone planted
-        task = {"id": id, "subject": f"old task {id}", "description": "", "status": "pending", "owner": "",
-                "blocked_by": [], "blocks": [], "created": "2030-01-01T00:00:00", "updated": "2030-01-01T00:00:00"}
-        (folder / f"{id}.json").write_text(json.dumps(task | ({"priority": priority} if priority else {})))
-    create(x, ("tidy the docs", "low"), ("fix the crash", "high"))
+    folder.mkdir(parents=True, exist_ok=True)
+    task = {"id": id, "subject": f"task {id}", "description": "", "status": status, "owner": "",
+            "blocked_by": list(blocked_by), "blocks": list(blocks),
+            "created": "2030-01-01T00:00:00", "updated": "2030-01-01T00:00:00"}
+    (folder / f"{id}.json").write_text(json.dumps(task))
+
+
+def most_waiting_first(x):
+    a_release(x)
     order = listed(x)
-    assert order == ["4", "1", "2", "3"], \
-        f"#1 (no priority) and #2 (priority 7) must count as normal: listed {order}, not 4, 1, 2, 3"
+    assert order[:4] == ["3", "2", "1", "8"], (
+        f"ready tasks listed {order[:4]}, not 3, 2, 1, 8: #3 has three tasks waiting on it (#5, and "
+        f"#6 and #7 through #5), #2 one, #1 and #8 none (so by id)")
+    assert order[4:] == ["5", "4", "6", "7"], (
+        f"blocked tasks listed {order[4:]}, not 5, 4, 6, 7: the kinds keep their order, and within "
+        f"the blocked ones #5 has two tasks waiting on it")
+
+
+def each_counted_once(x):
+    create(x, ("lay the pipes",), ("wire the kitchen", ["1"]), ("wire the bath", ["1"]),
+           ("paint", ["2", "3"]), ("order the parts",), *[(f"fit part {n}", ["5"]) for n in range(4)])
+    order = listed(x)
+    assert order[:2] == ["5", "1"], (
+        f"ready tasks listed {order[:2]}, not 5, 1: four tasks wait on #5; three on #1 (#2, #3 and "
+        f"#4, which waits on both #2 and #3 and counts once)")
+
+
+def get_names_them(x):
+    a_release(x)
+    assert {"5", "6", "7"} <= named(x, "3"), (
+        f"task_get 3 names {sorted(named(x, '3'), key=int)}: #6 and #7 wait on it through #5, and are not named")
+    assert not {"5", "6", "7"} & named(x, "2"), "task_get 2 names tasks that wait on #3, not on #2"
+
+
+def planted_loop(x):
+    plant(x, "1")
+    plant(x, "2", blocks=["3", "4"], blocked_by=["3"])  # #2 and #3 wait on each other: no tool makes
+    plant(x, "3", blocks=["2"], blocked_by=["2"])        # that, but the files can hold it
+    plant(x, "4", blocked_by=["2"])
+    answers = {}
+
+    def read_board():  # in a thread of its own: a walk that never ends must not hang the checker
+        try:
+            answers["list"], answers["get"] = x.mod.task_list(), x.mod.task_get("2")
+        except Exception as e:  # reported below, as the point's failure
+            answers["error"] = f"{type(e).__name__}: {e}"
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(read_board,), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), ("task_list or task_get did not answer within 10 s on a board whose files "
+                                   "hold a loop (#2 and #3 wait on each other): does your walk end?")
+    assert "error" not in answers, (f"on a board whose files hold a loop (#2 and #3 wait on each other), "
+                                    f"task_list or task_get raised {answers.get('error', '')[:200]}")
+    shown = re.findall(r"^#(\d+) \[", answers["list"], re.M)
+    assert sorted(shown) == ["1", "2", "3", "4"], f"task_list showed {shown} of a board with tasks 1-4"
+    assert "#4" in answers["get"], f"task_get 2 does not name #4, which waits on it: {answers['get'][:300]!r}"
+
+
+def follows_every_change(x):
+    create(x, ("write the parser",), ("write the docs",))
+    assert listed(x) == ["1", "2"], f"two tasks with nothing waiting are listed {listed(x)}, not by id"
+    create(x, ("proofread the docs", ["2"]))
+    assert listed(x)[:2] == ["2", "1"], f"after #3 came to wait on #2 the ready tasks are listed {listed(x)[:2]}"
+    plant(x, "4", blocked_by=["1"])  # another process adds two tasks waiting on #1 (one side of the edge:
+    plant(x, "5", blocked_by=["1"])  # the board mends the other)
+    assert listed(x)[:2] == ["1", "2"], (f"after another process added two tasks waiting on #1, the ready "
+                                         f"tasks are listed {listed(x)[:2]}, not 1, 2")
 
 
 # s10.2: cron macros ------------------------------------------------------------------
@@ -203,11 +237,22 @@ def schema_offers_timeout(x):
     assert "timeout" not in tools["background_run"]["input_schema"].get("required", []), "timeout must be optional"
 
 
+def says_timed_out(note):
+    """Timed out, in the chapter's words or the obvious others: Timeout, time limit,
+    ran longer than, exceeded."""
+    return bool(re.search(r"time[ds]?[ _-]?out|time[ _-]?limit|too long|longer than|exceed", note, re.I))
+
+
+def names_half_a_second(note):
+    """0.5 s as people write it: 0.5s, .5 seconds, 0.50 s, 500 ms."""
+    return bool(re.search(r"(?<![\d.])0?\.50*(?![\d.])|(?<![\d.])500\s*(ms|milli)", note, re.I))
+
+
 def stopped_at_its_timeout(x):
     record = background(x, {"command": "sleep 30", "timeout": 0.5})
     assert record["status"] == "failed", f"after its 0.5 s timeout the command's status is {record['status']!r}"
     notes = re.findall(r"<note>(.*?)</note>", notification_text(x))
-    assert any("timed out" in n and "0.5" in n for n in notes), \
+    assert any(says_timed_out(n) and names_half_a_second(n) for n in notes), \
         f"the notification's note does not say it timed out after its own 0.5 s: {notes}"
 
 
@@ -226,33 +271,35 @@ def bad_timeouts_refused(x):
 
 
 EXERCISES = {
-    1: ("task priorities", [
-        ("task_create and task_update take an optional priority: high, normal or low",
-         "Add priority to both schemas, with an enum; the functions take it as a keyword.",
-         priority_offered),
-        ("task_list shows each kind high first, then normal, then low, by id within",
-         "task_list() sorts by (kind, id): put the priority's rank between them.",
-         listed_by_priority),
-        ("task_update changes it; task_get shows it (normal when none was given)",
-         "Keep it in the task's file like owner; task_get() prints one more fact.",
-         update_and_get),
-        ("an unknown priority is refused, and nothing is created or changed",
-         "check_input() checks a field's type, not its enum: refuse the value yourself, before the change.",
-         bad_priority_refused),
-        ("a task file with no priority, or a bad one, counts as normal",
-         "A clone may ship any file: read a task's priority with a default, never trust it.",
-         files_without_or_with_a_bad_priority),
+    1: ("the work that unblocks the most comes first", [
+        ("in each kind, task_list puts first the tasks the most others wait on, directly or through others",
+         "Which tasks wait on #3? Follow the blocks edges past the first step. task_list() picks its "
+         "order in one sort key.",
+         most_waiting_first),
+        ("a task that waits on another along two paths is counted once",
+         "Draw it: #1 blocks #2 and #3, both block #4. How many times does your walk reach #4?",
+         each_counted_once),
+        ("task_get names every task waiting on it, through others too",
+         "task_get() prints the direct edges (blocks:); the rest come from the walk your order uses.",
+         get_names_them),
+        ("a loop the board's files hold (no tool makes one) does not hang task_list or task_get",
+         "The files are not only what the tools wrote. Read how blocks_path() keeps its walk finite.",
+         planted_loop),
+        ("the order follows every change: a task_create, and edges another process wrote to the files",
+         "Is your count worked out from the edges each time the board is read, or kept somewhere a "
+         "change can miss?",
+         follows_every_change),
     ]),
     2: ("cron macros: @daily, @hourly and the others", [
         ("schedule_create accepts @daily; it first runs at the next midnight",
-         "Let parse_cron() turn a macro into its five fields before it splits the expression.",
+         "Which function do schedule_create(), next_fire() and the listing all call with the cron?",
          daily_is_accepted),
         ("each macro fires exactly when its five fields do",
          "@yearly and @annually: 0 0 1 1 *; @monthly: 0 0 1 * *; @weekly: 0 0 * * 0; @daily and "
          "@midnight: 0 0 * * *; @hourly: 0 * * * *.",
          each_macro_is_its_fields),
         ("schedule_list shows a @weekly job with its next run",
-         "The job keeps the cron as written; everything that reads it goes through parse_cron().",
+         "schedule_list shows the cron as the job keeps it: which function works out its next run?",
          listed_with_next_run),
         ("an unknown macro (@often, @reboot, @daily 5) is refused, and the error lists the macros",
          "A word starting with @ that is not a known macro is a ValueError naming them.",
@@ -266,14 +313,14 @@ EXERCISES = {
          "Add timeout to background_run's params() (type number) and to the function's arguments.",
          schema_offers_timeout),
         ("sleep 30 with timeout 0.5 is stopped; its notification says it timed out after 0.5 s",
-         "The watcher passes BACKGROUND_TIMEOUT to watch_command(): keep the command's own on its "
-         "record, use it there, and in the note watch_background() writes.",
+         "Where does the watcher thread get its limit, and where does it write the note? What does "
+         "the thread get to work with?",
          stopped_at_its_timeout),
         ("a command that ends in time completes as before",
          "Only the limit changes: the rest of watch_background() stays as it is.",
          ends_in_time),
         ("0, -1, more than the 30 minutes, and true are refused before anything starts",
-         "Check the value first, as parse_hook() checks a hook's timeout (a bool is an int in Python).",
+         "Read how parse_hook() checks a hook's timeout, then try `true` against your check.",
          bad_timeouts_refused),
     ]),
 }

@@ -4,6 +4,7 @@ demos (tests/mcp_tiny_server.py), one process per point, stopped after it."""
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,7 +216,7 @@ def empty_list_and_bad_list(x):
     with tiny(x, tools="shout") as servers:
         started = "tiny" in servers
     assert not started, "a server whose tools setting is not a list was started"
-    lines = [line for line in x.err.splitlines() if "tools" in line]
+    lines = [line for line in x.err.splitlines() if re.search(r"\btools?\b", line, re.I)]
     assert lines, f"no line said what is wrong with tools: {x.err[-300:]!r}"
 
 
@@ -230,29 +231,28 @@ def missing_name_warned(x):
 EXERCISES = {
     1: ("worktree_closeout merge: bring a lane's work home", [
         ("merge commits the lane's work and fast-forwards the main checkout to it",
-         "commit_lane() commits the lane; then git merge --ff-only with the lane's HEAD, run "
-         "through git() in the project (project_dir, or the lane's origin).",
+         "commit_lane() commits the lane; git merge --ff-only with the lane's HEAD, run in the "
+         "project (project_dir, or the lane's origin), brings it home.",
          merged_into_main),
         ("then the lane and its branch are removed, and the agent is back in the main workspace",
          "After the merge it is remove's work: leave_lane() when inside it, then remove_lane().",
          lane_gone_agent_back),
         ("refused while the main checkout has uncommitted changes, nothing lost; done once it is clean",
-         "Ask git status --porcelain --untracked-files=no in the project first, and refuse with a "
-         "ToolError before anything is committed or merged.",
+         "git merges over uncommitted changes whenever they are not in its way: what can you ask "
+         "git before anything is committed or merged?",
          refused_when_main_is_dirty),
         ("refused when main moved on (no fast-forward) or another agent works in the lane; else done",
-         "git merge-base --is-ancestor HEAD <lane head> says whether a fast-forward is possible; and "
-         "worktree_closeout takes the lane's lock only for remove or when inside it: merge needs it too.",
+         "git merge-base --is-ancestor HEAD <lane head> says whether a fast-forward is possible. "
+         "Which actions take the lane's lock in worktree_closeout()?",
          refused_when_main_moved_or_busy),
         ("no hook of the repository runs",
-         "Run every git command through git(): it passes GIT_QUIET (core.hooksPath=/dev/null); a "
-         "plain subprocess.run(['git', 'merge', ...]) runs .git/hooks/post-merge.",
+         "How does the manager run its own git commands, and why? Run yours the same way.",
          hooks_never_run),
     ]),
     2: ("a per-server list of the tools it may offer", [
         ("tools: [word_count, shout] registers those two and no other",
-         "Add tools to MCP_KEYS and to the spec parse_server() returns; register_tools() keeps "
-         "only the listed ones.",
+         "Add tools to MCP_KEYS and to the spec parse_server() returns, then follow the spec to "
+         "where the server's tools are registered.",
          only_listed_tools),
         ("a listed tool works; a tool left out cannot be called",
          "A tool that is never registered is an unknown tool: run_tool() refuses it before any server sees it.",
@@ -261,8 +261,8 @@ EXERCISES = {
          "No list means no filter.",
          no_list_every_tool),
         ("tools: [] offers no tool; tools that is not a list: not started, one line says why",
-         "An empty list is a list: test `is None`, not truth. parse_server() raises ValueError for a "
-         "bad entry (str_list does the check); server_specs() prints it and skips the server.",
+         "What does your filter do with `[]`? And how does parse_server() refuse a bad entry today "
+         "(look for the check of another list setting)?",
          empty_list_and_bad_list),
         ("a listed name the server lacks gets one line, and the rest still work",
          "Compare the list with the names the server sent, and warn_once() about the ones it lacks.",
