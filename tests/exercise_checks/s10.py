@@ -61,11 +61,11 @@ def a_release(x):
            ("report the numbers", ["5"]), ("tidy the repo",))
 
 
-def plant(x, id, blocks=(), blocked_by=(), status="pending"):
+def plant(x, id, blocks=(), blocked_by=()):
     """A task file as another process (or a clone) writes it, no tool asked."""
     folder = x.ws / ".agent" / "tasks"
     folder.mkdir(parents=True, exist_ok=True)
-    task = {"id": id, "subject": f"task {id}", "description": "", "status": status, "owner": "",
+    task = {"id": id, "subject": f"task {id}", "description": "", "status": "pending", "owner": "",
             "blocked_by": list(blocked_by), "blocks": list(blocks),
             "created": "2030-01-01T00:00:00", "updated": "2030-01-01T00:00:00"}
     (folder / f"{id}.json").write_text(json.dumps(task))
