@@ -1047,6 +1047,7 @@ class ScriptedAPI:
         self._log: list = []
         self._invalid: list = []     # every refused request, kept across reset()
         self.exhausted = 0
+        self.left_early = 0          # streamed answers the client hung up on before their end
         self.cache = PromptCache()
         self._busy = 0               # requests being served
         self._server = None
@@ -1095,7 +1096,7 @@ class ScriptedAPI:
         start each test with a full reset.
         """
         with self._lock:
-            self._steps, self._log, self.exhausted = [], [], 0
+            self._steps, self._log, self.exhausted, self.left_early = [], [], 0, 0
             self.cache = PromptCache()
             if full:
                 self._invalid = []
@@ -1204,7 +1205,12 @@ class ScriptedAPI:
             return handler.send_json(step["status"], step["body"], step["headers"])
         message = _message(step, body, raw_len, self.cache.account(body))
         if body.get("stream"):
-            return handler.send_stream(_stream_events(message), step["delay"], step["cut_after"])
+            try:
+                return handler.send_stream(_stream_events(message), step["delay"], step["cut_after"])
+            except (BrokenPipeError, ConnectionResetError):  # an interrupt or a timeout cut it
+                with self._lock:
+                    self.left_early += 1
+                return None
         if step["delay"]:
             time.sleep(step["delay"])           # lets tests provoke timeouts
         handler.send_json(200, message)

@@ -5,7 +5,6 @@ deny, a PreToolUse hook callback, and client.interrupt() during a slow reply."""
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -140,17 +139,16 @@ def test_interrupt_cancels_a_slow_turn_and_the_session_goes_on(api, workspace):
             await client.query("take your time")
             while not message_bodies(api):  # the slow request is under way
                 await anyio.sleep(0.05)
-            started = time.monotonic()
             await client.interrupt()
             cut = [m async for m in client.receive_response()]
-            waited = time.monotonic() - started
             await client.set_permission_mode("acceptEdits")
             await client.query("now quickly")
             after = [m async for m in client.receive_response()]
-        return cut, waited, after
+        return cut, after
 
-    cut, waited, after = run(main)
-    assert waited < 5  # the slow reply would take ~15 s
+    cut, after = run(main)
+    api.settle()  # the slow answer's thread ends: cut off, or at its end ~15 s later
+    assert api.left_early == 1  # the interrupt hung up on it; it was not waited out
     assert isinstance(cut[-1], sdk.ResultMessage) and cut[-1].is_error
     assert not any(isinstance(m, sdk.AssistantMessage) for m in cut)
     assert after[-1].result == "Quick now." and after[0].data["permissionMode"] == "acceptEdits"
