@@ -43,8 +43,8 @@ Where each chapter's mechanism lives (defined here as in its chapter file):
                          ask_permission, sandbox_argv, set_mode
     s08 hooks            parse_hook, read_hooks, run_hook, fire, pre_tool_hooks, after_tool,
                          stop_hooks, hook_session
-    s09 memory           assemble_prompt, load_instructions, sync_session, resume,
-                         write_memory, extract_memories, recall, maybe_consolidate
+    s09 memory           assemble_prompt, load_instructions, sync_session, session_state, resume,
+                         restore_state, write_memory, extract_memories, recall, maybe_consolidate
     s10 tasks            task_create, task_update, task_list, background_run, run_background_agent,
                          parse_cron, next_fire, schedule_create, fire_job
     s11 teams            create_team, post, take_inbox, claim_task, claim_next, spawn_teammate,
@@ -2302,7 +2302,7 @@ def persist_text(text):
 # --- s06.2: clearing old results ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
-# leave the process (normalize_messages drops them): _sent = a request that
+# reach the API (normalize_messages drops them): _sent = a request that
 # carried it got an answer, _cleared = show the placeholder.
 def tool_results(messages):
     return [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
@@ -6015,7 +6015,7 @@ def fire(event, **fields):
     for hook in hooks:
         if not hook_applies(hook, payload, state):
             continue
-        if hook["once"]:  # once per session (seed: a flag, not persisted)
+        if hook["once"]:  # once per session (seed: a flag)
             with HOOK_LOCK:
                 if (hook["file"], hook["name"]) in state.hooks["fired"]:
                     continue
@@ -6316,7 +6316,8 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 # Three kinds of long-term memory, each in its own place:
 #   project instructions  AGENTS.md files the human wrote (read, never written)
 #   auto memory           one .md file per fact the agent learned, plus a MEMORY.md index
-#   sessions              every message, appended to .agent/sessions/<id>.jsonl
+#   sessions              every message, and what else shapes the next request,
+#                         appended to .agent/sessions/<id>.jsonl
 # Where each part of a request goes (seed: Prompt 组装管线): the system prompt
 # holds what is stable for the whole session (identity, rules, tool guidance,
 # the environment at start), so the prompt cache keeps hitting; instructions and
@@ -6600,13 +6601,30 @@ def attach_context(messages):
 
 # --- s09.3: sessions ---
 # One JSONL file per session, appended (seed: O(1) per message, and a crash
-# leaves at most a torn last line). Records: {"type": "message", "i": index,
-# "ts", "message"}; a later record with the same index replaces the earlier one
-# (a user message grows in place: tool results, merged prompts); a "boundary"
-# record starts the history again (a compaction, a resume), once the n messages
-# it announces have followed it; "mode" records the permission mode. Each
-# record is flushed before the loop acts on it: the reply before its tools
-# run, the prompt and the results before the next model call.
+# leaves at most a torn last line). A resumed session must send, request for
+# request, what the live one would have sent next, so the file records as the
+# session goes everything that shapes a request, each record with its "ts":
+#   message   {"i", "message"}: a later record with the same index replaces the
+#             earlier one (a user message grows in place: tool results, merged prompts)
+#   truncate  {"n"}: messages taken back (an empty reply, a blocked prompt)
+#   boundary  {"n"}: the history starts again (a compaction, a resume), once the
+#             n messages it announces have followed it
+#   mode      {"mode"}: the permission mode
+#   context   s06's marks, private "_" keys beside the messages (saved() leaves
+#             them out): "usage" [[i, size anchor], ...] (a call answered the
+#             messages up to i, so their results were sent), "cleared" result ids
+#             (shown as placeholders), after a boundary "sent" n (the first n)
+#   state     {key: value} of session_state that changed: the plan and its
+#             reminder count, the compaction breaker, denials in a row, the
+#             once-hooks that ran, hook context not yet sent, memories attached
+#   files     {path: [mtime_ns, size] or null}: file-read records that changed
+# Without the last three a resume re-sent every stored result in full (the
+# first request after --continue was 4.5x the last one before it, soon over the
+# compaction threshold), forgot the plan, and refused an edit of a file read
+# before. Not recorded: the system prompt's environment (each process states
+# its own: the date, the branch). Each record is flushed before the loop acts
+# on it: the reply (and the marks its call made) before its tools run, the
+# prompt and the results before the next model call.
 def sessions_dir(state):
     return state.workdir / ".agent" / "sessions"
 
@@ -6665,7 +6683,8 @@ def write_records(records):
 
 def saved(message):
     """A message as the session file keeps it: without the loop's private marks
-    (_usage, _sent, ...), which change after the message is written."""
+    (_usage, _sent, ...), which change after the message is written ("context"
+    records keep them: context_records)."""
     out = {k: v for k, v in message.items() if not k.startswith("_")}
     if isinstance(out.get("content"), list):
         out["content"] = [{k: v for k, v in b.items() if not k.startswith("_")} if isinstance(b, dict) else b
@@ -6694,19 +6713,122 @@ def sync_records(messages, reply, rec):
         records.append({"type": "message", "i": i, "message": saved(messages[i])})
     if reply is not None:
         records.append({"type": "message", "i": len(messages), "message": saved(reply)})
+    if messages or reply is not None:  # after the messages they are about
+        records += context_records(messages, rec)
     write_records(records)
     final = messages + ([reply] if reply is not None else [])
     rec["written"], rec["last"] = len(final), json.dumps(saved(final[-1]), default=str) if final else None
 
 
-def session_boundary(messages):
-    """The history was replaced (compaction, resume): a boundary, then all of it again.
-    Recalled memories may be gone with the old part: they can be attached again."""
+def context_records(messages, rec):
+    """What changed since the last sync in what shapes the next request besides the
+    messages: s06's marks, the agent's state, its file-read records. rec["noted"] is
+    what the file holds: a key of the state never recorded reads back as a new
+    agent's; the state holds across a boundary, the marks start again after one."""
+    if "noted" not in rec:
+        blank = state_text(session_state(AgentState(agent_state().workdir)))
+        rec["noted"] = {"usage": {}, "cleared": set(), "view": None, "state": blank, "files": {}}
+    noted = rec["noted"]
+    return [r for r in (marks_record(messages, rec, noted), state_record(noted), files_record(noted)) if r]
+
+
+def marks_record(messages, rec, noted):
+    """s06's new marks. A call anchors its size on the last message it sent (and
+    marks every result before it sent), so new anchors sit on the messages from
+    the last one written on. A batch clear starts the agent's view again (s06.2),
+    so only then are the results looked through for new placeholders."""
+    view, whole = agent_state().view, noted["view"] is None
+    lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)
+    usage = [[i, m["_usage"]] for i, m in enumerate(messages[lo:], lo)
+             if "_usage" in m and noted["usage"].get(i) is not m["_usage"]]
+    cleared = [] if view is noted["view"] else [b["tool_use_id"] for b in tool_results(messages)
+                                                 if b.get("_cleared") and b["tool_use_id"] not in noted["cleared"]]
+    noted["usage"].update(usage)
+    noted["cleared"].update(cleared)
+    noted["view"] = view
+    record = {"type": "context"} | ({"usage": usage} if usage else {}) | ({"cleared": cleared} if cleared else {})
+    if whole and (sent := max((i + 1 for i, m in enumerate(messages)  # a compaction's tail keeps its
+                               if any(b.get("_sent") for b in tool_results([m]))), default=0)):  # marks, not anchors
+        record["sent"] = sent
+    return record if len(record) > 1 else None
+
+
+def session_state(state):
+    """The agent's own state that shapes its later requests, as "state" records keep it
+    (JSON: lists, not sets); restore_state puts it back."""
+    kept = {"plan": state.plan,  # s03: the plan, and rounds since its update (the reminder)
+            "compaction": state.compaction,  # s06: the breaker's failures, a compaction asked for
+            "denials": state.denials,  # s07: denials in a row (the reminder)
+            "once_hooks": sorted(map(list, list(state.hooks["fired"]))),  # s08: once-hooks that ran
+            "hook_notes": state.hook_notes,  # s08: hook context the next prompt has yet to carry
+            "memories": sorted(state.memory["attached"])}  # s09: memories attached to a prompt
+    kept["discovered"] = list(state.discovered)  # s12: deferred tools it loaded (tool_search), in order
+    return kept
+
+
+def state_text(kept):
+    return {k: json.dumps(v, default=str) for k, v in kept.items()}
+
+
+def state_record(noted):
+    now = session_state(agent_state())
+    text = state_text(now)
+    changed = {k: now[k] for k in now if noted["state"].get(k) != text[k]}
+    noted["state"] = text
+    return {"type": "state", "state": changed} if changed else None
+
+
+def files_record(noted):
+    """File-read records that changed (null: no longer read: left out, or a lane entered)."""
+    files, seen = dict(agent_state().files), noted["files"]  # a copy: parallel reads add to it
+    if files == seen:
+        return None
+    changed = {p: s for p, s in files.items() if seen.get(p) != s} | dict.fromkeys(seen.keys() - files.keys())
+    noted["files"] = files
+    return {"type": "files", "files": changed} if changed else None
+
+
+def listed(value):
+    return value if isinstance(value, list) else []
+
+
+def restore_state(state, left):
+    """What session_state recorded, and the file-read records, back on a resumed
+    agent. A key the file lacks (one written before these records) or cannot hold
+    is as a new agent has it: nothing of another session (/resume) stays. A read
+    record lets an edit through only while the file's mtime and size still match
+    it (check_fresh), as in the live session."""
+    blank, plan = AgentState(state.workdir), left.get("plan")
+    state.plan = blank.plan
+    if isinstance(plan, dict) and type(plan.get("rounds_since_update")) is int:
+        with contextlib.suppress(ToolError):
+            state.plan = {"items": check_plan(plan.get("items")), "rounds_since_update": plan["rounds_since_update"]}
+    compaction = left.get("compaction") if isinstance(left.get("compaction"), dict) else {}
+    state.compaction = blank.compaction | {k: v for k, v in compaction.items() if k in blank.compaction and (
+        type(v) is type(blank.compaction[k]) or None in (v, blank.compaction[k]))}
+    state.denials = left["denials"] if type(left.get("denials")) is int else blank.denials
+    state.hooks["fired"].clear()  # the session's, shared with subagents: emptied in place
+    state.hooks["fired"].update(tuple(h) for h in listed(left.get("once_hooks"))
+                                if isinstance(h, list) and all(isinstance(x, str) for x in h))
+    state.hook_notes = [b for b in listed(left.get("hook_notes")) if isinstance(b, dict) and b.get("type") == "text"
+                        and isinstance(b.get("text"), str) and set(b) == {"type", "text"}]
+    state.memory["attached"] = {p for p in listed(left.get("memories")) if isinstance(p, str)}
+    state.discovered = list(dict.fromkeys(n for n in listed(left.get("discovered")) if isinstance(n, str)))  # s12
+    state.files.update({p: tuple(s) for p, s in left.get("files", {}).items()
+                        if isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)})
+
+
+def session_boundary(messages, compacted=True):
+    """The history was replaced (compaction, resume): a boundary, then all of it again,
+    with its marks. Recalled memories may be gone with a compacted part: they can be
+    attached again (a resume's boundary writes the same history again)."""
     state = agent_state()
-    state.memory["attached"] = set()
+    if compacted:
+        state.memory["attached"] = set()
     if state.record is not None:
         write_records([{"type": "boundary", "n": len(messages)}])  # n: see read_session
         state.record["written"] = 0
+        state.record.get("noted", {}).update(usage={}, cleared=set(), view=None)
         sync_session(messages)
 
 
@@ -6717,10 +6839,12 @@ def append_message(messages, message):
 
 
 def read_session(path):
-    """(messages after the last boundary, last mode, last timestamp, bad lines).
+    """(messages after the last boundary, with s06's marks; last mode; last timestamp;
+    bad lines; the agent's state as last recorded, session_state's keys and "files").
     A boundary counts once the n messages it announces have followed it: a crash
-    while they are written leaves the history before it in place."""
+    while they are written leaves the history before it (and its marks) in place."""
     messages, before, owed, mode, last_ts, bad = [], [], 0, None, None, 0
+    marks, marks_before, left, files = new_marks(), new_marks(), {}, {}
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
@@ -6730,22 +6854,73 @@ def read_session(path):
                 bad += 1
                 continue
             if kind == "boundary":
-                before = before if owed else messages  # an unfinished rewrite never counted
-                messages, owed = [], r["n"] if isinstance(r.get("n"), int) else 0
+                if not owed:  # an unfinished rewrite never counted
+                    before, marks_before = messages, marks
+                messages, marks, owed = [], new_marks(), r["n"] if isinstance(r.get("n"), int) else 0
             elif kind == "mode":
                 mode = r.get("mode")
             elif kind == "truncate" and isinstance(r.get("n"), int):
                 del messages[max(0, r["n"]):]
+                forget_marks(marks, max(0, r["n"]))
             elif kind == "message" and isinstance(r.get("i"), int) and 0 <= r["i"] <= len(messages) \
                     and well_formed(r.get("message")):
                 messages[r["i"]:r["i"] + 1] = [r["message"]]
                 del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
+                forget_marks(marks, r["i"] + 1)  # the same message grown keeps its own
                 owed = 0 if len(messages) >= owed else owed
+            elif kind == "context":
+                note_marks(marks, r)
+            elif kind == "state" and isinstance(r.get("state"), dict):
+                left |= r["state"]
+            elif kind == "files" and isinstance(r.get("files"), dict):
+                files |= r["files"]
             else:
                 bad += 1
                 continue
             last_ts = ts
-    return before if owed else messages, mode, last_ts, bad
+    history, marks = (before, marks_before) if owed else (messages, marks)
+    left["files"] = {p: s for p, s in files.items() if s is not None}
+    return apply_marks(history, marks), mode, last_ts, bad, left
+
+
+def new_marks():
+    return {"usage": {}, "sent": 0, "cleared": set()}
+
+
+def is_anchor(usage):
+    return isinstance(usage, dict) and all(type(usage.get(k)) in (int, float) for k in ("tokens", "at", "estimate"))
+
+
+def note_marks(marks, r):
+    """One "context" record read (marks_record wrote it)."""
+    for pair in listed(r.get("usage")):
+        if isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and pair[0] >= 0 \
+                and is_anchor(pair[1]):
+            marks["usage"][pair[0]] = pair[1]
+            marks["sent"] = max(marks["sent"], pair[0] + 1)
+    if type(r.get("sent")) is int:
+        marks["sent"] = max(marks["sent"], r["sent"])
+    marks["cleared"] |= {i for i in listed(r.get("cleared")) if isinstance(i, str)}
+
+
+def forget_marks(marks, n):
+    """Messages from n on were taken back or rewritten: their anchors go with them."""
+    marks["usage"] = {i: u for i, u in marks["usage"].items() if i < n}
+    marks["sent"] = min(marks["sent"], n)
+
+
+def apply_marks(messages, marks):
+    """s06's marks back on a history read from the file, where the live one had them."""
+    for i, usage in marks["usage"].items():
+        if i < len(messages):
+            messages[i]["_usage"] = usage
+    for i, m in enumerate(messages):
+        for b in tool_results([m]):
+            if i < marks["sent"]:
+                b["_sent"] = True
+            if b.get("tool_use_id") in marks["cleared"]:
+                b["_cleared"] = True
+    return messages
 
 
 def well_formed(m):
@@ -6850,14 +7025,17 @@ def find_session(state, which):
 
 
 def resume(client, path):
-    """Load a session into a fresh history and keep appending to its file."""
+    """Load a session into a fresh history and keep appending to its file. What
+    else shapes a request comes back too (s06's marks, the agent's state, its
+    file-read records), so the next request is the one the live session would
+    have sent."""
     state = agent_state()
-    messages, mode, last_ts, bad = read_session(path)
+    messages, mode, last_ts, bad, left = read_session(path)
     kept = complete_prefix(messages)
     cut = len(messages) - len(kept)
     end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
-    state.files.clear()  # what this history saw of a file is not what is on disk now: read it again
+    state.files.clear()  # another history's reads are not this one's: restore_state brings its own
     restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
         and mode != state.mode and path in own_sessions(state)  # a shipped file never loosens the mode
     if restored:  # plan and bypassPermissions: never resumed, never replaced
@@ -6866,9 +7044,10 @@ def resume(client, path):
         + (f", permission mode {mode} as the session left it" if restored else "")
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
-    if client is not None and estimate_tokens(kept) > AUTO_COMPACT_AT:
-        compact(client, kept, why="resumed over the threshold")
-    session_boundary(kept)
+    restore_state(state, left)  # first: the records written below start from it
+    if client is not None and last_usage(kept) is None and estimate_tokens(kept) > AUTO_COMPACT_AT:
+        compact(client, kept, why="resumed over the threshold")  # a file without size anchors; else
+    session_boundary(kept, compacted=False)  # manage_context decides next, as the live session would
     state.session["resumed"] = True  # full: SessionStart's source (full.3)
     if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
         hours = (time.time() - last_ts) / 3600

@@ -2194,7 +2194,7 @@ def persist_text(text):
 # --- s06.2: clearing old results ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
-# leave the process (normalize_messages drops them): _sent = a request that
+# reach the API (normalize_messages drops them): _sent = a request that
 # carried it got an answer, _cleared = show the placeholder.
 def tool_results(messages):
     return [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
@@ -5833,7 +5833,7 @@ def fire(event, **fields):
     for hook in hooks:
         if not hook_applies(hook, payload, state):
             continue
-        if hook["once"]:  # once per session (seed: a flag, not persisted)
+        if hook["once"]:  # once per session (seed: a flag)
             with HOOK_LOCK:
                 if (hook["file"], hook["name"]) in state.hooks["fired"]:
                     continue

@@ -108,13 +108,6 @@ def recording(mod):
     return state.record["path"]
 
 
-def public(mod, history):
-    """The history as its session file holds it: the loop's private marks (_usage, _sent) left out."""
-    strip = lambda d: {k: v for k, v in d.items() if not k.startswith("_")}
-    return [strip(m) | ({"content": [strip(b) for b in m["content"]]} if isinstance(m["content"], list) else {})
-            for m in history]
-
-
 def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -747,8 +740,8 @@ def test_one_record_per_message_and_the_reply_is_on_disk_before_its_tools_run(mo
     recs = records(path)
     assert recs[0]["type"] == "mode" and all("ts" in r for r in recs)
     assert [r["i"] for r in recs if r["type"] == "message"] == [0, 1, 2, 3]
-    assert '"_' not in path.read_text()  # the loop's private marks stay in memory
-    assert mod.read_session(path)[0] == public(mod, history) and len(history) == 4
+    assert not any('"_' in json.dumps(r["message"]) for r in recs if r["type"] == "message")  # marks apart
+    assert mod.read_session(path)[0] == history and len(history) == 4  # the marks as well
 
 
 def test_a_compaction_writes_a_boundary_and_resume_loads_only_what_follows(mod, api, client, workspace):
@@ -767,12 +760,12 @@ def test_a_compaction_writes_a_boundary_and_resume_loads_only_what_follows(mod, 
     before = mod.read_session(cut)[0]  # a boundary whose messages never came: the old history holds
     assert "question 0" in json.dumps(before) and "THE-SUMMARY" not in json.dumps(before)
     loaded = mod.read_session(path)[0]
-    assert loaded == public(mod, history) and "THE-SUMMARY" in json.dumps(loaded[0])
+    assert loaded == history and "THE-SUMMARY" in json.dumps(loaded[0])
     assert "question 0" not in json.dumps(loaded)
     api.add(reply("answer 4"))
     mod.add_user_text(history, "question 4")
     mod.agent_loop(client, history)
-    assert mod.read_session(path)[0] == public(mod, history)
+    assert mod.read_session(path)[0] == history
     assert api.exhausted == 0
 
 
@@ -785,16 +778,16 @@ def test_malformed_lines_are_skipped_and_a_torn_last_line_costs_only_itself(mod,
         fh.write(json.dumps({"type": "message", "i": 99, "ts": 1, "message": {"role": "user", "content": "x"}}) + "\n")
         fh.write(json.dumps({"type": "message", "i": 1, "ts": 1, "message": {"role": "robot"}}) + "\n")
         fh.write('{"type": "message", "i": 2, "ts": 17')  # a crash mid-write
-    messages, mode, last_ts, bad = mod.read_session(path)
-    assert messages == public(mod, history) and bad == 5
+    messages, mode, last_ts, bad, _ = mod.read_session(path)
+    assert messages == history and bad == 5
     with fresh_agent(mod, workspace):
         resumed = mod.resume(None, path)
-        assert resumed == public(mod, history)
+        assert resumed == history
         api.reset()
         mod.add_user_text(resumed, "second")
         api.add(reply("again"))
         assert mod.agent_loop(client, resumed) == "end_turn"
-    assert mod.read_session(path)[0] == public(mod, resumed) and len(resumed) == 4
+    assert mod.read_session(path)[0] == resumed and len(resumed) == 4
 
 
 def call(id, name="read_file"):
@@ -987,7 +980,7 @@ def test_resume_does_not_loosen_a_mode_the_human_started_with(mod, workspace):
         assert fresh.mode == "plan"
 
 
-def test_file_read_records_are_not_resumed(mod, api, client, workspace):
+def test_file_read_records_of_another_session_are_not_resumed(mod, api, client, workspace):
     write(workspace / "a.txt", "one\n")
     old = recording(mod)
     run_turn(mod, api, client, [], prompt="hello")

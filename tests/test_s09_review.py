@@ -173,7 +173,7 @@ def test_lines_that_parse_but_are_no_message_are_skipped(mod, workspace):
     lines = [{"type": "message", "i": 0, "ts": 1, "message": m} for m in rows]
     lines += [{"type": "message", "i": i, "ts": 1, "message": m} for i, m in enumerate([good, calls, result, calls, result])]
     path = write(workspace / "s.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
-    messages, _, _, bad = mod.read_session(path)
+    messages, _, _, bad, _ = mod.read_session(path)
     assert bad == 3
     assert mod.complete_prefix(messages) == [good, calls, result]   # the same call id twice: cut there
 
@@ -236,7 +236,7 @@ def test_hooks_in_a_parallel_batch_leave_a_session_file_that_replays_exactly(mod
     """post_tool_use hooks run in the batch's worker threads, and each syncs the session
     file for its transcript_path: one writer at a time, so the file replays the history."""
     from fake_api import tool
-    from test_s09_memory import public, recording
+    from test_s09_memory import recording
     state = mod.agent_state()
     state.permissions["hooks"] = mod.read_hooks("c.yaml", {"hooks": [
         {"event": "post_tool_use", "action": {"type": "command", "command": "true"}}]}, "user", True)
@@ -246,7 +246,7 @@ def test_hooks_in_a_parallel_batch_leave_a_session_file_that_replays_exactly(mod
     api.script([reply(*[tool("read_file", {"path": f"f{k}.txt"}) for k in range(6)]), reply("Done.")])
     history = [{"role": "user", "content": "read them"}]
     assert mod.agent_loop(client, history) == "end_turn"
-    assert mod.read_session(path)[0] == public(mod, history)
+    assert mod.read_session(path)[0] == history  # the marks (_sent, _usage) too
 
 
 # --- a hook's session_id -----------------------------------------------------------------
