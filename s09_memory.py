@@ -4954,11 +4954,12 @@ def judge(block):
         refusal = ask_permission(block.name, args, reason, state)
         if refusal is None:  # exactly these paths, for this call (or batch) only
             approve(block.name, args, state)  # s08: shared with a hook's allow
-            effect = "allow"
+            effect, layer, reason = "allow", "the user", "the user said yes"
         else:
             layer, reason = "the user", refusal
     if effect == "allow":
         state.denials = 0
+        say(f"  allowed ({layer}): {printable(reason, newlines=False)}")  # the layer that let it through
         if block.name in WRITE_TOOLS:  # what the write may touch: this resolution, not a later one
             state.judged = dict(zip([args.get("path")], call_paths(block.name, args, state.workdir)))
         return None

@@ -170,7 +170,8 @@ def test_a_turn_is_told_as_typed_events_and_nothing_is_printed(mod, api, client,
     history = run_turn(mod, api, client, [reply("Reading.", tool("read_file", {"path": "notes.txt"}, id="toolu_r1"))])
     assert capsys.readouterr() == ("", "")                        # the front end shows all, or nothing
     kinds = [k for k in seen.kinds() if k != "text"]
-    assert kinds == ["reply", "status", "tool_start", "tool_end", "reply", "status"]
+    assert kinds == ["reply", "status", "tool_start", "notice", "tool_end", "reply", "status"]
+    assert seen.of("notice")[0]["text"].startswith("  allowed (mode): ")   # the layer that allowed it
     assert "".join(e["text"] for e in seen.of("text")) == "Reading.\nFinished.\n"
     start, end = seen.of("tool_start")[0], seen.of("tool_end")[0]
     assert (start["id"], start["name"], start["input"]) == ("toolu_r1", "read_file", {"path": "notes.txt"})

@@ -359,7 +359,8 @@ def test_a_result_saved_to_disk_is_shown_as_the_model_gets_it(mod, api, client, 
     after = err[next(k for k, ln in enumerate(err) if ln.startswith("> bash")) + 1:]
     path = f".agent/tool-results/{call['id']}.txt"
     assert any(path in ln and "348,894 characters" in ln for ln in after if ln.startswith("["))
-    shown = next(ln for ln in after if ln.startswith("  "))      # the one-line preview
+    shown = next(ln for ln in after if ln.startswith("  ")       # the one-line preview (from s07
+                 and not ln.startswith("  allowed ("))            # on, after the verdict's line)
     assert path in shown and "(+59999 lines)" not in shown
 
 
