@@ -2,7 +2,7 @@
 """A tiny MCP server over stdio, standard library only: what the offline demo
 bundles, and the misbehaving server of the fault tests.
 
-    python tests/mcp_tiny_server.py [--fault crash|garbage|hang] [--banner] [--slow-start S]
+    python tests/mcp_tiny_server.py [--fault crash|garbage|hang] [--banner] [--slow-start S] [--trace]
 
 It speaks MCP 2025-11-25: newline-delimited JSON-RPC 2.0 on stdin and stdout,
 its log on stderr. Tools: word_count {text} and env {name} (both annotated
@@ -10,7 +10,9 @@ readOnlyHint), and shout {text}. With --fault, every tools/call goes wrong:
 crash ends the process, garbage prints lines that are not JSON-RPC instead of
 an answer, hang never answers. --banner prints one stray line on stdout at
 start (a common mistake a client should survive); --slow-start waits S seconds
-before it answers initialize.
+before it answers initialize. --trace writes every JSON-RPC message to stderr as
+it goes, "<- " what the client sent, "-> " the answer (the offline demo shows the
+exchange from the log its client keeps of the server's stderr).
 """
 import argparse
 import json
@@ -30,8 +32,18 @@ TOOLS = [
 ]
 
 
+TRACE = []   # --trace: [True]
+
+
+def trace(arrow, line):
+    if TRACE:
+        print(f"{arrow} {line}", file=sys.stderr, flush=True)
+
+
 def send(message):
-    sys.stdout.write(json.dumps(message) + "\n")
+    line = json.dumps(message)
+    trace("->", line)
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -79,13 +91,16 @@ def main():
     p.add_argument("--fault", choices=("crash", "garbage", "hang"))
     p.add_argument("--banner", action="store_true")
     p.add_argument("--slow-start", type=float, default=0.0)
+    p.add_argument("--trace", action="store_true")
     args = p.parse_args()
+    TRACE[:] = [True] * args.trace
     print("tiny: started", file=sys.stderr, flush=True)
     if args.banner:
         print("tiny MCP server ready", flush=True)   # not JSON-RPC: the client must skip it
     for line in sys.stdin:
         if not line.strip():
             continue
+        trace("<-", line.strip())
         message = json.loads(line)
         if "id" not in message:       # a notification (initialized, cancelled): nothing to answer
             continue

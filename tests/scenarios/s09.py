@@ -1,8 +1,10 @@
-"""s09 demo: project instructions and memory reach the model as data; a new memory is saved.
+"""s09 demo: instructions and memory reach the model as data; a new memory is saved; a second process resumes the session.
 
 The workspace has AGENTS.md (it includes docs/style.md with @docs/style.md) and
 one project memory with its MEMORY.md index. The memory side calls are on
-(AGENT_AUTO_MEMORY=1). Watch stderr and --show-requests:
+(AGENT_AUTO_MEMORY=1). Watch stderr and --show-requests, where each request is
+headed by what sent it: the main loop, the recall side call or the extraction
+side call.
   1. Recall: before the first model call, a small side call (no tools, its own
      system prompt) gets the list of memories and picks greeting-text.
   2. The first request: the system prompt holds only what stays the same all
@@ -12,14 +14,18 @@ one project memory with its MEMORY.md index. The memory side calls are on
      `@cache` in backticks stays text. The recalled memory's body follows the
      prompt as another reminder.
   3. The model writes hello.py the way the instructions and the memory say,
-     and answers. The session file gets each message as it goes.
+     and answers. The session file (.agent/sessions/) gets each message as it goes.
   4. Extraction: the turn ended without tool use, so a background side call
      reads the turn and saves a new project memory ("[memory: saved ...]");
      MEMORY.md is rebuilt from the files, and the session waits for it at exit.
-The session is in .agent/sessions/; with --keep, `python s09_memory.py
---continue` there (real model) picks it up again.
+  5. A second process, `python s09_memory.py --continue "..."`, loads the
+     newest session ("[resumed ...: 4 messages]"). Its first request carries
+     the restored history, the first run's four messages, before the new
+     prompt; recall now also lists the memory the first run saved, and picks
+     it. The model answers from the restored conversation.
 """
 import json
+import re
 
 from fake_api import reply, text, tool
 
@@ -27,8 +33,9 @@ PROMPT = ("Add hello.py that prints the project's greeting. For later: the night
           "parses its output, so it must stay one line.")
 ENV = {"AGENT_AUTO_MEMORY": "1",                 # the suite and the shell may turn it off
        "AGENT_PERMISSION_MODE": "acceptEdits"}   # writing hello.py needs no question
-FAKED = ("The memory side calls: recall and extraction are two more scripted replies, in that "
-         "order (recall before the first model call, extraction after the last).")
+FAKED = ("The memory side calls: recall and extraction are two more scripted replies per run, in "
+         "that order (recall before the first model call, extraction after the last).")
+ASK = "What must hello.py's output stay, and why? Answer from our conversation."
 
 AGENTS_MD = """\
 # Project instructions
@@ -121,15 +128,54 @@ def extraction(body):
         "body": "hello.py must print exactly one line: the nightly job parses its output."}]}))
 
 
+def resumed_recall(body):
+    listing = texts(body["messages"][0])[0]
+    return expect(body, [
+        (system_text(body).startswith("Pick the memories"), "the second run's first request is not recall"),
+        (f"{NEW_MEMORY} (project)" in listing, "recall does not list the memory the first run saved"),
+    ]) or reply(json.dumps({"names": [NEW_MEMORY]}))
+
+
+def resumed(body):
+    """The second process's first request: the first run's four messages, then the new prompt."""
+    said = [json.dumps(m) for m in body["messages"]]
+    return expect(body, [
+        (len(said) >= 5 and "nightly job parses its output" in said[0], "the first run's prompt is not restored"),
+        ("write_file" in said[1] and "Wrote 94 bytes to hello.py" in said[2], "the first run's tool call is not restored"),
+        ("I added **hello.py**" in said[3], "the first run's answer is not restored"),
+        (ASK in said[-1], "the new prompt is not last"),
+    ]) or reply("hello.py must print exactly one line, \"Hello from the workshop!\": the nightly job "
+                "parses its output (you said so when we wrote it, and it is in memory now).", delay=0.02)
+
+
+def nothing_new(body):
+    return expect(body, [(system_text(body).startswith("You maintain the long-term memory"),
+                          "the second run's last request is not the extraction side call")]) \
+        or reply(json.dumps({"operations": []}))
+
+
 HELLO = '"""Print the project\'s greeting."""\n\n\ndef main():\n\tprint("Hello from the workshop!")\n\n\nmain()\n'
 
-STEPS = [
+FIRST = [
     recall,
     first_request,
     reply("I added **hello.py**: a one-line docstring, tab indentation, and it prints "
           "\"Hello from the workshop!\" on one line.", delay=0.02),
     extraction,
 ]
+RUNS = [
+    {"title": "the first session", "prompt": PROMPT, "steps": FIRST},
+    {"title": "a second process resumes it (--continue)", "args": ["--continue"], "prompt": ASK,
+     "steps": [resumed_recall, resumed, nothing_new]},
+]
+STEPS = [step for run in RUNS for step in run["steps"]]
+
+
+def SENDER(body):
+    """The main loop or a memory side call, by the side calls' own system prompts."""
+    system = system_text(body)
+    return ("recall side call" if system.startswith("Pick the memories") else
+            "extraction side call" if system.startswith("You maintain the long-term memory") else "main loop")
 
 
 def session_messages(path):
@@ -146,10 +192,12 @@ def session_messages(path):
     return messages
 
 
-def CHECK(workspace, stdout):
+def CHECK(workspace, stdout, runs):
     """hello.py written; the new memory saved as a file with frontmatter and indexed in
     MEMORY.md next to the old one; one session file, every line a JSON record, holding
-    the prompt, the write_file call, its result and the answer."""
+    the first run's prompt, write_file call, result and answer, then the second run's
+    prompt and answer (the second process resumed it and says so: "[resumed ...: 4
+    messages]")."""
     assert "\tprint(" in (workspace / "hello.py").read_text(), "hello.py was not written"
     memory = workspace / ".agent" / "memory"
     saved = (memory / f"{NEW_MEMORY}.md").read_text()
@@ -160,7 +208,11 @@ def CHECK(workspace, stdout):
     (session,) = (workspace / ".agent" / "sessions").glob("*.jsonl")
     assert json.loads(session.read_text().splitlines()[0])["type"] == "mode", "no mode record first"
     messages = session_messages(session)
-    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"], \
-        "the session file does not hold the whole turn"
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 3, \
+        "the session file does not hold both runs' turns"
     assert "tool_result" in json.dumps(messages[2]) and "hello.py" in json.dumps(messages[3])
-    assert "Hello from the workshop!" in stdout, "the answer was not shown"
+    assert ASK in json.dumps(messages[4]) and "nightly job parses" in json.dumps(messages[5])
+    assert re.search(rf"\[resumed {session.stem}: 4 messages", runs[1]["stderr"]), \
+        "the second run does not say it resumed the session"
+    assert "Hello from the workshop!" in runs[0]["stdout"], "the first answer was not shown"
+    assert "nightly job parses its output" in runs[1]["stdout"], "the second answer was not shown"

@@ -3,6 +3,8 @@
 Watch the lead's stderr, and .agent/team/<team>/ (with --keep): config.json (the
 roster), inbox/<name>.jsonl, messages.jsonl (the log), and each teammate's
 output: <name>.log when detached, its own tmux pane when the demo runs in tmux.
+In --show-requests each request is headed by its sender (lead, alice or bob,
+read from the request) and compared with that sender's earlier requests.
   1. The lead plans three tasks on the board: #1 wc.py, #2 its test (blocked by
      #1), #3 the README.
   2. It spawns alice and bob (the human answers y twice: spawning asks in
@@ -94,8 +96,12 @@ def calls_before(body):
 
 
 def sender(body):
+    """lead, alice or bob: a teammate's first message names it ("You are alice, a teammate")."""
     first = json.dumps(body["messages"][0]["content"])
     return next((n for n in TEAMMATES if f"You are {n}, a teammate" in first), "lead")
+
+
+SENDER = sender
 
 
 def team_dir(workspace):
@@ -279,12 +285,12 @@ def SHOW(workspace):
     return "\n".join(lines)
 
 
-def CHECK(workspace, stdout):
+def CHECK(workspace, stdout, runs):
     """wc.py, its test and the README written; the three tasks completed, each by exactly one
     owner (a teammate), who reported it to the lead once; both teammates stopped and no teammate
     process left (from /proc); the log holds both first prompts, both hellos, the three reports,
     and a shutdown request to each teammate answered with approve true; the lead's answer names
-    who did what."""
+    who did what, and each of the lead's status lines is a line of its own."""
     folder = team_dir(workspace)
     assert folder is not None, "no team folder in .agent/team"
     if left := teammate_pids(folder.name, workspace):  # this run's team, in this run's workspace: ours
@@ -311,3 +317,5 @@ def CHECK(workspace, stdout):
         assert len(answers) == 1 and answers[0]["approve"] is True, f"{n}'s shutdown_response: {answers}"
     who = ", ".join(f"#{i} {TASKS[i][0]}: {tasks[i]['owner']}" for i in sorted(tasks))
     assert f"Done: wc.py, its test and the README. {who}." in stdout, "no answer naming who did what"
+    status = re.findall(r"^(.*)\[context \d", runs[0]["transcript"], re.M)
+    assert len(status) == 4 and not any(status), f"a status line shares its line with: {status}"

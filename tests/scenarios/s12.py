@@ -1,14 +1,19 @@
-"""s12 demo: a subagent in a git worktree of its own edits code while the main workspace
-stays untouched, and a tool from an MCP server the project configures.
+"""s12 demo: a subagent edits code in a git worktree of its own; an MCP server's tool, deferred, is found with tool_search.
 
 The workspace is a git repository with one commit: csv_tools.py, whose split_row
 keeps the spaces around each field, and a .mcp.json (Claude Code's format) that
-runs the bundled tiny MCP server words_server.py over stdio. Watch stderr, and
-.agent/worktrees/ and .agent/mcp/ with --keep:
+runs the bundled tiny MCP server words_server.py over stdio, with defer: true
+(its tools stay out of the requests until the model searches for them), and
+--trace (the server writes each JSON-RPC message to its stderr). Watch stderr,
+and .agent/worktrees/ and .agent/mcp/ with --keep:
   1. At start-up .mcp.json is a project file, so it is asked about first: the
      question shows the server's command line. The piped y trusts it; the server
      connects (the initialize handshake, tools/list) and its three tools are
-     registered as mcp__words__<tool>. Its stderr goes to .agent/mcp/words.log.
+     registered as mcp__words__<tool>, deferred. Its stderr goes to
+     .agent/mcp/words.log, which the demo prints at the end: the exchange,
+     initialize, notifications/initialized, tools/list and tools/call.
+     In --show-requests the first request carries tool_search but no
+     mcp__words__ tool, and a <system-reminder> names the deferred ones.
   2. The model hands the fix to a subagent with isolation "worktree". The
      manager runs `git worktree add -b agent/agent-<8 hex>` into
      .agent/worktrees/agent-<8 hex>, from the last commit, and sets it up
@@ -22,11 +27,13 @@ runs the bundled tiny MCP server words_server.py over stdio. Watch stderr, and
      with no git hooks and without .agent/, and the parent's tool result gets
      the branch name and a diffstat. The lane stays for review, because its
      branch has a commit no other branch has.
-  6. The parent drafts a release note and counts its words with
-     mcp__words__word_count. An MCP tool asks by default (the server's
-     readOnlyHint only lets such calls run in parallel), so the second piped y
-     allows it; the call goes to the server as tools/call and its text comes
-     back as the tool result.
+  6. The parent drafts a release note. To count its words it calls tool_search
+     ("count"): the result holds word_count's full definition, and from
+     the next request on the tools list ends with mcp__words__word_count.
+     It calls it. An MCP tool asks by default (the server's readOnlyHint only
+     lets such calls run in parallel), so the second piped y allows it; the
+     call goes to the server as tools/call and its text comes back as the tool
+     result.
   7. The parent answers with the branch to review and the note; every worktree
      step is in .agent/worktrees/events.jsonl.
 """
@@ -56,7 +63,8 @@ TEST = ('from csv_tools import split_row\n\n'
 IDENTITY = ["-c", "user.name=demo", "-c", "user.email=demo@example.com"]
 NOTE = "csv_tools: split_row now strips the spaces around each field; a test checks it."
 PYTHON = "python3" if shutil.which("python3") else sys.executable  # the server needs only the stdlib
-MCP_JSON = {"mcpServers": {"words": {"type": "stdio", "command": PYTHON, "args": ["words_server.py"]}}}
+MCP_JSON = {"mcpServers": {"words": {"type": "stdio", "command": PYTHON, "args": ["words_server.py", "--trace"],
+                                     "defer": True}}}
 
 
 def git(workspace, *args):
@@ -104,16 +112,42 @@ def child_fixes(body):
                  tool("write_file", {"path": "test_csv_tools.py", "content": TEST}))
 
 
+def tool_names(body):
+    return [t["name"] for t in body.get("tools", [])]
+
+
+def parent_starts(body):
+    """The first request: tool_search, no words tool, and the reminder naming the deferred ones."""
+    first = first_text(body)
+    if "tool_search" not in tool_names(body) or any(n.startswith("mcp__words__") for n in tool_names(body)):
+        return reply(f"(demo: expected tool_search and no words tool, got {tool_names(body)})")
+    if "# Deferred tools" not in first or "- mcp__words__word_count: " not in first:
+        return reply("(demo: expected the deferred tools named in a reminder)")
+    return reply(text("A subagent in its own worktree will fix it."),
+                 tool("agent", {"description": "strip CSV fields", "isolation": "worktree",
+                                "prompt": "In csv_tools.py, make split_row strip the spaces around each "
+                                          "field, and add test_csv_tools.py checking it. Report what you "
+                                          "changed."}))
+
+
 def parent_reviews(body):
     """The parent's tool result: the child's report, its branch and the diffstat. Then
-    the note's words, counted by the MCP server's tool."""
+    a search for the deferred tool that counts words."""
     report = results(body)[0] if results(body) else ""
     if "[worktree agent-" not in report or "2 files changed" not in report:
         return reply(f"(demo: expected the branch and a diffstat, got {report[-400:]!r})")
-    if not any(t["name"] == "mcp__words__word_count" for t in body.get("tools", [])):
-        return reply("(demo: expected the words server's tools in the request)")
-    return reply(text("The fix is on its branch. Now the note, counted by the words server."),
-                 tool("mcp__words__word_count", {"text": NOTE}))
+    return reply(text("The fix is on its branch. Now the note; the words server's tools are deferred."),
+                 tool("tool_search", {"query": "count"}))
+
+
+def parent_counts(body):
+    """tool_search loaded word_count: its definition in the result, the tool at the end of the list."""
+    found = results(body)[0] if results(body) else ""
+    if not found.startswith("Loaded 1 tool definition(s)") or '"name": "mcp__words__word_count"' not in found:
+        return reply(f"(demo: expected word_count's definition, got {found[:200]!r})")
+    if tool_names(body)[-1:] != ["mcp__words__word_count"]:
+        return reply(f"(demo: expected the found tool at the end of the list, got {tool_names(body)[-3:]})")
+    return reply(tool("mcp__words__word_count", {"text": NOTE}))
 
 
 def branch_of(body):
@@ -139,17 +173,22 @@ def parent_answers(body):
 
 
 STEPS = [
-    reply(text("A subagent in its own worktree will fix it."),
-          tool("agent", {"description": "strip CSV fields", "isolation": "worktree",
-                         "prompt": "In csv_tools.py, make split_row strip the spaces around each "
-                                   "field, and add test_csv_tools.py checking it. Report what you "
-                                   "changed."})),
+    parent_starts,
     child_starts,
     child_fixes,
     reply("Scope: split_row now strips each field; test_csv_tools.py checks it."),
     parent_reviews,
+    parent_counts,
     parent_answers,
 ]
+
+
+FULL_RESULTS = ("tool_search",)   # the definition it loads, in full in --show-requests
+
+
+def SENDER(body):
+    """The main agent, or the subagent in its worktree (its task opens with <worktree>)."""
+    return "subagent in its worktree" if "<worktree>" in first_text(body) else "main agent"
 
 
 def lane_names(workspace):
@@ -163,7 +202,8 @@ def CHECK(workspace, stdout):
     exactly csv_tools.py (fixed) and test_csv_tools.py, and nothing left uncommitted
     in it; the lane got the ignored .env; the event log has create, made_for, enter,
     commit and leave; the answer names the branch and the word count the MCP server gave;
-    the server's stderr is in .agent/mcp/words.log."""
+    the server's stderr, .agent/mcp/words.log, holds the JSON-RPC exchange: initialize,
+    notifications/initialized, tools/list, and tools/call of word_count."""
     assert (workspace / "csv_tools.py").read_text() == CODE, "the main checkout's file changed"
     assert not (workspace / "test_csv_tools.py").exists(), "the test landed in the main checkout"
     assert git(workspace, "status", "--porcelain") == "", "the main checkout is not clean"
@@ -178,15 +218,39 @@ def CHECK(workspace, stdout):
     assert f"Release note ({len(NOTE.split())} words)" in stdout, "the server's count is not in the answer"
     assert "tiny: started" in (workspace / ".agent" / "mcp" / "words.log").read_text(), \
         "the server's stderr is not in .agent/mcp/words.log"
+    sent = [m.get("method") for arrow, m in exchange(workspace) if arrow == "<-"]
+    assert sent[:3] == ["initialize", "notifications/initialized", "tools/list"] and \
+        sent.count("tools/call") == 1, f"the client sent: {sent}"
+    call = next(m for arrow, m in exchange(workspace) if m.get("method") == "tools/call")
+    assert call["params"] == {"name": "word_count", "arguments": {"text": NOTE}}, f"tools/call: {call}"
     log = [json.loads(line)["event"] for line in
            (workspace / ".agent" / "worktrees" / "events.jsonl").read_text().splitlines()]
     assert log == ["create", "made_for", "enter", "commit", "leave"], f"events: {log}"
     assert f"branch {branch}" in stdout, "the answer does not name the branch"
 
 
+def exchange(workspace):
+    """(arrow, message) for each JSON-RPC line the server traced in .agent/mcp/words.log."""
+    found = []
+    for line in (workspace / ".agent" / "mcp" / "words.log").read_text().splitlines():
+        if line[:3] in ("<- ", "-> "):
+            found.append((line[:2], json.loads(line[3:])))
+    return found
+
+
 def SHOW(workspace):
-    """the lane's branch as git shows it (git log --stat), and the event log
-    .agent/worktrees/events.jsonl, one line per life-cycle step."""
+    """the MCP exchange as the server traced it in .agent/mcp/words.log (<- what the agent
+    sent, -> the server's answer), the lane's branch as git shows it (git log --stat), and
+    the event log .agent/worktrees/events.jsonl, one line per life-cycle step."""
+    lines = ["The MCP exchange (.agent/mcp/words.log, the server's --trace): JSON-RPC 2.0, one line each."]
+    for arrow, m in exchange(workspace):
+        what = m.get("method") or ("result" if "result" in m else "error")
+        line = json.dumps(m, ensure_ascii=False)
+        lines.append(f"  {arrow} {what:<26} {line[:120] + '...' * (len(line) > 120)}")
+    return "\n".join(lines) + "\n\n" + SHOW_LANE(workspace)
+
+
+def SHOW_LANE(workspace):
     names = lane_names(workspace)
     if not names:
         return "(no worktree was made)"
