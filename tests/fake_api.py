@@ -837,15 +837,44 @@ def _estimate(obj) -> int:
     return max(1, len(json.dumps(obj)) // 4)
 
 
-class PromptCache:
-    """The API's prompt cache, by prefix, so usage reports what caching did.
+# The prompt cache as the API documents it (Anthropic's prompt caching page), the
+# one place the tests and the benchmarks take it from:
+#   - The cached prefix is the request in the order tools, system, messages, block
+#     by block; cache_control marks a breakpoint (at most 4; a top-level
+#     cache_control puts one on the last block). The marks themselves are not
+#     part of the prefix.
+#   - A write happens only at a breakpoint: one entry, the prefix ending at that
+#     block. A prefix shorter than the model's minimum cacheable length is not
+#     cached at all (no write, no error).
+#   - A read looks backward from each breakpoint, one block at a time, for a
+#     prefix an earlier request wrote: at most 20 positions, the breakpoint itself
+#     the first. The longest prefix so found over all breakpoints is read; from
+#     there to the last breakpoint is written; the rest is plain input.
+#   - Entries belong to one model. The 5-minute TTL (refreshed by each read) is
+#     left out: a scripted session is far shorter.
+#   - Billing: cache writes 1.25x the input price, reads 0.1x (the 5-minute TTL).
+CACHE_LOOKBACK = 20          # blocks a breakpoint looks back, itself the first
+CACHE_READ, CACHE_WRITE = 0.10, 1.25   # x the input price
+# Minimum cacheable prefix in tokens, first matching id prefix wins (the docs'
+# table; ids it does not name take the row of their family's newest model).
+_MIN_CACHEABLE = (
+    ("claude-opus-4-0", 1024), ("claude-opus-4-1", 1024), ("claude-opus-4-2", 1024),
+    ("claude-opus", 4096),                        # Opus 4.5 and later
+    ("claude-haiku-3", 2048), ("claude-3-haiku", 2048), ("claude-3-5-haiku", 2048),
+    ("claude-haiku", 4096),                       # Haiku 4.5 and later
+)
+DEFAULT_MIN_CACHEABLE = 1024                      # Sonnet, and made-up test ids
 
-    A request is a sequence of units (each tool, each system block, each
-    message block, in that order); cache_control marks breakpoints. A request
-    reads the longest prefix ending at one of its breakpoints that an earlier
-    request wrote, and writes everything from there to its last breakpoint.
-    No expiry: a test session is far shorter than the 5-minute TTL.
-    """
+
+def min_cacheable(model) -> int:
+    """Tokens a prefix needs before the API caches it, for a model id."""
+    return next((n for prefix, n in _MIN_CACHEABLE if str(model).startswith(prefix)),
+                DEFAULT_MIN_CACHEABLE)
+
+
+class PromptCache:
+    """The API's prompt cache, by prefix, so usage reports what caching did
+    (the rules above). account() bills one request and remembers its writes."""
 
     def __init__(self):
         self.written = set()
@@ -853,17 +882,30 @@ class PromptCache:
     def account(self, body: dict) -> tuple[int, int]:
         """(cache_read, cache_creation) tokens for this request; remembers its writes."""
         units, marks = _cache_units(body)
-        sizes, keys, chars, digest = [], [], 0, hashlib.sha1()
+        sizes, keys, chars = [], [], 0
+        digest = hashlib.sha1(json.dumps(body.get("model")).encode())
         for unit in units:   # a running hash: the key of each prefix in one pass
             text = json.dumps(unit, sort_keys=True)
             digest.update(text.encode())
             chars += len(text)
             sizes.append(chars // 4)
             keys.append(digest.hexdigest())
-        read = max((sizes[i] for i in marks if keys[i] in self.written), default=0)
-        last = max(marks, default=-1)
-        self.written.update(keys[i] for i in marks)
+        read = 0
+        for mark in marks:
+            hit = next((j for j in range(mark, max(-1, mark - CACHE_LOOKBACK), -1)
+                        if keys[j] in self.written), None)
+            if hit is not None:
+                read = max(read, sizes[hit])
+        least = min_cacheable(body.get("model"))
+        self.written.update(keys[i] for i in marks if sizes[i] >= least)
+        last = max((i for i in marks if sizes[i] >= least), default=-1)
         return read, max(0, (sizes[last] if last >= 0 else 0) - read)
+
+
+def priced(usage: dict) -> float:
+    """One request's input in tokens at the input price: writes 1.25x, reads 0.1x."""
+    return (usage["input_tokens"] + CACHE_READ * usage["cache_read_input_tokens"]
+            + CACHE_WRITE * usage["cache_creation_input_tokens"])
 
 
 def _cache_units(body: dict) -> tuple[list, list]:
@@ -881,6 +923,8 @@ def _cache_units(body: dict) -> tuple[list, list]:
             marks.append(len(units))
             block = {k: v for k, v in block.items() if k != "cache_control"}
         units.append([kind, block])
+    if "cache_control" in body and units and (not marks or marks[-1] != len(units) - 1):
+        marks.append(len(units) - 1)   # automatic caching: the last block is a breakpoint
     return units, marks
 
 
@@ -1151,7 +1195,7 @@ class ScriptedAPI:
             return handler.send_json(200, {"input_tokens": prompt_tokens(len(raw))})
         step = self._next_step(body)
         entry["step"] = step
-        self._answer(handler, step, body, len(raw))
+        self._answer(handler, step, body, len(raw), entry)
         # When the last byte left: a client that shows text before this moment
         # is streaming for real, whatever the machine's speed.
         entry["done_at"] = time.monotonic()
@@ -1197,13 +1241,16 @@ class ScriptedAPI:
         step = step(body) if callable(step) else step
         return reply(step) if isinstance(step, str) else step
 
-    def _answer(self, handler: _Handler, step: dict, body: dict, raw_len: int) -> None:
+    def _answer(self, handler: _Handler, step: dict, body: dict, raw_len: int, entry: dict) -> None:
         kind = step["kind"]
         if kind == "hangup":
             return handler.drop()
         if kind == "error":
             return handler.send_json(step["status"], step["body"], step["headers"])
-        message = _message(step, body, raw_len, self.cache.account(body))
+        with self._lock:   # the cache is shared by concurrent requests
+            cache = self.cache.account(body)
+        message = _message(step, body, raw_len, cache)
+        entry["usage"] = message["usage"]   # the bill as sent: benchmarks price it
         if body.get("stream"):
             try:
                 return handler.send_stream(_stream_events(message), step["delay"], step["cut_after"])

@@ -15,7 +15,8 @@ import time
 import anthropic
 import pytest
 
-from fake_api import DEFAULT_LIMITS, ScriptedAPI, error, hangup, model_limits, reply, text, tool
+from fake_api import (DEFAULT_LIMITS, PromptCache, ScriptedAPI, error, hangup, min_cacheable, model_limits,
+                      reply, text, tool)
 
 MODEL = "claude-test"
 HI = [{"role": "user", "content": "hi"}]
@@ -829,8 +830,51 @@ def test_prompt_cache_reads_what_the_previous_request_wrote(api, client):
              {"role": "user", "content": [{"type": "text", "text": "more",
                                            "cache_control": {"type": "ephemeral"}}]}]
     u2 = client.messages.create(model=MODEL, max_tokens=5, tools=tools, messages=grown).usage
-    # the breakpoint moved to the newest message: only the tools prefix is read
-    assert 1900 < u2.cache_read_input_tokens < 2200 and u2.cache_creation_input_tokens > 2000
+    # the breakpoint moved to the newest message; looking back from it, the first
+    # request's entry (2 blocks before) is found and read whole
+    assert u2.cache_read_input_tokens == u1.cache_creation_input_tokens
+    assert 0 < u2.cache_creation_input_tokens < 50          # "a" and "more" alone
     u3 = client.messages.create(model=MODEL, max_tokens=5, tools=tools, messages=grown).usage
     assert u3.cache_read_input_tokens == u2.cache_read_input_tokens + u2.cache_creation_input_tokens
     assert u3.cache_creation_input_tokens == 0
+
+
+def cached_chat(n, model=MODEL, filler=600):
+    """A body of n user/assistant exchanges and a new question, one breakpoint: the last answer."""
+    messages = []
+    for i in range(n):
+        messages += [{"role": "user", "content": [text(f"q{i} " + "y" * filler)]},
+                     {"role": "assistant", "content": [text(f"a{i}")]}]
+    messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return {"model": model, "max_tokens": 5, "messages": messages + [{"role": "user", "content": "now"}]}
+
+
+def test_prompt_cache_looks_back_20_blocks_from_a_breakpoint():
+    cache = PromptCache()
+    assert cache.account(cached_chat(10))[0] == 0      # written: the prefix up to block 19
+    # its breakpoint 18 blocks later (block 37, itself the first of the 20 looked at): read
+    assert cache.account(cached_chat(19))[0] > 0
+    cache = PromptCache()
+    cache.account(cached_chat(10))
+    # 20 blocks later (block 39): block 19 is the 21st position back, out of reach
+    read, write = cache.account(cached_chat(20))
+    assert read == 0 and write > 0
+
+
+def test_prompt_cache_skips_a_prefix_below_the_models_minimum():
+    cache = PromptCache()
+    short = cached_chat(2, filler=300)                # ~170 tokens
+    assert cache.account(short) == (0, 0)             # not cached at all: plain input
+    assert cache.account(short) == (0, 0)
+    long = cached_chat(2, filler=2400)                # ~1,200 tokens: past Sonnet's 1,024
+    assert cache.account(long)[1] > 1024 and cache.account(long)[0] > 1024
+    assert min_cacheable("claude-opus-4-6") == 4096 and min_cacheable("claude-sonnet-4-5") == 1024
+    opus = dict(long, model="claude-opus-4-6")        # under Opus 4.6's 4,096: nothing
+    assert PromptCache().account(opus) == (0, 0)
+
+
+def test_prompt_cache_entries_belong_to_one_model():
+    cache = PromptCache()
+    long = cached_chat(2, filler=2400)
+    cache.account(long)
+    assert cache.account(dict(long, model="claude-sonnet-4-6"))[0] == 0
