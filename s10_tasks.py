@@ -1977,30 +1977,50 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # that follows is written again. Clearing every turn keeps the context small
 # but breaks the prefix every turn, so the cache cannot help; clearing in
 # batches lets each turn read what the last one wrote and pays the rewrite
-# once per batch. tests/bench_s06_context.py (100 turns, each reading a new
-# 12 KB file; tokens = chars/4; list prices):
+# once per batch.
+# The floor. Part of every request no clear can lower: tools, system prompt
+# and instructions, the prompts, replies and tool inputs, the placeholders,
+# the files re-attached after a compaction. WORKING_BUDGET counts only what
+# lies above it: the tokens the results not cleared yet would free. (A budget
+# on the whole request left, over the ~26K floor of a compaction, 14K of room:
+# a batch every 3 requests, each a ~30K rewrite.)
+# What a batch must free. After a batch the next request finds no cache entry
+# between the system prompt and the first cleared result (at worst: see below),
+# so it writes all its messages again: W tokens at 1.25x that it would have
+# read at 0.1x, 1.15 W more. From then on each request reads the S freed
+# tokens no more, 0.1 S less. Repaid within N = CLEAR_PAYBACK requests when
+#     0.1 S (N + 1) >= 1.15 W,   W = M - S   (M: the messages' tokens now)
+#     S >= M x 1.15 / (0.1 (N + 1) + 1.15)  =  0.51 M for N = 10
+# (batch_minimum), else the batch waits. Over a small floor the budget decides:
+# 20K of results, the newest (~4K) kept, free ~16K of ~22K. Over a 20K floor
+# (summary and 5 files re-attached) the rule does: a batch waits until it frees
+# ~25K, 7 reads of 14 KB where the budget alone cleared 5. W is the worst case:
+# the cache looks back 20 blocks from each breakpoint for an earlier entry, and
+# with 1 result kept, the request after a batch wrote one at its last
+# placeholder; so a batch within ~10 requests of the last writes only what
+# came since.
+# tests/bench_s06_context.py (100 turns, each reading a new 12 KB file; tokens
+# = request bytes / 4; list prices; the cache billed by the API's documented
+# rules, 20-block lookback included):
 #   policy                                 input tokens  peak context  est. input cost
-#   (a) no management                        17,968,076       353,301  $53.90 (> window)
-#   (b) clear every turn, keep 3, no cache    1,613,003        19,524   $4.84
-#   (c) batches past 40K, keep 2, cache       2,493,899        39,390   $2.27 = 0.47 x (b)
-# (c) sends 1.5x the tokens of (b), but 82% are cache reads. (b) repeats 37% of
-# the previous request, (c) 100% between its 12 batch clears. Every file
-# reached the model. The same 100 reads of 14 KB files over 4 prompts in one
-# session: (b) $5.54, (c) $2.58 = 0.47 x (b) (keep 3 past 50K: 0.52).
-# Why keep 2 past 40K (the benchmark's --sweep, both scenarios): a batch
-# rewrites the results it keeps and each later request reads them again, so
-# keeping 2 costs 0.47-0.48 x (b) at 30K, 40K and 50K alike, keeping 3
-# 0.51-0.60, the more the tighter the budget. 40K is the cheapest over 4
-# prompts and ties 30K over one; it keeps more results verbatim than 30K and
-# peaks a fifth lower than 50K. The price: right after a batch only the two
-# newest results are verbatim, and an older one the model still needs is read
-# again (the placeholder says so), a call the benchmark does not count.
-# A batch must also free CLEAR_MIN_SHARE of the budget: when what cannot be
-# cleared (tool inputs, long replies) alone stays over budget, clearing each
-# result as it ages out would break the prefix every turn for a few hundred
-# tokens; it waits for a batch worth a rewrite instead. 0.25 x 40K keeps that
-# at 10K tokens, as before; in the sweep 5K, 10K or 15K changed nothing at
-# keep 2, since every batch of those reads frees far more.
+#   (a) no management                        17,997,212       353,902  $53.99 (> 200K)
+#   (b) clear every turn, keep 3, no cache    1,642,222        20,126   $4.93
+#   (c) batches past 20K, keep 1, cache       1,652,545        27,008   $1.80 = 0.37 x (b)
+# 77% of (c)'s input tokens are cache reads; between its 19 batches each request
+# repeats the last one byte for byte. Every file reached the model. The same
+# 100 reads of 14 KB files over 4 prompts in one session: (b) $5.63, (c) $2.02
+# = 0.36 x (b); with a compaction after the first prompt (its summary and 5
+# re-attached files the floor of the rest): (b) $10.03, (c) $2.76 = 0.28. (The
+# budget on the whole request, 40K, keep 2: 0.48, 0.47 and 0.50.)
+# Why keep 1 past 20K, repaid in 10 (--sweep, every scenario, on a 200K and a
+# 1M window alike): repaid in 10, keeping 1 costs 0.28-0.47 x (b) from 20K to
+# 50K, keeping 2 0.36-0.49, keeping 3 0.39-0.54: each batch writes the kept
+# results again and every later request reads them. 20K is the cheapest budget
+# in every scenario. Repaid in 10 or 20 tie but after a compaction (0.28, 0.26),
+# in 5 costs more there (0.33); 10 is the safer, as W is the worst case. The
+# price: right after a batch only the newest result is verbatim, and an older
+# one the model still needs is read again (the placeholder says so), a call
+# the benchmark does not count.
 CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
 SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
@@ -2021,9 +2041,9 @@ PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be 
                             # the budget they become a note to read the file again in parts
 PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
 KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
-WORKING_BUDGET = 40_000     # tokens: past this, old tool results are cleared in one batch
-KEEP_RESULTS = 2            # newest tool results a batch clear leaves intact
-CLEAR_MIN_SHARE = 0.25      # x WORKING_BUDGET: a batch must free this much (10K tokens) or it waits
+WORKING_BUDGET = 20_000     # tokens the results not cleared yet would free (above the floor): past it, a batch
+KEEP_RESULTS = 1            # newest tool results a batch clear leaves intact
+CLEAR_PAYBACK = 10          # requests in which a batch clear must repay its cache rewrite, or it waits
 CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
 MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
@@ -2251,14 +2271,20 @@ def clearable(b):
     return not b.get("_cleared") and len(str(b.get("content"))) > len(cleared_stub(b)["content"])
 
 
-def clear_old_results(messages, min_tokens=0):
+def saving(b):
+    """Tokens a result's placeholder frees."""
+    return estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
+
+
+def clear_old_results(messages, min_tokens=0, budget=0):
     """One batch: every result the model has seen, except the newest few, becomes
     a placeholder. Returns how many were cleared (the prefix breaks once).
 
-    A batch that would free less than min_tokens clears nothing: when content
-    that cannot be cleared (big tool inputs, long replies) keeps the context
-    over budget, clearing each result as it ages out would break the cached
-    prefix every turn to save a few hundred tokens. It waits until it pays.
+    Nothing is cleared while the results not cleared yet would free `budget`
+    tokens or fewer: the rest of the context is the floor, which no clear can
+    lower, and the budget counts above it. A batch that would free less than
+    min_tokens clears nothing either: it waits until it repays the cache
+    rewrite it causes (batch_minimum).
     """
     view = update_view(messages)  # this runs every call once over budget: the messages
     start = view["settled"]  # before "settled" hold no result that can become clearable
@@ -2271,15 +2297,23 @@ def clear_old_results(messages, min_tokens=0):
             break  # one still among the newest few, or one that may be cleared
         passed += len(mine)
         view["settled"] += 1
+    if sum(saving(b) for b in results if clearable(b)) <= budget:
+        return 0  # above the floor, the results still fit: nothing to gain yet
     fresh = [b for b in old if b.get("_sent") and clearable(b)]
-    if sum(estimate_tokens(b["content"]) - estimate_tokens(cleared_stub(b)["content"])
-           for b in fresh) < min_tokens:
+    if sum(map(saving, fresh)) < min_tokens:
         return 0
     for b in fresh:
         b["_cleared"] = True
     if fresh and CURRENT.get(None):  # older messages changed in place, which update_view
         agent_state().view = new_view()  # cannot see: the agent's view starts again
     return len(fresh)
+
+
+def batch_minimum(messages):
+    """Tokens a batch clear must free to repay, within CLEAR_PAYBACK requests, the
+    rewrite of the messages it causes (the rule and its arithmetic: s06's notes)."""
+    rewrite = CACHE_WRITE_PRICE - CACHE_READ_PRICE  # a token written again instead of read
+    return view_tokens(messages) * rewrite / (CACHE_READ_PRICE * (CLEAR_PAYBACK + 1) + rewrite)
 
 
 def shown(m):
@@ -2666,10 +2700,11 @@ register("compact", (
 
 
 def manage_context(client, messages, options=None):
-    """Before every request: a requested compaction, else a batch clear when over
-    budget (if it frees enough) or when the cache went cold (a cold prefix is
-    written again anyway, so any clear is free), then auto-compaction near the
-    window. `options`: the loop's call_model keywords."""
+    """Before every request: a requested compaction, else a batch clear when the
+    results are over budget above the floor (if it repays its rewrite) or when
+    the cache went cold (a cold prefix is written again anyway, so any clear is
+    free), then auto-compaction near the window. `options`: the loop's
+    call_model keywords."""
     state = agent_state().compaction
     if state["requested"]:
         state["requested"] = False
@@ -2678,8 +2713,9 @@ def manage_context(client, messages, options=None):
     tokens = request_tokens(client, messages, options)
     anchor = last_usage(messages)
     cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
-    least = 0 if cold else CLEAR_MIN_SHARE * WORKING_BUDGET
-    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(messages, least)):
+    # the results pass the budget only in a request that does: a cheap test first
+    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(
+            messages, 0 if cold else batch_minimum(messages), 0 if cold else WORKING_BUDGET)):
         why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
         say(f"[cleared {n} old tool result(s) in one batch: {why}]")
         tokens = request_tokens(client, messages, options)

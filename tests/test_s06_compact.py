@@ -8,6 +8,7 @@ if any request the chapter sent was invalid.
 import copy
 import importlib.util
 import json
+import math
 import re
 import subprocess
 import time
@@ -241,6 +242,7 @@ def test_a_result_is_never_cleared_before_the_model_has_seen_it(mod, api, client
                                                                 monkeypatch):
     monkeypatch.setattr(mod, "WORKING_BUDGET", 0)
     monkeypatch.setattr(mod, "KEEP_RESULTS", 0)
+    monkeypatch.setattr(mod, "CLEAR_PAYBACK", math.inf)     # any batch pays: clear every turn
     calls, _ = reading_session(mod, api, client, workspace, 4)
     reqs = message_bodies(api)
     for k, call in enumerate(calls):
@@ -258,19 +260,22 @@ def test_a_cold_cache_clears_old_results_even_under_budget(mod, api, client, wor
     api.script([reply("fine")])
     assert mod.agent_loop(client, history) == "end_turn"
     last = results_in(message_bodies(api)[-1])
-    # all but the newest two (KEEP_RESULTS)
-    assert [("old tool result cleared" in last[c["id"]]) for c in calls] == [True, True, True, False, False]
+    # all but the newest KEEP_RESULTS
+    keep = mod.KEEP_RESULTS
+    assert [("old tool result cleared" in last[c["id"]]) for c in calls] == [True] * (5 - keep) + [False] * keep
 
 
 @each
 def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client, workspace,
                                                                monkeypatch):
-    # A big write (its tool_use input is never cleared) keeps the context over
-    # budget; small results age out one per turn. Clearing each one as it ages
-    # out would break the cached prefix on every turn for ~400 tokens.
-    monkeypatch.setattr(mod, "WORKING_BUDGET", 10_000)
-    steps = [reply(tool("write_file", {"path": "big.txt", "content": "w" * 48_000}))]
-    steps += [reply(tool("bash", {"command": f"head -c 1600 big.txt; echo {i}"})) for i in range(14)]
+    # A big write (its tool_use input is never cleared: floor) and a budget so small
+    # that the results pass it every turn; small results age out one per turn.
+    # Clearing each one as it ages out would break the cached prefix, and make the
+    # next request write all its messages again, on every turn for ~1K tokens: a
+    # batch waits until it frees about half the messages (CLEAR_PAYBACK).
+    monkeypatch.setattr(mod, "WORKING_BUDGET", 1_000)
+    steps = [reply(tool("write_file", {"path": "big.txt", "content": "w" * 16_000}))]
+    steps += [reply(tool("bash", {"command": f"head -c 4000 big.txt; echo {i}"})) for i in range(14)]
     api.script(steps + [reply("done")])
     assert run(mod, client)[0] == "end_turn"
     reqs = message_bodies(api)
@@ -686,7 +691,7 @@ def test_a_subagent_report_continued_after_max_tokens_is_whole(mod, api, client)
 @each
 def test_a_fork_sees_old_results_as_cleared_as_the_parent_sent_them(mod, api, client, workspace,
                                                                     monkeypatch):
-    monkeypatch.setattr(mod, "WORKING_BUDGET", 5_000)
+    monkeypatch.setattr(mod, "WORKING_BUDGET", 1_500)       # results of ~500 tokens (a line is cut at 2,000)
     for i in range(6):
         (workspace / f"f{i}.txt").write_text(f"FILE-{i}\n" + "z" * 4_000 + f"\nEND-{i}\n")
     calls = [tool("read_file", {"path": f"f{i}.txt"}) for i in range(6)]

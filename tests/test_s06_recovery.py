@@ -384,8 +384,8 @@ def test_the_saved_result_note_says_how_to_reach_long_lines(mod, workspace):
 @each
 def test_documented_defaults_and_their_order(mod):
     # Literal numbers from the chapter's documentation, not the module's own values.
-    assert mod.WORKING_BUDGET == 40_000 < mod.AUTO_COMPACT_AT == 167_000
+    assert mod.WORKING_BUDGET == 20_000 < mod.AUTO_COMPACT_AT == 167_000
     assert mod.AUTO_COMPACT_AT < mod.FORCE_COMPACT_AT == 177_000 < mod.CONTEXT_WINDOW == 200_000
     assert mod.SUMMARY_MAX_TOKENS <= mod.OUTPUT_RESERVE
     assert mod.MAX_CONTINUATIONS == 3 and mod.REATTACH_FILES == 5
-    assert mod.KEEP_RESULTS == 2 and mod.MAX_COMPACT_FAILURES == 3
+    assert mod.KEEP_RESULTS == 1 and mod.CLEAR_PAYBACK == 10 and mod.MAX_COMPACT_FAILURES == 3

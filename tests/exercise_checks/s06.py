@@ -1,6 +1,7 @@
 """Checks for exercises/s06.md. Each point: (what must hold, a hint, fn(x))."""
 import contextlib
 import io
+import math
 import re
 
 from fake_api import error, reply, tool
@@ -23,8 +24,9 @@ def turn(x, steps, history=None, prompt="do the work"):
 def workspace(x, n, size=2_000):
     for i in range(n):
         (x.ws / f"f{i:02d}.txt").write_text(f"FILE-{i:02d}\n" + "z" * size + f"\nEND-{i:02d}\n")
-    x.patch(x.mod, "WORKING_BUDGET", 6_000)      # a small window: batches come every few reads
+    x.patch(x.mod, "WORKING_BUDGET", 2_000)      # a small window: batches come every few reads
     x.patch(x.mod, "KEEP_RESULTS", 2)
+    x.patch(x.mod, "CLEAR_PAYBACK", math.inf)    # (each batch pays: these results are small)
 
 
 def read(i):
