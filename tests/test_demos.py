@@ -252,7 +252,7 @@ def show_requests_of_s06(out, kept):
     assert "messages: 3 (1 as in request 1, 2 new)" in out        # the history grows
     assert "messages: 5 (3 as in request 2, 2 new)" in out        # ... only the new part shown
     assert "<<< PERSISTED" in out and "saved to: .agent/tool-results/" in out
-    assert "<<< CLEARED" in out and "(was 25," in out              # the batch clear, in place
+    assert "<<< CLEARED" in out and "(was 28," in out              # the batch clear, in place
     assert 'tool_choice: {"type": "none"}' in out                  # the summary call
     assert "<<< COMPACTION SUMMARY" in out and "a fresh message list" in out
     assert "tools (10): bash, read_file" in out and "tools: (unchanged, 10)" in out

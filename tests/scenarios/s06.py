@@ -3,12 +3,14 @@
 Watch stderr (and --show-requests for what the model received):
 1. `cat app.log` prints ~115 KB, so the model only gets a preview and the path
    (.agent/tool-results/...): the full text stays on disk.
-2. The model reads the saved file in two pages (~13K tokens). Reply 6 then
-   reports 60,000 input tokens, over the 40K working budget, so before the
-   next request the chapter clears old tool results in one batch ("[cleared 3
-   old tool result(s) ...]": the preview and both pages; the newest two
-   results, and results shorter than a placeholder, stay). The model now sees
-   "[old tool result cleared ...]" placeholders in their place.
+2. The model reads the saved file in three pages (~22K tokens). The results not
+   cleared yet now hold more than the 20K working budget (it counts above the
+   floor: tools, system, prompt, replies), and clearing them frees more than
+   half the messages, so before the next request the chapter clears old tool
+   results in one batch ("[cleared 4 old tool result(s) ...]": the preview and
+   the pages; the newest result, and results shorter than a placeholder,
+   stay). The model now sees "[old tool result cleared ...]" placeholders in
+   their place.
 3. Reply 7 reports 168,500 input tokens (more than 167K = 200K window - 20K
    output reserve - 13K safety margin), so the chapter saves the transcript to
    .agent/transcripts/, asks the model for a 9-section summary (reply 8, sent
@@ -58,14 +60,15 @@ counted the lines and printed the log, which was saved to disk because of its si
 
 
 def read_saved_pages(body):
-    """Reply 5: read the file the preview points to, in two pages, as its note suggests."""
+    """Reply 5: read the file the preview points to, in three pages, as its note suggests."""
     result = str(body["messages"][-1]["content"][0]["content"])
     saved = re.search(r"saved to: (\S+)", result)
     if not saved:
         return reply("(demo: expected the cat output to be saved to disk, it came back whole)")
     return reply(text("The preview is only the start; reading the saved output in pages."),
-                 tool("read_file", {"path": saved[1], "limit": 300}),
-                 tool("read_file", {"path": saved[1], "offset": 301, "limit": 300}))
+                 tool("read_file", {"path": saved[1], "limit": 330}),
+                 tool("read_file", {"path": saved[1], "offset": 331, "limit": 330}),
+                 tool("read_file", {"path": saved[1], "offset": 661, "limit": 330}))
 
 
 def summary_step(body):
@@ -94,8 +97,7 @@ STEPS = [
     reply(text("Paging through 1,500 lines is slow; counting instead."),
           tool("grep", {"pattern": "ERROR", "glob": "*.log", "output_mode": "count"}),
           tool("grep", {"pattern": "ERROR +billing", "glob": "*.log", "output_mode": "count"}),
-          tool("grep", {"pattern": "ERROR +auth", "glob": "*.log", "output_mode": "count"}),
-          usage={"input_tokens": 60_000}),                                                   # 6
+          tool("grep", {"pattern": "ERROR +auth", "glob": "*.log", "output_mode": "count"})),  # 6
     reply(text("Billing leads; now every service at once."),
           tool("bash", {"command": "grep ERROR app.log | awk '{print $3}' | sort | uniq -c"}),
           usage={"input_tokens": 168_500}),                                                  # 7
