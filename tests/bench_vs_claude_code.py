@@ -10,13 +10,13 @@ traffic off), on a 200K-window model and on a 1M-window model, two ways:
 
   resumed       each prompt a new `-p` process continued with `-c` (the CLI's
                 --continue, the newest session of the folder), as a user goes on
-                the next day; agent_full's session file must carry what shapes
+                the next day; agent_full's session file carries what shapes
                 its next request (s09's resume: the cleared and sent marks, the
-                batch position) for this to send what the live session would:
-                until it does, a resumed prompt sends every old result whole
+                agent's state, the file-read records), so a resumed prompt
+                sends what the live session would (tests/test_s09_resume.py)
   one process   the 4 prompts as 4 user messages into one process
                 (--input-format stream-json, each sent once the previous result
-                came back): the live session, the figure a lossless resume gives
+                came back): the live session, which resumed must equal
 
 The scripted model answers by what the request is, not by position: a request
 whose last user message asks for a "detailed summary of" the conversation (both
