@@ -83,6 +83,9 @@ except ModuleNotFoundError as e:
     if __name__ != "__main__":
         raise  # an importer (a test, the demo) says it its own way
     venv = "" if sys.prefix != sys.base_prefix else "python3 -m venv .venv && . .venv/bin/activate && "
+    if sys.version_info < (3, 10):  # no version of the packages installs there (macOS's own python3 is 3.9)
+        venv = (f"a Python of 3.10 or later (this is {sys.version.split()[0]}), e.g. "
+                "python3.12 -m venv .venv && . .venv/bin/activate && ")
     print(f"No module named {e.name!r}: install the packages with {venv}pip install -r "
           f"{os.path.relpath(Path(__file__).with_name('requirements.txt'))}", file=sys.stderr)
     sys.exit(2)

@@ -17,8 +17,12 @@ RUNTIME_MODULES = ("anthropic", "dotenv", "yaml", "rich")
 
 def install_line(module):
     """The chapters' line for a missing module. Outside a virtual environment it makes
-    one first: many systems' Python refuses a global pip install (PEP 668)."""
+    one first: many systems' Python refuses a global pip install (PEP 668). On a
+    Python older than 3.10 no version of the packages installs, so it names a newer one."""
     venv = "" if sys.prefix != sys.base_prefix else "python3 -m venv .venv && . .venv/bin/activate && "
+    if sys.version_info < (3, 10):  # no version of the packages installs there (macOS's own python3 is 3.9)
+        venv = (f"a Python of 3.10 or later (this is {sys.version.split()[0]}), e.g. "
+                "python3.12 -m venv .venv && . .venv/bin/activate && ")
     return (f"No module named {module!r}: install the packages with {venv}pip install -r "
             f"{os.path.relpath(REQUIREMENTS)}")
 

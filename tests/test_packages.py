@@ -67,6 +67,28 @@ def test_without_the_packages_each_entry_point_says_how_to_install_them(what, py
     assert line == f"No module named 'anthropic': install the packages with {first}pip install -r {requirements}"
 
 
+# A Python as an older one reports itself (sys.version_info is what the guard reads), then
+# the entry point run as a program, as `python3 script args` would run it.
+AS_PYTHON_39 = ("import runpy, sys; sys.version_info = (3, 9, 6, 'final', 0); sys.version = '3.9.6 (default)'; "
+                "script = sys.argv[1]; sys.argv = sys.argv[1:]; sys.path.insert(0, script.rpartition('/')[0]); "
+                "runpy.run_path(script, run_name='__main__')")
+
+
+@pytest.mark.parametrize("what", ENTRY_POINTS)
+def test_on_a_python_older_than_3_10_the_line_names_a_newer_one(what, clean_venv, tmp_path):
+    """No version of the packages installs on Python 3.9 (macOS's own python3): there
+    the usual line sent the learner to a pip that can only fail (no anthropic 1.0 or
+    later for it), so the line says which Python it needs and which one this is."""
+    script, *args = ENTRY_POINTS[what]
+    run = run_clean([clean_venv, "-c", AS_PYTHON_39], script, args, tmp_path)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout)
+    [line] = run.stderr.splitlines()
+    requirements = os.path.relpath(ROOT / "requirements.txt", tmp_path)
+    assert line == ("No module named 'anthropic': install the packages with a Python of 3.10 or later (this is "
+                    f"3.9.6), e.g. python3.12 -m venv .venv && . .venv/bin/activate && pip install -r {requirements}")
+
+
 def test_an_importer_still_gets_the_import_error(clean_venv, tmp_path):
     """A test or a tool that imports a chapter decides what to say: the chapter
     exits only when it is the program being run."""
