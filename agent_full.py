@@ -6963,6 +6963,11 @@ def apply_marks(messages, marks):
     return messages
 
 
+# A call's id and its result's: set members and dict keys (complete_prefix, the marks),
+# so another type in a planted file was a TypeError at /resume and --resume.
+ID_KEYS = {"tool_use": "id", "tool_result": "tool_use_id"}
+
+
 def well_formed(m):
     """A message the loop can hold: a role, and text or a list of typed blocks."""
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
@@ -6972,6 +6977,7 @@ def well_formed(m):
         return True
     return isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str)
                                              and (b["type"] != "text" or isinstance(b.get("text"), str))
+                                             and (b["type"] not in ID_KEYS or isinstance(b.get(ID_KEYS[b["type"]]), str))
                                              for b in content)
 
 

@@ -276,3 +276,24 @@ def test_records_a_session_file_cannot_hold_are_left_alone(mod, workspace):
         for key in ("plan", "compaction", "denials", "files") + ("discovered",) * hasattr(blank, "discovered"):
             assert getattr(fresh, key) == getattr(blank, key), key
         assert fresh.hooks["fired"] == set() and fresh.memory["attached"] == set() and fresh.hook_notes == []
+
+
+def test_a_call_id_that_is_not_text_is_an_unreadable_line(mod, workspace):
+    """A planted file (a clone can ship .agent/sessions) whose call or result id is a list
+    broke /resume's listing for every session, and --resume with a traceback: the ids are
+    set members when the marks go back on and when the history is cut to its answered calls."""
+    path = workspace / ".agent" / "sessions" / "20240101-000000-ids.jsonl"
+    path.parent.mkdir(parents=True)
+    good = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    lines = [{"type": "message", "i": 0, "message": good},
+             {"type": "message", "i": 1, "message": {"role": "assistant", "content": [
+                 {"type": "tool_use", "id": ["x"], "name": "bash", "input": {}}]}},
+             {"type": "message", "i": 1, "message": {"role": "assistant", "content": [
+                 {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}]}},
+             {"type": "message", "i": 2, "message": {"role": "user", "content": [
+                 {"type": "tool_result", "tool_use_id": {"x": 1}, "content": "y"}]}},
+             {"type": "context", "cleared": ["toolu_1"]}]
+    path.write_text("".join(json.dumps(r | {"ts": time.time()}) + "\n" for r in lines))
+    assert mod.session_summary(path) == ("hi", 2)
+    with fresh_agent(mod, workspace):
+        assert mod.resume(None, path) == [good]   # the call never answered: dropped, as any unfinished turn
