@@ -2859,7 +2859,7 @@ class LineWatch:
     """
 
     def __init__(self, out):
-        self.out, self.open = out or TEXT_EVENTS, False  # full: the reply's text as text events
+        self.out, self.open = out, False
         self.reset()
 
     def reset(self):
@@ -2994,6 +2994,7 @@ def call_with_recovery(client, messages, **options):
     turn with one line and a valid history. `options` go to call_model."""
     manage_context(client, messages, options)
     turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
+    options["out"] = options.get("out") or TEXT_EVENTS  # full: the reply's text as text events
     continuations, line = 0, LineWatch(options.get("out"))
     while True:
         try:
