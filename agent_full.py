@@ -5,15 +5,15 @@ shapes, and Claude Code project compatibility.
 
 agent_full.py = s12_worktree_mcp.py + the front end (section `# --- full: ... ---`).
 
-New since s12 (full.1, events): EVENTS, emit, PlainText, TextEvents, report_call,
-prompt_turn; (full.2, headless) -p / --print, --output-format text|json|stream-json,
---max-turns, --model, --allowed-tools, --disallowed-tools, --append-system-prompt:
-start_front_end, run_headless, Headless; (full.4, the interactive UI) RichUI, LineEditor,
-completions, attach_mentions, interactive_front_end; (full.5) the slash commands /clear
-/context /cost /model /sessions /tasks /bg /schedules /worktrees /agents /init /exit;
-(full.6) request_body, open_stream: each message of a request encoded once; (full.7, the
-Agent SDK as a client) --input-format stream-json: sdk_flags, SdkFront, run_sdk, sdk_hooks;
-(full.8) result_object, init_extras: -p's result and init with Claude Code's keys, UUID session ids.
+New since s12 (full.1, events): EVENTS, emit, PlainText, TextEvents, report_call, prompt_turn;
+(full.2, headless) -p / --print, --output-format text|json|stream-json, --max-turns, --model,
+--allowed-tools, --disallowed-tools, --append-system-prompt: start_front_end, run_headless,
+Headless; (full.4, the interactive UI) RichUI, LineEditor, completions, attach_mentions,
+interactive_front_end; (full.5) the slash commands /clear /context /cost /model /sessions /tasks
+/bg /schedules /worktrees /agents /init /exit; (full.6) request_body, open_stream: each message
+encoded once; (full.7, the Agent SDK as a client) --input-format stream-json: sdk_flags, SdkFront,
+run_sdk, sdk_hooks; (full.8) result_object, init_extras: -p's result and init with Claude Code's
+keys, UUID session ids; (full.9) load_behind, ModelClient, FirstPrompt: the prompt before the SDK.
 
     engine: say / LineWatch / run_tools / after_call / ask_human / judge
       -> emit(kind, **fields) -> the front end's handle(event)
@@ -55,7 +55,7 @@ Where each chapter's mechanism lives (defined here as in its chapter file):
     full front end       emit, PlainText, Headless, run_headless, read_settings, claude_rule,
                          claude_hooks, RichUI, LineEditor, completions, attach_mentions,
                          request_body, open_stream, SdkFront, run_sdk, sdk_ask_permission,
-                         result_object, init_extras
+                         result_object, init_extras, load_behind, ModelClient, FirstPrompt
 
 Key insight: the loop never prints; it says what happened, and a front end
 decides what that looks like, so one engine drives a terminal and a script alike.
@@ -73,6 +73,7 @@ import functools
 import gc
 import hashlib
 import http.client
+import importlib.util  # full: the SDK imported behind the prompt (full.9)
 import io
 import itertools
 import json
@@ -88,6 +89,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import termios  # full: the first prompt's typed text, handed to the line editor (full.9)
 import threading
 import time
 import urllib.error
@@ -99,7 +101,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 try:  # requirements.txt's packages: missing, one line says how (a venv first: PEP 668), no traceback
-    import anthropic
+    if __name__ != "__main__" or not importlib.util.find_spec("anthropic"):  # full: imported, or missing:
+        import anthropic  # full: here; run as a program, main() imports it behind the prompt (full.9)
     import yaml
     import httpx2 as httpx  # s12: MCP's Streamable HTTP uses the HTTP client the SDK brings
     from dotenv import dotenv_values, find_dotenv, load_dotenv
@@ -216,6 +219,8 @@ def make_client():
     key, token = os.getenv("ANTHROPIC_API_KEY"), os.getenv("ANTHROPIC_AUTH_TOKEN")
     if not (key or token):
         return None
+    if "anthropic" not in globals():  # full: run as a program, the SDK is still loading: a client
+        return ModelClient()  # full: that waits for it at its first use (full.9)
     return anthropic.Anthropic(api_key=key, auth_token=None if key else token,
                                base_url=os.getenv("ANTHROPIC_BASE_URL") or None,
                                max_retries=API_RETRIES)
@@ -14374,7 +14379,7 @@ def interactive_front_end():
     human = is_terminal(sys.stdin) and is_terminal(sys.stdout)
     if human:
         try:
-            FRONT_END["editor"] = LineEditor()
+            FRONT_END["editor"] = LineEditor(later=__name__ == "__main__")  # full.9: run as a program
         except ModuleNotFoundError as e:  # one line and plain input, not a traceback
             requirements = os.path.relpath(Path(__file__).with_name("requirements.txt"))
             say(f"[No module named {e.name!r}: plain input, no history or completion; "
@@ -14711,23 +14716,31 @@ class LineEditor:
     backslash, goes on to a new line. Ctrl+C clears the line, and at an empty
     prompt twice in a row quits; Ctrl+D at an empty prompt quits."""
 
-    def __init__(self):
+    def __init__(self, later=False):
+        """later (run as a program): prompt_toolkit comes on load_behind's thread and the
+        session is made at the first prompt (full.9); else here and now."""
+        if later and not importlib.util.find_spec("prompt_toolkit"):  # as the import below would say
+            raise ModuleNotFoundError("No module named 'prompt_toolkit'", name="prompt_toolkit")
+        self.session, self.typed_first = None, []  # lines sent before the session: its history gets them
+        self.interrupts = 0  # Ctrl+C at an empty prompt, in a row
+        if not later:
+            self.start()
+
+    def start(self):
         from prompt_toolkit import PromptSession  # imported here: plain runs never pay for it
         self.session = PromptSession(history=prompt_history(), completer=SlashCompleter(),
                                      key_bindings=editor_keys(self), complete_while_typing=False)
-        self.interrupts = 0  # Ctrl+C at an empty prompt, in a row
+        for line in self.typed_first:
+            self.session.history.append_string(line)
 
     def read(self, prompt):
         """The next prompt for the REPL, @path files attached; EOFError quits. A due
         job (s10) or the lead's inbox (s11) is looked at while the prompt is empty."""
-        from prompt_toolkit.patch_stdout import patch_stdout
         while True:
             if turn := scheduled_turn() or team_turn():
                 return self.sent(turn)
             try:
-                self.session.app.erase_when_done = False  # a line typed stays on the screen
-                with patch_stdout(raw=True):  # other threads' lines (memory, MCP, hooks) print above the prompt
-                    line = self.session.prompt(prompt, pre_run=self.watch)
+                line = self.next_line(prompt)
                 if line is IDLE_WORK:
                     continue
             except KeyboardInterrupt:  # at an empty prompt (a typed line is cleared: editor_keys)
@@ -14740,6 +14753,29 @@ class LineEditor:
             if line.strip() not in ("", "q", "exit") and not line.startswith("/"):  # a prompt for the model
                 return self.sent(attach_mentions(line))
             return line
+
+    def next_line(self, prompt):
+        """One line typed at the prompt. Before the session is made, the first prompt is
+        the terminal's while prompt_toolkit loads (FirstPrompt): a line ended there is
+        the line, else the session goes on with what was typed there."""
+        typed = ""
+        if self.session is None:
+            loading = LOADING.get("editor")
+            first = FirstPrompt(prompt) if loading and not loading["done"].is_set() else None
+            if first and (line := first.wait(loading["done"])) is not None:
+                self.typed_first.append(line)
+                return line
+            if loading:
+                loaded("editor")  # a failed import: one line, not the traceback of start()'s
+            self.start()
+            if first and (line := first.line(0)) is not None:  # Enter while the session was made
+                self.session.history.append_string(line)
+                return line
+            typed = first.take() if first else ""
+        from prompt_toolkit.patch_stdout import patch_stdout
+        self.session.app.erase_when_done = False  # a line typed stays on the screen
+        with patch_stdout(raw=True):  # other threads' lines (memory, MCP, hooks) print above the prompt
+            return self.session.prompt(prompt, pre_run=self.watch, default=typed)
 
     def sent(self, turn):
         """A turn goes to the model: the front end's spinner, until its text comes."""
@@ -15057,6 +15093,7 @@ def warn_if_deprecated(model):
 
 def open_stream(client, model, max_tokens, system, tools, messages):
     """client.messages.stream(...) for this request, its body encoded by request_body."""
+    client = loaded("client") if isinstance(client, ModelClient) else client  # the first request waits here
     warn_if_deprecated(model)
     body = request_body(model, max_tokens, system, tools, messages)
     return anthropic.lib.streaming.MessageStreamManager(functools.partial(  # the SDK's own helper
@@ -15550,6 +15587,172 @@ def startup_failed(error):
                  if text.startswith(("--resume", "--continue")) else {}))
 
 
+# --- full.9: the prompt before the SDK ---
+# `import anthropic` is most of a start: about 0.8 s of the SDK building its types,
+# where Python reading this file and everything else take about 0.2 s. Imported (a
+# test, the demo), this file imports the SDK at the top as every chapter does. Run as
+# a program, the top leaves it out and main() starts a thread (load_behind) that
+# imports, in this order:
+#   editor   prompt_toolkit for LineEditor. The first prompt is up before it: the
+#            terminal's own line mode echoes and keeps what is typed (FirstPrompt),
+#            and the editor goes on with that text once it is ready.
+#            Until then (about 0.1 s) there is no history, completion or multi-line
+#            input, and a paste with line breaks sends its first line, as at input().
+#   sdk      the SDK, bound to the name the chapters' code reads (anthropic.APIError);
+#   client   make_client's client. main() got a ModelClient, whose first use (the
+#            first request, in open_stream) waits for it: nothing else waits for the SDK.
+#   answer   rich's modules for the answer (Markdown, Live, Panel): a head start only.
+# One thread, the editor first because the human meets it first: a prompt sent in
+# the editor's first tenth of a second waits for it as well as for the SDK. A -p run
+# loads the SDK and the client alone, while its setup (config, session) goes on.
+EDITOR_MODULES = ("prompt_toolkit", "prompt_toolkit.patch_stdout", "prompt_toolkit.history",
+                  "prompt_toolkit.key_binding", "prompt_toolkit.completion", "prompt_toolkit.utils")
+ANSWER_MODULES = ("rich.live", "rich.spinner", "rich.panel", "rich.markdown")
+FIRST_LINE_POLL = 0.02  # seconds between the first prompt's looks at whether the editor is ready
+TYPED_CONTROLS = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.)?|[\x00-\x1f\x7f]")  # arrows and the like
+LOADING = {}  # what load_behind's thread makes, by step name: {"done": Event, "value" or "error"}
+
+
+class ModelClient:
+    """The client main() gets when this file runs as a program: make_client's own SDK
+    client, which load_behind's thread makes once the SDK is imported. Each attribute
+    is that client's (messages, post, with_options); the first use waits for it."""
+
+    def __getattr__(self, name):
+        return getattr(loaded("client"), name)
+
+
+def load_behind(client):
+    """main()'s hook once the front end is chosen: the thread that imports what this run
+    still lacks (see above). Imported, nothing is missing and no thread starts."""
+    editor = FRONT_END.get("editor")
+    steps = [("editor", import_editor)] * bool(editor and editor.session is None)
+    steps += [("sdk", import_sdk), ("client", make_client)] * isinstance(client, ModelClient)
+    steps += [("answer", import_answer_ui)] * bool(steps and isinstance(FRONT_END.get("current"), RichUI))
+    if not steps or LOADING:  # a second call: the thread is running already
+        return
+    LOADING.update({name: {"done": threading.Event()} for name, _ in steps})
+    # a daemon: a session that ends at once does not wait for imports nobody needs
+    threading.Thread(target=run_steps, args=(steps,), name="load-behind", daemon=True).start()
+
+
+def run_steps(steps):
+    """The thread's work. A step that fails fails the ones after it (the client needs
+    the SDK): whoever waits for one of them hears why."""
+    failed = None
+    for name, make in steps:
+        if failed is None:
+            try:
+                LOADING[name]["value"] = make()
+            except Exception as e:
+                failed = (name, e)
+        if failed:
+            LOADING[name]["error"] = failed
+        LOADING[name]["done"].set()
+
+
+def loaded(name):
+    """A step's result, once load_behind's thread has made it. A failed one ends the
+    run with one line (a broken install: the package is there, its import fails)."""
+    step = LOADING[name]
+    step["done"].wait()
+    if "error" in step:
+        failed, e = step["error"]
+        raise SystemExit(printable(f"[start-up failed ({failed}): {type(e).__name__}: {e}]"))
+    return step["value"]
+
+
+def import_editor():
+    for name in EDITOR_MODULES:
+        importlib.import_module(name)
+
+
+def import_sdk():
+    """The SDK's import makes some 150K objects the collector tracks, all kept as long as
+    the process runs: collections during it would walk them again and again for nothing
+    (the import takes about 8% longer with the collector on)."""
+    global anthropic  # the chapters' code reads it at call time: anthropic.APIStatusError, ...
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        anthropic = importlib.import_module("anthropic")
+    finally:
+        if collecting:
+            gc.enable()
+    gc.freeze()  # as start_front_end does for the imports before it: never garbage
+    return anthropic
+
+
+def import_answer_ui():
+    for name in ANSWER_MODULES:
+        importlib.import_module(name)
+
+
+class FirstPrompt:
+    """The first prompt, up while the line editor loads: the terminal's own line mode
+    echoes and keeps what is typed (backspace and Ctrl+U work, as at input())."""
+
+    def __init__(self, prompt):
+        self.prompt, self.fd, self.pushed = prompt, sys.stdin.fileno(), b""
+        print(prompt, end="", flush=True)
+
+    def wait(self, ready):
+        """The line, when Enter comes before `ready` is set; else None, the text left for
+        take(). Ctrl+D at an empty line: EOFError; Ctrl+C: KeyboardInterrupt, as from the editor."""
+        try:
+            while not ready.is_set():
+                if (line := self.line(FIRST_LINE_POLL)) is not None:
+                    return line
+        except KeyboardInterrupt:
+            print()  # the terminal echoed ^C on the prompt's line
+            raise
+        return None
+
+    def line(self, timeout):
+        """A line ended within `timeout` seconds, else None. The line mode gives a read one
+        whole line, or what Ctrl+D sends on from an unfinished one (kept: as at input(), a
+        second Ctrl+D sends it as the line)."""
+        while select.select([self.fd], [], [], timeout)[0]:
+            chunk = os.read(self.fd, 65536)
+            if not chunk and not self.pushed:
+                raise EOFError
+            self.pushed += chunk
+            if not chunk or self.pushed.endswith(b"\n"):
+                line, self.pushed = self.pushed.decode(errors="replace").removesuffix("\n"), b""
+                return line
+        return None
+
+    def take(self):
+        """What is typed and not yet sent, taken off the terminal (line mode and echo off for
+        the read, then back) and off the screen, for the editor to show again: its default
+        text, controls (an arrow's escape sequence, say) dropped."""
+        mode = termios.tcgetattr(self.fd)
+        quiet = [*mode[:3], mode[3] & ~(termios.ICANON | termios.ECHO), *mode[4:6], list(mode[6])]
+        quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 0, 0  # a read returns what is there
+        termios.tcsetattr(self.fd, termios.TCSANOW, quiet)
+        try:
+            typed = self.pushed
+            while chunk := os.read(self.fd, 65536):
+                typed += chunk
+        finally:
+            termios.tcsetattr(self.fd, termios.TCSANOW, mode)
+        text = typed.decode(errors="replace")
+        erase_echo(self.prompt, text)
+        return TYPED_CONTROLS.sub("", text)
+
+
+def erase_echo(prompt, typed):
+    """The cursor back to where the prompt began and the screen cleared from there. The
+    prompt and the echo of `typed` took their width in columns (a control character
+    echoes as ^X, two; a tab is counted as one: too few rows leave a line, too many
+    would erase one that was not ours), wrapped at the terminal's width."""
+    from prompt_toolkit.utils import get_cwidth  # the editor is loaded by now
+    width = get_cwidth(prompt) + sum(1 if c == "\t" else 2 if ord(c) < 32 or c == "\x7f" else get_cwidth(c)
+                                     for c in typed)
+    rows = (width - 1) // max(shutil.get_terminal_size().columns, 1) if width else 0
+    print("\r" + f"\x1b[{rows}A" * bool(rows) + "\x1b[J", end="", flush=True)
+
+
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
 # take it over by redefining them: say() for progress and tool activity
@@ -15793,6 +15996,7 @@ def main(argv=None):
     CURRENT.set(AgentState(Path.cwd()))  # the session's agent works on the current directory
     try:
         argv, headless = start_front_end(argv)  # full: -p and its flags; the front end for the process
+        load_behind(client)  # full: run as a program, the SDK and the UI's modules on a thread (full.9)
         argv = start_permissions(argv)  # s07: flags, config files, workspace trust, sandbox
         lane = worktree_flag(argv)  # s12: --worktree NAME, entered once the session is set up
         argv = start_teammate(argv)  # s11: --teammate NAME --team TEAM joins its lead's team
