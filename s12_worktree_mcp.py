@@ -4091,8 +4091,11 @@ MAX_DENIALS = 3             # denials in a row before the model is told to stop 
 # Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
 # counts too, so both layers protect the same files. All of .git counts: its
 # config, hooks, commondir, modules and the .git file of a worktree all steer
-# what git runs later, and no task needs a file tool inside .git.
-PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents",
+# what git runs later, and no task needs a file tool inside .git. The session
+# files (s09) count: --continue restores their mode and state records (the mode,
+# once-hooks that ran, hook context not yet sent), so a planted record would
+# loosen the next run's limits.
+PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents", ".agent/sessions",
                   ".claude/skills", ".claude/agents",
                   ".agent/team",  # s11: messages, requests and the roster: only the program writes them
                   ".agent/worktrees")  # s12: lanes, their locks and log: work in a lane by entering it
@@ -4278,7 +4281,7 @@ HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".zs
                  ".zprofile", ".profile", ".gitconfig", ".config/git")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
     ".agent/config.yaml", ".agent/config.local.yaml", ".agent/hooks", ".agent/skills",
-    ".agent/agents", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
+    ".agent/agents", ".agent/sessions", ".git/hooks", ".git/config", ".gitmodules", ".mcp.json",
     ".claude/settings.json", ".claude/settings.local.json", ".claude/commands",
     ".claude/agents", ".claude/skills", ".vscode", ".idea",          # editors run tasks from these
     ".husky", ".pre-commit-config.yaml", "lefthook.yml", ".lefthook.yml",  # git's hooks run what these say
@@ -4293,8 +4296,8 @@ UNGUARDED_WARNING = ("[warning: bypassPermissions with no OS sandbox: the model'
                      "use the default mode, which asks first]")
 SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" (or, for a bound file such as git's "
                       "config, \"Device or resource busy\") means the path is outside the writable "
-                      "area. Commands may write only in the workspace (not its protected config: "
-                      ".agent config, hooks and skills, .git/hooks, .git/config), in extra "
+                      "area. Commands may write only in the workspace (not the agent's own .agent "
+                      "folder, .git/hooks or .git/config), in extra "
                       "directories from the config, and in /tmp, which is private and discarded "
                       "after each command. Write inside the workspace, or ask the user (git config "
                       "is theirs to change).]")

@@ -143,6 +143,8 @@ TABLE = [
      [], "deny", "protected path"),
     ("write_file", {"path": ".agent/skills/x/SKILL.md", "content": ""}, "bypassPermissions", [], "deny", "protected path"),
     ("write_file", {"path": ".agent/agents/r.md", "content": ""}, "acceptEdits", [], "deny", "protected path"),
+    ("write_file", {"path": ".agent/sessions/s.jsonl", "content": ""}, "bypassPermissions", [], "deny",
+     "protected path"),  # s09's --continue restores a session file's mode and state records
     ("write_file", {"path": ".mcp.json", "content": "{}"}, "bypassPermissions", [], "deny", "protected path"),
     ("write_file", {"path": ".claude/settings.json", "content": "{}"}, "bypassPermissions", [], "deny", "protected path"),
     ("write_file", {"path": ".claude/settings.local.json", "content": "{}"}, "acceptEdits", [], "deny", "protected path"),

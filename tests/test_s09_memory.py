@@ -696,7 +696,8 @@ def test_the_consolidator_writes_only_in_the_memory_folders_and_has_no_unsandbox
     assert sorted(t["name"] for t in settings["tools"]) == \
         ["bash", "edit_file", "glob", "grep", "read_file", "write_file"]
     with mod.acting_as(child):
-        for path in ("src.py", "../elsewhere.md", ".agent/sessions/x.jsonl", str(Path.home() / "notes.md")):
+        assert mod.decide("write_file", {"path": ".agent/sessions/x.jsonl", "content": "x"}, child)[0] == "deny"
+        for path in ("src.py", "../elsewhere.md", ".agent/notes.md", str(Path.home() / "notes.md")):
             effect, layer, why = mod.decide("write_file", {"path": path, "content": "x"}, child)
             assert (effect, layer) == ("deny", "memory folders only"), path
             effect, layer, why = mod.decide("edit_file", {"path": path, "old_string": "a", "new_string": "b"}, child)

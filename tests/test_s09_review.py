@@ -12,7 +12,8 @@ import pytest
 from conftest import run_chapter, run_turn
 from fake_api import reply, tool
 from test_s08_hooks import calls, hook, recorder, use_hooks
-from test_s09_memory import op, own_session, project_memory, user_memory, write
+from test_s07_sandbox import bash, sandboxed, unsandboxed  # noqa: F401 (fixture)
+from test_s09_memory import main_bodies, op, own_session, project_memory, recording, user_memory, write
 
 pytestmark = pytest.mark.parametrize("mod", __import__("conftest").chapters_from("s09"), indirect=True)
 
@@ -263,3 +264,61 @@ def test_hooks_are_told_the_session_id_resume_takes_a_subagents_too(mod, api, cl
     seen = [c["stdin"] for c in calls(workspace, "pre")]
     assert [p["session_id"] for p in seen] == [state.record["path"].stem] * 2
     assert [p.get("agent_name") for p in seen] == [None, "kid"]
+
+
+# --- session files: a resume trusts their records, so nothing the model runs writes them (rule 1)
+
+PLANTED = json.dumps({"type": "mode", "mode": "acceptEdits", "ts": 4e9}) + "\n"
+
+
+def earlier_session(mod, workspace):
+    """The human's own session from before, in the default mode."""
+    lines = [{"type": "mode", "mode": "default", "ts": time.time()},
+             {"type": "message", "i": 0, "ts": time.time(), "message": {"role": "user", "content": "hi"}},
+             {"type": "message", "i": 1, "ts": time.time(), "message": {"role": "assistant", "content": "hello"}}]
+    return own_session(mod, workspace / ".agent" / "sessions" / "20250101-000000-abcd.jsonl",
+                       "".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_a_sandboxed_command_cannot_append_to_a_session_file(sandboxed, workspace):
+    mod = sandboxed
+    path = earlier_session(mod, workspace)
+    before = path.read_text()
+    append = f"echo '{PLANTED.strip()}' >> .agent/sessions/{path.name}"
+    assert "Read-only file system" in bash(mod, append)
+    assert path.read_text() == before
+    unsandboxed(mod, append)  # the same command outside the sandbox does write it
+    assert path.read_text() == before + PLANTED
+
+
+@pytest.mark.parametrize("mode", ["acceptEdits", "bypassPermissions"])
+def test_the_file_tools_never_write_a_session_file(mod, api, client, workspace, mode):
+    path = earlier_session(mod, workspace)
+    before, name = path.read_text(), f".agent/sessions/{path.name}"
+    mod.agent_state().mode = mode
+    run_turn(mod, api, client, [
+        reply(tool("read_file", {"path": name})),
+        reply(tool("write_file", {"path": name, "content": before + PLANTED}),
+              tool("edit_file", {"path": name, "old_string": '"mode": "default"',
+                                 "new_string": '"mode": "acceptEdits"'}))])
+    results = main_bodies(api)[2]["messages"][-1]["content"]
+    assert [r.get("is_error") for r in results] == [True, True]
+    assert all("protected" in json.dumps(r) for r in results)
+    assert path.read_text() == before
+
+
+def test_a_mode_record_the_model_plants_does_not_resume(mod, api, client, workspace):
+    """A later run in acceptEdits has the model append a mode record to the human's
+    default-mode session; resuming that session stays in the default mode."""
+    path = earlier_session(mod, workspace)
+    name = f".agent/sessions/{path.name}"
+    with mod.acting_as(mod.AgentState(workspace)) as later:
+        later.mode = "acceptEdits"
+        recording(mod)
+        run_turn(mod, api, client, [
+            reply(tool("read_file", {"path": name})),
+            reply(tool("write_file", {"path": name, "content": path.read_text() + PLANTED}))])
+    with mod.acting_as(mod.AgentState(workspace)) as fresh:
+        fresh.mode = "default"
+        mod.resume(None, mod.find_session(fresh, path.stem))
+        assert fresh.mode == "default"
