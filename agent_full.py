@@ -15656,11 +15656,22 @@ def run_steps(steps):
 
 def loaded(name):
     """A step's result, once load_behind's thread has made it. A failed one ends the
-    run with one line (a broken install: the package is there, its import fails)."""
+    run with one line (a broken install: the package is there, its import fails), and
+    a module missing under it (a half-made venv: the SDK without pydantic) with the
+    line and the status the top's guard gives a missing package."""
     step = LOADING[name]
     step["done"].wait()
     if "error" in step:
         failed, e = step["error"]
+        if isinstance(ui := FRONT_END.get("current"), RichUI):  # the run ends under the turn's spinner:
+            with ui.lock:  # stopped, the cursor it hid is shown again (no turn end comes to stop it)
+                ui.busy = False
+                ui.stop()
+        if isinstance(e, ModuleNotFoundError):
+            venv = "" if sys.prefix != sys.base_prefix else "python3 -m venv .venv && . .venv/bin/activate && "
+            print(printable(f"No module named {e.name!r}: install the packages with {venv}pip install -r "
+                            f"{os.path.relpath(Path(__file__).with_name('requirements.txt'))}"), file=sys.stderr)
+            raise SystemExit(2)
         raise SystemExit(printable(f"[start-up failed ({failed}): {type(e).__name__}: {e}]"))
     return step["value"]
 

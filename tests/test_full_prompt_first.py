@@ -31,7 +31,7 @@ pytestmark = pytest.mark.parametrize("mod", ["agent_full"], indirect=True)
 # lock of the module being found only, so the rest of the program goes on.
 HOLD = r"""
 import importlib.machinery, os, runpy, sys, time
-held = dict(pair.split("=", 1) for pair in os.environ["HELD"].split(","))
+held = dict(pair.split("=", 1) for pair in os.environ["HELD"].split(",") if pair)
 
 class Held:
     def __init__(self, name, loader):
@@ -69,13 +69,14 @@ def controlling_terminal():
 class Terminal:
     """agent_full at a pseudo-terminal, the packages in `held` held until let go."""
 
-    def __init__(self, api, workspace, tmp_path, held):
+    def __init__(self, api, workspace, tmp_path, held, extra_env=None):
         self.gates = {name: tmp_path / f"let-{name}-in" for name in held}
         self.home = tmp_path / "home"
         env = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url, "HOME": str(self.home),
                "AGENT_AUTO_MEMORY": "0", "AGENT_PERMISSION_MODE": "bypassPermissions", "TERM": "xterm-256color",
                "PROMPT_TOOLKIT_NO_CPR": "1", "PATH": os.environ["PATH"], "NO_PROXY": "127.0.0.1,localhost",
-               "no_proxy": "127.0.0.1,localhost", "HELD": ",".join(f"{n}={g}" for n, g in self.gates.items())}
+               "no_proxy": "127.0.0.1,localhost", "HELD": ",".join(f"{n}={g}" for n, g in self.gates.items()),
+               **(extra_env or {})}
         self.fd, child = pty.openpty()
         self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(ROOT / "agent_full.py")], cwd=workspace,
                                      env=env, stdin=child, stdout=child, stderr=child, close_fds=True,
@@ -108,9 +109,9 @@ class Terminal:
     def text(self):
         return self.seen.decode(errors="replace")
 
-    def quit(self):
-        """Ctrl+D at the prompt; the exit status, once the terminal is drained to the end."""
-        self.type(b"\x04")
+    def quit(self, keys=b"\x04"):
+        """Ctrl+D at the prompt (or `keys`); the exit status, once the terminal is drained to the end."""
+        self.type(keys)
         while select.select([self.fd], [], [], WAIT)[0]:
             try:
                 if not (chunk := os.read(self.fd, 65536)):
@@ -131,8 +132,8 @@ class Terminal:
 def terminal(api, workspace, tmp_path):
     made = []
 
-    def start(*held):
-        made.append(Terminal(api, workspace, tmp_path, held))
+    def start(*held, env=None):
+        made.append(Terminal(api, workspace, tmp_path, held, env))
         return made[-1]
     yield start
     for t in made:
@@ -203,3 +204,49 @@ def test_a_line_sent_before_the_line_editor_loaded_is_the_first_prompt(mod, api,
     assert t.quit() == 0 and "Traceback" not in t.text(), t.text()
     assert sent_prompts(api) == ["first"]
     assert "+first\n" in history_file(t)  # in the editor's history, for the up arrow
+
+
+
+def broken_sdk(tmp_path, why):
+    """A folder whose `anthropic` package is there but fails to import: a module it needs
+    is missing (a half-made venv), or it raises (a broken install)."""
+    shadow = tmp_path / "shadow" / "anthropic"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("import a_dependency_not_installed\n" if why == "missing"
+                                        else "raise ImportError('a broken install')\n")
+    return str(shadow.parent)
+
+
+@pytest.mark.e2e("agent_full")
+def test_an_sdk_whose_dependency_is_missing_says_how_to_install_as_a_missing_sdk_does(mod, tmp_path):
+    # The SDK's package is there, so it is imported behind the prompt, but a module it
+    # imports is not. Before full.9 the top's guard said how to install the packages
+    # (exit 2); the thread's import must say the same, not a start-up failure.
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "PYTHONPATH": broken_sdk(tmp_path, "missing"),
+           "ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "AGENT_AUTO_MEMORY": "0"}
+    run = subprocess.run([sys.executable, str(ROOT / "agent_full.py"), "-p", "hello"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT)
+    assert "Traceback" not in run.stderr and run.stdout == "", run.stderr
+    requirements = os.path.relpath(ROOT / "requirements.txt", tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert (f"No module named 'a_dependency_not_installed': install the packages with pip install -r "
+            f"{requirements}") in run.stderr.splitlines(), run.stderr
+
+
+@pytest.mark.e2e("agent_full")
+@pytest.mark.parametrize("why, status", [("missing", 2), ("raises", 1)])
+def test_an_sdk_that_fails_to_load_at_the_first_prompt_leaves_the_terminal_as_it_was(mod, api, terminal, tmp_path,
+                                                                                      why, status):
+    # The failure comes when the first request waits for the SDK, under the turn's
+    # spinner: the run ends there, and the spinner must not stay on the screen with the
+    # cursor hidden (it did: the turn's end, which stops it, never came).
+    t = terminal(env={"PYTHONPATH": broken_sdk(tmp_path, why)})
+    t.until(b"agent >>")
+    before = termios.tcgetattr(t.fd)
+    t.type(b"hello\r")
+    t.until(b"a_dependency_not_installed" if why == "missing" else b"a broken install")
+    assert t.quit(b"") == status and "Traceback" not in t.text(), t.text()
+    assert termios.tcgetattr(t.fd) == before
+    end = t.seen[t.seen.rindex(b"hello"):]   # from the line sent to the end of the run
+    assert end.rfind(b"\x1b[?25l") < end.rfind(b"\x1b[?25h"), end   # the cursor shown again
+    assert b"thinking" not in end.rsplit(b"\r", 1)[-1], end   # no spinner left on the last line
