@@ -850,6 +850,8 @@ def _estimate(obj) -> int:
 #     prefix an earlier request wrote: at most 20 positions, the breakpoint itself
 #     the first. The longest prefix so found over all breakpoints is read; from
 #     there to the last breakpoint is written; the rest is plain input.
+#   - A change of tool_choice or of the thinking settings invalidates the entries of
+#     the message blocks (tools and system stay cached): their keys include both.
 #   - Entries belong to one model. The 5-minute TTL (refreshed by each read) is
 #     left out: a scripted session is far shorter.
 #   - Billing: cache writes 1.25x the input price, reads 0.1x (the 5-minute TTL).
@@ -884,8 +886,12 @@ class PromptCache:
         units, marks = _cache_units(body)
         sizes, keys, chars = [], [], 0
         digest = hashlib.sha1(json.dumps(body.get("model")).encode())
+        settings = json.dumps([body.get("tool_choice") or {"type": "auto"}, body.get("thinking")], sort_keys=True)
         for unit in units:   # a running hash: the key of each prefix in one pass
             text = json.dumps(unit, sort_keys=True)
+            if unit[0] not in ("tool", "system") and settings:   # the first message block: from here the
+                digest.update(settings.encode())                   # keys depend on tool_choice and thinking
+                settings = ""
             digest.update(text.encode())
             chars += len(text)
             sizes.append(chars // 4)

@@ -878,3 +878,18 @@ def test_prompt_cache_entries_belong_to_one_model():
     long = cached_chat(2, filler=2400)
     cache.account(long)
     assert cache.account(dict(long, model="claude-sonnet-4-6"))[0] == 0
+
+
+def test_prompt_cache_a_changed_tool_choice_or_thinking_reads_no_cached_message():
+    """The docs' table of what invalidates the cache: a change of tool_choice or of the
+    thinking settings invalidates the message blocks' entries (tools and system stay
+    cached). A summary call (tool_choice none) read the whole conversation back."""
+    system = [{"type": "text", "text": "s" * 8000, "cache_control": {"type": "ephemeral"}}]   # ~2,000 tokens
+    chat = dict(cached_chat(4, filler=2400), system=system)
+    cache = PromptCache()
+    cache.account(chat)
+    assert cache.account(chat)[0] > 4000                                     # the messages are read back
+    for changed in ({"tool_choice": {"type": "none"}}, {"thinking": {"type": "enabled", "budget_tokens": 2048}}):
+        read, _ = cache.account(dict(chat, **changed))
+        assert 1900 < read < 2100, (changed, read)                           # the system prompt only
+    assert cache.account(dict(chat, tool_choice={"type": "auto"}))[0] > 4000  # auto is the default: unchanged
