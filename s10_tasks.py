@@ -2139,8 +2139,7 @@ def save_scratch(path, data):
 
 def persist_output(block):
     """Save a result's full text to disk; the block keeps a preview and the path."""
-    text, name = block["content"], re.sub(r"[^\w-]", "_", block["tool_use_id"])
-    path = agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
+    text, path = block["content"], kept_path(block)
     preview = preview_of(text)
     try:
         save_scratch(path, text.encode("utf-8", "replace"))
@@ -2263,10 +2262,35 @@ def tool_results(messages):
 
 
 def cleared_stub(block):
+    """A cleared result's placeholder: where its full text is (layer 1's file, or the
+    one keep_cleared made as it was cleared), so the way back is a read, never a rerun."""
     content = str(block.get("content"))  # only layer 1's own note names a saved file
     saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
-    where = f"the full output is in {saved[1]}" if saved else "run the tool again if you need it"
-    return {**block, "content": f"[old tool result cleared to save context; {where}]"}
+    where = saved[1] if saved else rel(kept_path(block))
+    return {**block, "content": f"[old tool result cleared to save context; the full output is in "
+                                f"{where} (read_file, with offset/limit for a long one)]"}
+
+
+def kept_path(block):
+    """The file of a result's full text: layer 1's, and keep_cleared's (one per call)."""
+    name = re.sub(r"[^\w-]", "_", block["tool_use_id"])
+    return agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
+
+
+def keep_cleared(block):
+    """Save a result about to be cleared, unless layer 1 already did. A rerun is no way
+    back for a command with effects, a subagent or an MCP call. False when it cannot be
+    saved (a read-only workspace): then it is not cleared, and compaction keeps the
+    window."""
+    content = block.get("content")
+    if str(content).startswith("<persisted-output>"):
+        return True
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    try:
+        save_scratch(kept_path(block), text.encode("utf-8", "replace"))
+    except OSError:
+        return False
+    return True
 
 
 def clearable(b):
@@ -2305,6 +2329,7 @@ def clear_old_results(messages, min_tokens=0, budget=0):
     fresh = [b for b in old if b.get("_sent") and clearable(b)]
     if sum(map(saving, fresh)) < min_tokens:
         return 0
+    fresh = [b for b in fresh if keep_cleared(b)]  # a placeholder's way back is a file
     for b in fresh:
         b["_cleared"] = True
     if fresh and CURRENT.get(None):  # older messages changed in place, which update_view

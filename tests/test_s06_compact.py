@@ -286,9 +286,10 @@ def test_a_batch_clear_waits_until_it_frees_a_meaningful_amount(mod, api, client
 
 
 @each
-def test_placeholder_names_a_path_only_for_a_result_saved_to_disk(mod):
+def test_placeholder_names_the_file_the_result_is_in(mod):
     plain = {"type": "tool_result", "tool_use_id": "t1", "content": "model saved to: /tmp/m.bin\nok"}
-    assert "run the tool again" in mod.cleared_stub(plain)["content"]
+    stub = mod.cleared_stub(plain)["content"]
+    assert ".agent/tool-results/t1.txt" in stub and "/tmp/m.bin" not in stub  # kept_path, not its text
     saved = ("<persisted-output>\nOutput too large (40,000 characters). Full output saved to: "
              ".agent/tool-results/t2.txt\nRead it with read_file")
     shown = mod.cleared_stub({"type": "tool_result", "tool_use_id": "t2", "content": saved})["content"]

@@ -8,6 +8,7 @@ the cache again, must free enough to repay that within CLEAR_PAYBACK requests:
 the requests the scripted API received, at the chapter's own defaults.
 """
 import json
+import re
 
 import pytest
 
@@ -97,3 +98,22 @@ def test_after_a_compaction_a_batch_clear_repays_its_rewrite(mod, api, client, w
         saved = freed(bodies[k - 1], bodies[k])
         rewritten = tokens(strip_cache(bodies[k]["messages"]))   # W: what the next request writes again
         assert read * saved * (n + 1) >= (write - read) * rewritten * 0.97, (k, saved, rewritten)
+
+
+@each
+def test_a_cleared_result_is_kept_in_the_file_its_placeholder_names(mod, api, client, workspace):
+    # A placeholder's way back must be real: "run the tool again" was none for a command
+    # with effects (here each run appends to a log, so a rerun prints something else).
+    # Every result a batch clears is saved as it is cleared; the placeholder names where.
+    make_files(workspace, 0, 12)
+    calls = [tool("bash", {"command": f"echo run >> runs.log; wc -l < runs.log; cat f{i:03d}.txt"})
+             for i in range(12)]
+    api.script([reply(c) for c in calls] + [reply("Done.")])
+    history = [{"role": "user", "content": "Run the twelve commands, one a turn."}]
+    assert mod.agent_loop(client, history) == "end_turn"
+    first = {b["tool_use_id"]: b["content"] for b in history[2]["content"]}[calls[0]["id"]]
+    assert first.startswith("1\nBEGIN-000")  # the first run's own output
+    last = results(message_bodies(api)[-1])[calls[0]["id"]]
+    assert CLEARED in last, "the first result was never cleared"
+    path = re.search(r"the full output is in (\S+) ", last)[1]
+    assert (workspace / path).read_text() == first  # the way back gives the result back, whole
