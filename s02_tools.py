@@ -328,18 +328,13 @@ def preview(content, is_error=False):
 # The registry is three tables keyed by tool name: TOOLS (what the model sees),
 # TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
 # register() call; the loop never changes.
-READ_LINES = 2_000          # lines per read_file call when no limit is given
-MAX_LINE = 2_000            # characters shown per line; longer lines are cut
-BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
-GLOB_LIMIT = 200            # paths returned by glob, newest first
-GREP_LIMIT = 250            # result lines returned by grep
-READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
-AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
-MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+# --- s02.1: the registry and the input check [core] ---
+# The loop finds a call's handler by name, and check_input holds the model's input
+# to the tool's own schema before the handler runs.
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
-# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
     """Add a tool. read_only: it changes no file (the permission chapter lets such
     calls run without asking); concurrency_safe: it may run beside other safe calls."""
@@ -375,7 +370,8 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
-# --- s02.2: the path sandbox ---
+
+# --- s02.2: the path sandbox [core] ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -400,7 +396,14 @@ def rel(path):
         if path.is_relative_to(agent_state().workdir) else str(path)
 
 
-# --- s02.3: read, write and edit ---
+# --- s02.3: read, write and edit [core] ---
+# The three file tools, each registered right after its handler. An edit needs a
+# read first, and the file unchanged since (the stamp read_file recorded).
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+
+
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -413,31 +416,6 @@ def check_fresh(path, shown):
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
-
-
-def count_lines(f):
-    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
-    counted in binary chunks: memory stays flat whatever the file's size."""
-    count, last = 0, b"\n"
-    with open(f, "rb") as fh:
-        while chunk := fh.read(READ_CHUNK):
-            count, last = count + chunk.count(b"\n"), chunk[-1:]
-    return count + (last != b"\n")
-
-
-def next_line(fh):
-    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
-    grep counts; splitlines would also split on \f and U+2028), without its line
-    end or a CR before it, cut to MAX_LINE characters; and how many it had past
-    those. The rest of a long line is counted piece by piece, never held."""
-    head = piece = fh.readline(MAX_LINE + 1)
-    size, tail = len(head), head[-2:]
-    while piece and not piece.endswith("\n"):
-        piece = fh.readline(READ_CHUNK)
-        size, tail = size + len(piece), (tail + piece)[-2:]
-    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
-    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
-    return line, size - len(line)
 
 
 def read_file(path, offset=1, limit=None):
@@ -471,60 +449,6 @@ def read_file(path, offset=1, limit=None):
         out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
-
-
-def open_folder(folder):
-    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
-    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
-    link swapped in on the way after the path was judged fails the walk (ELOOP,
-    ENOTDIR), so nothing is written where the judge never looked."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in folder.parts[1:]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
-            os.close(parent)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def write_inside(path, data, fresh=0o666):
-    """The one door for a whole file the agent writes: the judged path, as judged,
-    through a new file in the same folder and a rename. Whatever stands at the path
-    (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; a file there keeps its mode (a script stays executable), a new
-    one gets `fresh` less the umask (0o600 for the agent's private records)."""
-    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
-    try:
-        try:
-            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
-        except FileNotFoundError:
-            mode = None  # a new file: as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
-        with open(out, "wb") as f:
-            f.write(data)
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
-
-
-def write_or_say(path, data, shown):
-    """write_inside for a tool: a failure is the model's to hear, in one line."""
-    try:
-        write_inside(path, data)
-    except OSError as e:
-        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
-                        f"just replaced by a link, nothing was written; check the path and retry.")
 
 
 def write_file(path, content):
@@ -584,9 +508,217 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
-# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
-# Glob patterns and .gitignore rules share one translation: * and ? stay inside
-# a path segment, ** spans any number of segments, {a,b} is alternation.
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+
+
+# --- s02.4: parallel calls [core] ---
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
+    if len(batch) <= 1:
+        for b in batch:
+            add_result(run_tool(b), results)
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+
+# --- s02.5: message normalisation [core] ---
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        if not (blocks := api_blocks(m)):
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+
+# --- s02.6: one door for every write [hardening: skip on first read] ---
+# Stops: a link swapped in after the path was judged, so a write lands outside the workspace
+# Test: tests/test_s02_door.py::test_a_folder_swapped_for_a_link_after_the_judge_is_not_written_through
+# write_file and edit_file call write_or_say: every whole file the agent writes,
+# in this chapter and later ones, goes through write_inside.
+def open_folder(folder):
+    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
+    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
+    link swapped in on the way after the path was judged fails the walk (ELOOP,
+    ENOTDIR), so nothing is written where the judge never looked."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folder.parts[1:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_inside(path, data, fresh=0o666):
+    """The one door for a whole file the agent writes: the judged path, as judged,
+    through a new file in the same folder and a rename. Whatever stands at the path
+    (a link planted since, a hard link to a file elsewhere) is replaced, never
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
+    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
+        except FileNotFoundError:
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
+        with open(out, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_or_say(path, data, shown):
+    """write_inside for a tool: a failure is the model's to hear, in one line."""
+    try:
+        write_inside(path, data)
+    except OSError as e:
+        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
+                        f"just replaced by a link, nothing was written; check the path and retry.")
+
+
+# --- s02.7: reading a huge file in constant memory [hardening: skip on first read] ---
+# Stops: a multi-gigabyte file or one endless line filling the agent's memory
+# Test: tests/test_s02_limits.py::test_a_huge_single_line_is_cut_and_never_held
+# read_file counts the lines and reads them one by one through these two.
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+
+
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
+# --- s02.8: glob and .gitignore [extra] ---
+# Plumbing: skip on first read. Glob patterns and .gitignore rules share one
+# translation: * and ? stay inside a path segment, ** spans any number of
+# segments, {a,b} is alternation.
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
+
+
 def glob_regex(pattern):
     out, i, depth = "", 0, 0
     while i < len(pattern):
@@ -706,9 +838,22 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
-# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
-# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
-# in Python. Both produce records that one formatter turns into identical text.
+
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+
+
+# --- s02.9: grep, with ripgrep or in Python [extra] ---
+# Plumbing: skip on first read. ripgrep when installed (fast, and .gitignore-aware),
+# else the same walk in Python. Both produce records that one formatter turns into
+# identical text.
+GREP_LIMIT = 250            # result lines returned by grep
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
@@ -839,44 +984,6 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
-# --- s02.6: the file tools as the model sees them ---
-register("read_file", (
-    "Read a text file from the workspace and return it with line numbers (cat -n style). "
-    "Use it before editing a file, and to study code you found with grep or glob. "
-    "For large files pass offset (1-based first line) and limit (line count); long "
-    "output is cut with a hint saying where to continue. Binary files are refused: "
-    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
-    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
-           offset=("integer", "First line to read, 1-based (default 1)."),
-           limit=("integer", "Number of lines to read (default 2000).")),
-    read_file, read_only=True, concurrency_safe=True)
-register("write_file", (
-    "Create a file, or replace the whole content of one, creating parent directories "
-    "as needed. Returns the number of bytes written. Use it for new files or complete "
-    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
-    "An existing file must have been read with read_file first."),
-    params(["path", "content"], path=("string", "File path inside the workspace."),
-           content=("string", "The complete new content of the file.")),
-    write_file)
-register("edit_file", (
-    "Replace an exact piece of text in a file with new text. old_string must match the "
-    "file exactly (whitespace included, without read_file's line numbers) and exactly "
-    "once, unless replace_all is true. The file must have been read with read_file and "
-    "be unchanged since; include enough surrounding lines to make the match unique."),
-    params(["path", "old_string", "new_string"],
-           path=("string", "File path inside the workspace."),
-           old_string=("string", "Exact text to replace."),
-           new_string=("string", "Replacement text (must differ from old_string)."),
-           replace_all=("boolean", "Replace every occurrence (default false).")),
-    edit_file)
-register("glob", (
-    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
-    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
-    "list it). Use it to locate files by name; to search inside files use grep instead."),
-    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
-           path=("string", "Directory to search (default: the workspace root).")),
-    glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
@@ -890,81 +997,6 @@ register("grep", (
            ignore_case=("boolean", "Case-insensitive search (default false)."),
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
-
-# --- s02.7: message normalisation ---
-# Message normalisation: the history we keep is ours; what the API sees is a
-# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" (a later chapter marks blocks
-# with some) and never leave the process.
-def as_blocks(content):
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-def api_blocks(m):
-    """One message's blocks as the API may see them: fresh copies without the
-    private keys, empty text blocks left out."""
-    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-
-
-def normalize_messages(messages):
-    out = []
-    for m in messages:
-        if not (blocks := api_blocks(m)):
-            continue
-        if out and out[-1]["role"] == m["role"]:
-            out[-1]["content"] += blocks
-        else:
-            out.append({"role": m["role"], "content": blocks})
-    if not out or out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
-    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
-        out.append({"role": "user", "content": []})
-    for prev, m in zip([None] + out, out):
-        if m["role"] == "user":
-            m["content"] = pair_results(prev, m["content"])
-    return out
-
-
-def pair_results(prev, blocks):
-    """Exactly one result per call of the previous reply, in call order, first."""
-    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
-    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
-    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
-                                "content": "(no result: the call was cancelled)"} for i in calls]
-    rest = [b for b in blocks if b["type"] != "tool_result"]
-    return results + rest or [{"type": "text", "text": "(continuing)"}]
-
-# --- s02.8: parallel calls ---
-# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
-# together in threads; anything that writes runs alone, so order of effects is
-# the model's order. Results always come back in call order.
-def run_parallel(batch, results):
-    """Run a batch; results join `results` in call order. Returns a new empty batch.
-
-    Each worker runs in a copy of this thread's context, so its tool sees this
-    agent's state. On Ctrl+C the calls that finished keep their results.
-    """
-    if len(batch) <= 1:
-        for b in batch:
-            add_result(run_tool(b), results)
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
-        kept = 0
-        try:
-            for f in futures:  # in call order, whatever order they finish in
-                add_result(f.result(), results)
-                kept += 1
-        except KeyboardInterrupt:
-            pool.shutdown(cancel_futures=True)  # waits for the running ones
-            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
-            raise
-    return []
-
-
-def is_concurrency_safe(block):
-    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
 
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can

@@ -345,18 +345,13 @@ def preview(content, is_error=False):
 # The registry is three tables keyed by tool name: TOOLS (what the model sees),
 # TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
 # register() call; the loop never changes.
-READ_LINES = 2_000          # lines per read_file call when no limit is given
-MAX_LINE = 2_000            # characters shown per line; longer lines are cut
-BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
-GLOB_LIMIT = 200            # paths returned by glob, newest first
-GREP_LIMIT = 250            # result lines returned by grep
-READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
-AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
-MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+# --- s02.1: the registry and the input check [core] ---
+# The loop finds a call's handler by name, and check_input holds the model's input
+# to the tool's own schema before the handler runs.
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
-# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
     """Add a tool. read_only: it changes no file (the permission chapter lets such
     calls run without asking); concurrency_safe: it may run beside other safe calls."""
@@ -392,7 +387,8 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
-# --- s02.2: the path sandbox ---
+
+# --- s02.2: the path sandbox [core] ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -417,7 +413,14 @@ def rel(path):
         if path.is_relative_to(agent_state().workdir) else str(path)
 
 
-# --- s02.3: read, write and edit ---
+# --- s02.3: read, write and edit [core] ---
+# The three file tools, each registered right after its handler. An edit needs a
+# read first, and the file unchanged since (the stamp read_file recorded).
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+
+
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -430,31 +433,6 @@ def check_fresh(path, shown):
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
-
-
-def count_lines(f):
-    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
-    counted in binary chunks: memory stays flat whatever the file's size."""
-    count, last = 0, b"\n"
-    with open(f, "rb") as fh:
-        while chunk := fh.read(READ_CHUNK):
-            count, last = count + chunk.count(b"\n"), chunk[-1:]
-    return count + (last != b"\n")
-
-
-def next_line(fh):
-    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
-    grep counts; splitlines would also split on \f and U+2028), without its line
-    end or a CR before it, cut to MAX_LINE characters; and how many it had past
-    those. The rest of a long line is counted piece by piece, never held."""
-    head = piece = fh.readline(MAX_LINE + 1)
-    size, tail = len(head), head[-2:]
-    while piece and not piece.endswith("\n"):
-        piece = fh.readline(READ_CHUNK)
-        size, tail = size + len(piece), (tail + piece)[-2:]
-    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
-    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
-    return line, size - len(line)
 
 
 def read_file(path, offset=1, limit=None):
@@ -488,60 +466,6 @@ def read_file(path, offset=1, limit=None):
         out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
-
-
-def open_folder(folder):
-    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
-    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
-    link swapped in on the way after the path was judged fails the walk (ELOOP,
-    ENOTDIR), so nothing is written where the judge never looked."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in folder.parts[1:]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
-            os.close(parent)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def write_inside(path, data, fresh=0o666):
-    """The one door for a whole file the agent writes: the judged path, as judged,
-    through a new file in the same folder and a rename. Whatever stands at the path
-    (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; a file there keeps its mode (a script stays executable), a new
-    one gets `fresh` less the umask (0o600 for the agent's private records)."""
-    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
-    try:
-        try:
-            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
-        except FileNotFoundError:
-            mode = None  # a new file: as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
-        with open(out, "wb") as f:
-            f.write(data)
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
-
-
-def write_or_say(path, data, shown):
-    """write_inside for a tool: a failure is the model's to hear, in one line."""
-    try:
-        write_inside(path, data)
-    except OSError as e:
-        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
-                        f"just replaced by a link, nothing was written; check the path and retry.")
 
 
 def write_file(path, content):
@@ -601,9 +525,217 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
-# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
-# Glob patterns and .gitignore rules share one translation: * and ? stay inside
-# a path segment, ** spans any number of segments, {a,b} is alternation.
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+
+
+# --- s02.4: parallel calls [core] ---
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
+    if len(batch) <= 1:
+        for b in batch:
+            add_result(run_tool(b), results)
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+
+# --- s02.5: message normalisation [core] ---
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        if not (blocks := api_blocks(m)):
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+
+# --- s02.6: one door for every write [hardening: skip on first read] ---
+# Stops: a link swapped in after the path was judged, so a write lands outside the workspace
+# Test: tests/test_s02_door.py::test_a_folder_swapped_for_a_link_after_the_judge_is_not_written_through
+# write_file and edit_file call write_or_say: every whole file the agent writes,
+# in this chapter and later ones, goes through write_inside.
+def open_folder(folder):
+    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
+    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
+    link swapped in on the way after the path was judged fails the walk (ELOOP,
+    ENOTDIR), so nothing is written where the judge never looked."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folder.parts[1:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_inside(path, data, fresh=0o666):
+    """The one door for a whole file the agent writes: the judged path, as judged,
+    through a new file in the same folder and a rename. Whatever stands at the path
+    (a link planted since, a hard link to a file elsewhere) is replaced, never
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
+    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
+        except FileNotFoundError:
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
+        with open(out, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_or_say(path, data, shown):
+    """write_inside for a tool: a failure is the model's to hear, in one line."""
+    try:
+        write_inside(path, data)
+    except OSError as e:
+        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
+                        f"just replaced by a link, nothing was written; check the path and retry.")
+
+
+# --- s02.7: reading a huge file in constant memory [hardening: skip on first read] ---
+# Stops: a multi-gigabyte file or one endless line filling the agent's memory
+# Test: tests/test_s02_limits.py::test_a_huge_single_line_is_cut_and_never_held
+# read_file counts the lines and reads them one by one through these two.
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+
+
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
+# --- s02.8: glob and .gitignore [extra] ---
+# Plumbing: skip on first read. Glob patterns and .gitignore rules share one
+# translation: * and ? stay inside a path segment, ** spans any number of
+# segments, {a,b} is alternation.
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
+
+
 def glob_regex(pattern):
     out, i, depth = "", 0, 0
     while i < len(pattern):
@@ -723,9 +855,22 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
-# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
-# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
-# in Python. Both produce records that one formatter turns into identical text.
+
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+
+
+# --- s02.9: grep, with ripgrep or in Python [extra] ---
+# Plumbing: skip on first read. ripgrep when installed (fast, and .gitignore-aware),
+# else the same walk in Python. Both produce records that one formatter turns into
+# identical text.
+GREP_LIMIT = 250            # result lines returned by grep
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
@@ -856,44 +1001,6 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
-# --- s02.6: the file tools as the model sees them ---
-register("read_file", (
-    "Read a text file from the workspace and return it with line numbers (cat -n style). "
-    "Use it before editing a file, and to study code you found with grep or glob. "
-    "For large files pass offset (1-based first line) and limit (line count); long "
-    "output is cut with a hint saying where to continue. Binary files are refused: "
-    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
-    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
-           offset=("integer", "First line to read, 1-based (default 1)."),
-           limit=("integer", "Number of lines to read (default 2000).")),
-    read_file, read_only=True, concurrency_safe=True)
-register("write_file", (
-    "Create a file, or replace the whole content of one, creating parent directories "
-    "as needed. Returns the number of bytes written. Use it for new files or complete "
-    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
-    "An existing file must have been read with read_file first."),
-    params(["path", "content"], path=("string", "File path inside the workspace."),
-           content=("string", "The complete new content of the file.")),
-    write_file)
-register("edit_file", (
-    "Replace an exact piece of text in a file with new text. old_string must match the "
-    "file exactly (whitespace included, without read_file's line numbers) and exactly "
-    "once, unless replace_all is true. The file must have been read with read_file and "
-    "be unchanged since; include enough surrounding lines to make the match unique."),
-    params(["path", "old_string", "new_string"],
-           path=("string", "File path inside the workspace."),
-           old_string=("string", "Exact text to replace."),
-           new_string=("string", "Replacement text (must differ from old_string)."),
-           replace_all=("boolean", "Replace every occurrence (default false).")),
-    edit_file)
-register("glob", (
-    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
-    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
-    "list it). Use it to locate files by name; to search inside files use grep instead."),
-    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
-           path=("string", "Directory to search (default: the workspace root).")),
-    glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
@@ -908,88 +1015,16 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
-# --- s02.7: message normalisation ---
-# Message normalisation: the history we keep is ours; what the API sees is a
-# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" (a later chapter marks blocks
-# with some) and never leave the process.
-def as_blocks(content):
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-def api_blocks(m):
-    """One message's blocks as the API may see them: fresh copies without the
-    private keys, empty text blocks left out."""
-    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-
-
-def normalize_messages(messages):
-    out = []
-    for m in messages:
-        if not (blocks := api_blocks(m)):
-            continue
-        if out and out[-1]["role"] == m["role"]:
-            out[-1]["content"] += blocks
-        else:
-            out.append({"role": m["role"], "content": blocks})
-    if not out or out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
-    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
-        out.append({"role": "user", "content": []})
-    for prev, m in zip([None] + out, out):
-        if m["role"] == "user":
-            m["content"] = pair_results(prev, m["content"])
-    return out
-
-
-def pair_results(prev, blocks):
-    """Exactly one result per call of the previous reply, in call order, first."""
-    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
-    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
-    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
-                                "content": "(no result: the call was cancelled)"} for i in calls]
-    rest = [b for b in blocks if b["type"] != "tool_result"]
-    return results + rest or [{"type": "text", "text": "(continuing)"}]
-
-# --- s02.8: parallel calls ---
-# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
-# together in threads; anything that writes runs alone, so order of effects is
-# the model's order. Results always come back in call order.
-def run_parallel(batch, results):
-    """Run a batch; results join `results` in call order. Returns a new empty batch.
-
-    Each worker runs in a copy of this thread's context, so its tool sees this
-    agent's state. On Ctrl+C the calls that finished keep their results.
-    """
-    if len(batch) <= 1:
-        for b in batch:
-            add_result(run_tool(b), results)
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
-        kept = 0
-        try:
-            for f in futures:  # in call order, whatever order they finish in
-                add_result(f.result(), results)
-                kept += 1
-        except KeyboardInterrupt:
-            pool.shutdown(cancel_futures=True)  # waits for the running ones
-            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
-            raise
-    return []
-
-
-def is_concurrency_safe(block):
-    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
-
 # --- s03: todo plan ---
 # The plan is the agent's own state (AgentState.plan), kept beside `messages`,
 # not inside it: the model rewrites it whole with todo_write, the human sees it
 # as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
 # items, at most one in_progress. Not persisted: a new session starts without one.
+
+# --- s03.1: todo_write: the plan and its rules [core] ---
+# The model sends the whole plan each time; check_plan holds it to the rules, the
+# human sees a checklist, the model gets the same list back as text.
 MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
-PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
 TODO_STATUSES = ("pending", "in_progress", "completed")
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
@@ -1078,6 +1113,32 @@ def todo_write(items):
     return plan_text()
 
 
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+
+# --- s03.2: the reminder [core] ---
+# After each tool round the loop asks plan_reminder whether the plan went stale.
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+
+
 def has_open_items():
     return any(item["status"] != "completed" for item in plan()["items"])
 
@@ -1105,59 +1166,172 @@ def plan_reminder(calls, results):
         f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
         f"{plan_text()}\n</system-reminder>")}]
 
-
-register("todo_write", (
-    "Write the plan for the current task as a checklist; each call replaces the whole "
-    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
-    "steps) or when the user gives a list of things to do, so you and the user can see "
-    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
-    "in_progress before you start it (only one at a time) and completed right after it "
-    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
-    "items, each a meaningful step."),
-    {"type": "object", "properties": {"items": {
-        "type": "array", "maxItems": MAX_TODOS,
-        "description": "The complete plan in order; it replaces the previous one.",
-        "items": {"type": "object", "properties": {
-            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
-            "status": {"type": "string", "enum": list(TODO_STATUSES)},
-            "active_form": {"type": "string",
-                            "description": "Shown while in progress: 'Running the tests'."}},
-            "required": ["content", "status"]}}},
-     "required": ["items"]},
-    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
-
 # --- s04: subagents ---
 # A subagent is a tool whose handler runs the same agent_loop on a new message
 # list: its own history, a narrower tool list (never `agent`, so no recursion),
 # a turn cap and its own system prompt. The parent gets one tool_result: the
 # child's final text. Every step in between stays in the child and is dropped.
+
+# --- s04.1: the agent tool: a child loop, one report back [core] ---
+# At each loop start prepare_agent_tool notes the client and the history on the
+# running agent; a call to `agent` then runs run_subagent, which runs agent_loop
+# for a child agent and returns its last text.
 SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
-AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
-AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
-FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
-FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
-WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
 SUBAGENT_SYSTEM = (
     "You are a subagent: another agent gave you one self-contained task. Work on your own "
     "with the tools (nobody will answer questions), stay within the task, and finish with "
     "a concise report of what you found or changed, naming files and lines: that report "
     "is the only thing the other agent will see.")
-EXPLORE_SYSTEM = (
-    "You are explore, a read-only investigation subagent. Find what the task asks about "
-    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
-    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
-    "concisely: the answer first, then the evidence as path:line references. Your final "
-    "message is the only thing the other agent will see.")
-# Built-in types; a user or project definition with the same name replaces one.
-# "Read-only" is the tool list plus the prompt: bash can still write, and only
-# a later chapter's OS sandbox makes that impossible.
-BUILTIN_AGENTS = {"explore": {
-    "name": "explore", "system": EXPLORE_SYSTEM,
-    "description": ("Read-only investigation: finds files, searches and reads code, and "
-                    "reports what it found. It does not change files."),
-    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
-    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+
+def prepare_agent_tool(client, messages, tools):
+    """At every agent_loop start: note the loop on its agent, refresh the agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from the running agent's state. The
+    description is rebuilt here, sorted, not per call: it is part of the prompt
+    prefix and changes only when a definition file does. Only the main agent
+    (tools None) rewrites it: a child has no agent tool.
+    """
+    state = agent_state()
+    state.client, state.messages, state.tools = client, messages, tools
+    if tools is None:
+        desc = describe_agents(load_agents())
+        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = agent_state().client
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    if not prompt.strip():  # "" is also how a label marks the main agent
+        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(agent_state().messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
+    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def child_state(fork, label):
+    """A subagent's own AgentState: the same workspace, a plan of its own, and
+    file-read records of its own (a fork starts from a copy of the parent's).
+
+    File-read records are runtime state, not infrastructure (seed): a fresh
+    child must read a file before editing it, and when the child changes a file
+    the parent read, the parent's stamp no longer matches, so it must re-read.
+    """
+    parent = agent_state()
+    child = AgentState(parent.workdir)
+    child.label = label
+    if fork:
+        child.files = dict(parent.files)
+    return child
+
+
+def run_child(client, history, child, settings):
+    """agent_loop for a child, run as its own agent: nothing of the parent's
+    state is swapped out or has to be restored."""
+    with acting_as(child):
+        return agent_loop(client, history, **settings)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += u.input_tokens
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+# --- s04.2: the child's tools [core] ---
+# A child gets the parent's tools minus `agent`, narrowed by its definition; a
+# call to any other tool is answered as an unknown tool, never run.
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools, results):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run and are answered first; normalize_messages
+    puts every result back in call order for the API.
+    """
+    if tools is not None:
+        names = allowed_names(tools)
+        results += [refused(b, tools) for b in calls if b.name not in names]
+        calls = [b for b in calls if b.name in names]
+    return run_tools(calls, results)
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+# --- s04.3: fork mode [core] ---
+# fork: true runs a copy of the parent instead of a fresh agent.
 
 # Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
 # history, system prompt and tools (minus agent). Every call still open in the
@@ -1181,6 +1355,48 @@ Rules (not negotiable):
 </fork_boilerplate>
 
 Task: {task}"""
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task.
+
+    The parent's last message holds the results its current reply has so far
+    (the loop appends it before the calls run): those stay, real results.
+    """
+    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
+    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
+    last = history[-1] if history else {"role": "user", "content": ""}
+    answered = {b.get("tool_use_id") for b in done}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return normalize_messages(history + [{"role": "user", "content": results + [brief]}])
+
+
+# --- s04.4: agent types [core] ---
+# Built-in, user (~/.agent/agents/) and project (.agent/agents/) definitions, the
+# later winning a name; the agent tool's description lists them.
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# a later chapter's OS sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
 
 AGENT_TOOL_HELP = (
     "Delegate a self-contained task to a subagent: it works in a fresh context with its "
@@ -1275,136 +1491,6 @@ def describe_agents(agents):
     return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
 
 
-def prepare_agent_tool(client, messages, tools):
-    """At every agent_loop start: note the loop on its agent, refresh the agent types.
-
-    The agent handler is called like any tool, with its input only, so the
-    client and the history (for fork) come from the running agent's state. The
-    description is rebuilt here, sorted, not per call: it is part of the prompt
-    prefix and changes only when a definition file does. Only the main agent
-    (tools None) rewrites it: a child has no agent tool.
-    """
-    state = agent_state()
-    state.client, state.messages, state.tools = client, messages, tools
-    if tools is None:
-        desc = describe_agents(load_agents())
-        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
-
-
-def child_tools(spec):
-    """The parent's tools as they are now (later chapters add some), minus agent,
-    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
-    tools = [t for t in TOOLS if t["name"] != "agent"]
-    if spec.get("tools") is not None:
-        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
-            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
-        tools = [t for t in tools if t["name"] in spec["tools"]]
-    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
-
-
-def allowed_names(tools):
-    """What a loop may run: every handler for the main agent, its own list for a child."""
-    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
-
-
-def run_allowed(calls, tools, results):
-    """run_tools, but a call to a tool the child was not given is an unknown tool.
-
-    The schema list only says what the model should call; this is what it can
-    call. Refused calls never run and are answered first; normalize_messages
-    puts every result back in call order for the API.
-    """
-    if tools is not None:
-        names = allowed_names(tools)
-        results += [refused(b, tools) for b in calls if b.name not in names]
-        calls = [b for b in calls if b.name in names]
-    return run_tools(calls, results)
-
-
-def refused(block, tools):
-    say(f"> {block.name} (not available to this agent)")
-    names = ", ".join(t["name"] for t in tools) or "(none)"
-    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
-            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
-                       f"Use one of: {names}."}
-
-
-def fork_messages(history, task):
-    """The parent's history, its open calls answered by placeholders, then the task.
-
-    The parent's last message holds the results its current reply has so far
-    (the loop appends it before the calls run): those stay, real results.
-    """
-    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
-    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
-    last = history[-1] if history else {"role": "user", "content": ""}
-    answered = {b.get("tool_use_id") for b in done}
-    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
-    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
-                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
-    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
-    return normalize_messages(history + [{"role": "user", "content": results + [brief]}])
-
-
-def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
-    if usage is None:
-        return
-    u = message.usage
-    usage["calls"] += 1
-    usage["input"] += u.input_tokens
-    usage["output"] += u.output_tokens
-
-
-def last_text(messages):
-    """The text of the newest assistant message that has any."""
-    for m in reversed(messages):
-        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
-        if m["role"] == "assistant" and texts:
-            return "\n".join(texts).strip()
-    return ""
-
-
-def child_settings(spec, fork, usage):
-    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
-    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
-    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
-    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
-            "system": None if fork else system, "model": spec.get("model"),
-            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
-
-
-def child_state(fork, label):
-    """A subagent's own AgentState: the same workspace, a plan of its own, and
-    file-read records of its own (a fork starts from a copy of the parent's).
-
-    File-read records are runtime state, not infrastructure (seed): a fresh
-    child must read a file before editing it, and when the child changes a file
-    the parent read, the parent's stamp no longer matches, so it must re-read.
-    """
-    parent = agent_state()
-    child = AgentState(parent.workdir)
-    child.label = label
-    if fork:
-        child.files = dict(parent.files)
-    return child
-
-
-def run_child(client, history, child, settings):
-    """agent_loop for a child, run as its own agent: nothing of the parent's
-    state is swapped out or has to be restored."""
-    with acting_as(child):
-        return agent_loop(client, history, **settings)
-
-
-CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
-    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
-                 "or do the rest yourself",
-    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
-    "api_error": "the model API failed: retry later, or do the task yourself",
-}
-
-
 def pick_agent(agent_type, fork):
     """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
     if fork and agent_type:
@@ -1415,35 +1501,6 @@ def pick_agent(agent_type, fork):
         raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
                         f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
     return agents.get(agent_type, {})
-
-
-def run_subagent(prompt, description=None, agent_type=None, fork=False):
-    """The agent tool: run a child loop to the end and return only its final text."""
-    client = agent_state().client
-    if client is None:
-        raise ToolError("The agent tool only works inside a running agent loop.")
-    if not prompt.strip():  # "" is also how a label marks the main agent
-        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
-    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
-    settings = child_settings(spec, fork, usage)
-    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
-    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
-    history = fork_messages(agent_state().messages, prompt) if fork else fresh
-    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, child_state(fork, label[:24]), settings)
-    if reason == "interrupted":
-        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
-    note = (f"[subagent {label}: {usage['calls']} model calls, "
-            f"{usage['input']} input + {usage['output']} output tokens]")
-    say(note)
-    text = last_text(history)
-    if reason != "end_turn":
-        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
-        raise ToolError(f"The subagent stopped early: {why}. "
-                        f"Its last words: {text or '(none)'}\n{note}")
-    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
-        text = "(the subagent finished without a report)"
-    return f"{text}\n\n{note}"
 
 
 register("agent", describe_agents(BUILTIN_AGENTS), params(
@@ -1462,17 +1519,12 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
 # while nothing changes on disk (a later chapter's prompt cache needs that).
+
+# --- s05.1: finding skills, listing them in the prompt [core] ---
+# Every model call scans the three skill folders; the prompt lists name and
+# description of each skill the model may load, sorted.
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
-DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
-HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-# !`git diff` -> the command's output. The ! opens a line or follows a space, so
-# prose such as "add `!` after the type" is never taken for a command.
-DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
-TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
-TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
-COMMANDS = {}               # name -> command dict, filled by command()
 
 
 def skill_dirs():
@@ -1480,10 +1532,6 @@ def skill_dirs():
     return [("built-in", Path(__file__).parent / "skills"),
             ("user", Path.home() / ".agent" / "skills"),
             ("project", agent_state().workdir / ".agent" / "skills")]
-
-
-def has_tool(spec, name):
-    return any(t["name"] == name for t in child_tools(spec))
 
 
 def hint_text(hint):
@@ -1514,19 +1562,6 @@ def parse_skill(folder, source):
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
-
-
-def parsed_skill(folder, source, parsed):
-    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
-    The list is built for every model call: parsing each file's YAML again cost
-    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
-    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
-    skill = agent_state().skills.get(key)
-    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
-    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
-        skill = parse_skill(folder, source)
-    parsed[key] = skill
-    return dict(skill)
 
 
 def discover_skills():
@@ -1563,49 +1598,27 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
+def has_tool(spec, name):
+    return any(t["name"] == name for t in child_tools(spec))
+
+
+# --- s05.2: load_skill and the template [core] ---
+# load_skill returns the body with its !`commands` run and its $ARGUMENTS filled
+# in, in one scan of the body as written.
+DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
+
+
 def arg_words(args):
     """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
         return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
         return args.split()
-
-
-def open_quote(text):
-    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
-    quote, escaped = "", False
-    for c in text:
-        if escaped:
-            escaped = False
-        elif quote == "'":
-            quote = "" if c == "'" else quote
-        elif c == "\\":
-            escaped = True
-        elif c == '"' or (c == "'" and not quote):
-            quote = "" if quote else c
-    return "\\" if escaped else quote
-
-
-def command_line(command, words):
-    """A command with its placeholders as shell-quoted words: arguments are data.
-
-    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
-    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
-    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
-    the shell still runs a $(...) put there, however it is quoted.
-    """
-    def one(m):
-        quote = open_quote(command[:m.start()])
-        if quote == '"':
-            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
-                            f'for you')
-        if quote:
-            return m[0]
-        index = m[1] or m[2]
-        if index is None:
-            return shlex.join(words)
-        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
-    return ARGUMENT_REF.sub(one, command)
 
 
 def run_dynamic(command, words, allowed=True):
@@ -1651,76 +1664,6 @@ def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
     body = substitute(skill["body"], args, allowed)
     return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
-
-
-def ask_human(question):
-    """One question to the human: the prompt on stderr, the answer read from stdin,
-    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
-    input, or no stdin at all, answers no."""
-    print(printable(question), end="", file=sys.stderr, flush=True)
-    try:
-        answer = input()
-    except (EOFError, OSError, RuntimeError):
-        print(file=sys.stderr)
-        return "no"
-    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
-        print(answer, file=sys.stderr)
-    return answer
-
-
-# Trust (seed: a cloned repository is untrusted input). What the human said yes
-# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
-# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
-# Project skills' commands use it here; a later chapter adds other project files.
-def load_trusted():
-    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
-    path = Path.home() / TRUSTED
-    if not path.exists():
-        return {}
-    try:
-        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
-        if all(isinstance(files, dict) for files in spaces.values()):
-            return spaces
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
-        pass
-    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
-    return {}
-
-
-def is_trusted(rel_path, digest):
-    """Did the human say yes to this workspace file with exactly this content?"""
-    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
-
-
-def trust(rel_path, digest):
-    """Record a yes, through s02's door: a new file renamed over the old one, so a
-    crash never leaves half a file and no link is written through."""
-    path = Path.home() / TRUSTED
-    spaces = load_trusted()
-    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
-    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
-        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
-    except OSError as e:  # the yes still holds for this call
-        warn_once(f"[could not record the yes in {path}: {e}]")
-
-
-def may_run(skill):
-    """May a model's load_skill run this skill's !`commands`? A project skill's come
-    from whoever wrote the repository, so the human is asked first, once per
-    workspace and SKILL.md content. Built-in and user skills are the human's own."""
-    commands = DYNAMIC.findall(skill["body"])
-    if skill["source"] != "project" or not commands:
-        return True
-    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
-    if is_trusted(rel_path, skill["sha256"]):
-        return True
-    listed = "".join(f"\n    {c}" for c in commands)
-    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
-                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        return False
-    trust(rel_path, skill["sha256"])
-    return True
 
 
 def load_skill(name, arguments=None):
@@ -1769,6 +1712,14 @@ register("load_skill", (
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
     load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
+
+# --- s05.3: slash commands [core] ---
+# The REPL hands a line starting with / to handle_slash; every user-invocable
+# skill is a command too.
+HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
+COMMANDS = {}               # name -> command dict, filled by command()
+
+
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
 # handler does the work and the model never sees it; kind "prompt": the handler
@@ -1784,12 +1735,6 @@ def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
             "handler": lambda args, ctx: render_skill(skill, args, typed_consent(skill))}
-
-
-def typed_consent(skill):
-    """Typing /name is the human's yes, unless a project skill took over the name of
-    their own (built-in or user) skill: then they may think they run that one."""
-    return may_run(skill) if skill.get("replaces") else True
 
 
 def all_commands():
@@ -1879,6 +1824,149 @@ def run_slash_once(client, line):
 command("help", "List commands and skills (skills send their instructions to the model)",
         show_help, aliases=("h", "?"))
 command("skills", "List skills: where each comes from and who may start it", show_skills)
+
+
+# --- s05.4: a project skill's commands need a yes [hardening: skip on first read] ---
+# Stops: a cloned repository's SKILL.md running commands at model load without the human's yes
+# Test: tests/test_s05_skill_safety.py::test_project_commands_do_not_run_without_a_yes
+# load_skill and a typed /name call may_run before any !`command` of a project
+# skill runs.
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(printable(question), end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
+        print(answer, file=sys.stderr)
+    return answer
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes, through s02's door: a new file renamed over the old one, so a
+    crash never leaves half a file and no link is written through."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
+        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
+
+
+def typed_consent(skill):
+    """Typing /name is the human's yes, unless a project skill took over the name of
+    their own (built-in or user) skill: then they may think they run that one."""
+    return may_run(skill) if skill.get("replaces") else True
+
+
+# --- s05.5: arguments are data in a command [hardening: skip on first read] ---
+# Stops: an argument such as $(rm -rf ~) running as part of a skill's !`command`
+# Test: tests/test_s05_skill_safety.py::test_placeholders_in_a_command_are_quoted_words
+# run_dynamic puts the arguments into a command through command_line.
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return ARGUMENT_REF.sub(one, command)
+
+
+# --- s05.6: parsing each SKILL.md once [hardening: skip on first read] ---
+# Stops: the YAML of every skill parsed again on every model call (~2 ms a call)
+# Test: tests/test_history_cache.py::test_a_skill_file_is_parsed_again_only_when_its_bytes_or_place_change
+# discover_skills asks parsed_skill, which parses a SKILL.md again only when its
+# bytes or its place changed.
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
 
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can

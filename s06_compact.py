@@ -357,18 +357,13 @@ def preview(content, is_error=False):
 # The registry is three tables keyed by tool name: TOOLS (what the model sees),
 # TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
 # register() call; the loop never changes.
-READ_LINES = 2_000          # lines per read_file call when no limit is given
-MAX_LINE = 2_000            # characters shown per line; longer lines are cut
-BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
-GLOB_LIMIT = 200            # paths returned by glob, newest first
-GREP_LIMIT = 250            # result lines returned by grep
-READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
-AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
-MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+# --- s02.1: the registry and the input check [core] ---
+# The loop finds a call's handler by name, and check_input holds the model's input
+# to the tool's own schema before the handler runs.
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
-# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
     """Add a tool. read_only: it changes no file (the permission chapter lets such
     calls run without asking); concurrency_safe: it may run beside other safe calls."""
@@ -404,7 +399,8 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
-# --- s02.2: the path sandbox ---
+
+# --- s02.2: the path sandbox [core] ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -429,7 +425,14 @@ def rel(path):
         if path.is_relative_to(agent_state().workdir) else str(path)
 
 
-# --- s02.3: read, write and edit ---
+# --- s02.3: read, write and edit [core] ---
+# The three file tools, each registered right after its handler. An edit needs a
+# read first, and the file unchanged since (the stamp read_file recorded).
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+
+
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -442,31 +445,6 @@ def check_fresh(path, shown):
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
-
-
-def count_lines(f):
-    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
-    counted in binary chunks: memory stays flat whatever the file's size."""
-    count, last = 0, b"\n"
-    with open(f, "rb") as fh:
-        while chunk := fh.read(READ_CHUNK):
-            count, last = count + chunk.count(b"\n"), chunk[-1:]
-    return count + (last != b"\n")
-
-
-def next_line(fh):
-    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
-    grep counts; splitlines would also split on \f and U+2028), without its line
-    end or a CR before it, cut to MAX_LINE characters; and how many it had past
-    those. The rest of a long line is counted piece by piece, never held."""
-    head = piece = fh.readline(MAX_LINE + 1)
-    size, tail = len(head), head[-2:]
-    while piece and not piece.endswith("\n"):
-        piece = fh.readline(READ_CHUNK)
-        size, tail = size + len(piece), (tail + piece)[-2:]
-    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
-    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
-    return line, size - len(line)
 
 
 def read_file(path, offset=1, limit=None):
@@ -500,60 +478,6 @@ def read_file(path, offset=1, limit=None):
         out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
-
-
-def open_folder(folder):
-    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
-    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
-    link swapped in on the way after the path was judged fails the walk (ELOOP,
-    ENOTDIR), so nothing is written where the judge never looked."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in folder.parts[1:]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
-            os.close(parent)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def write_inside(path, data, fresh=0o666):
-    """The one door for a whole file the agent writes: the judged path, as judged,
-    through a new file in the same folder and a rename. Whatever stands at the path
-    (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; a file there keeps its mode (a script stays executable), a new
-    one gets `fresh` less the umask (0o600 for the agent's private records)."""
-    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
-    try:
-        try:
-            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
-        except FileNotFoundError:
-            mode = None  # a new file: as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
-        with open(out, "wb") as f:
-            f.write(data)
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
-
-
-def write_or_say(path, data, shown):
-    """write_inside for a tool: a failure is the model's to hear, in one line."""
-    try:
-        write_inside(path, data)
-    except OSError as e:
-        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
-                        f"just replaced by a link, nothing was written; check the path and retry.")
 
 
 def write_file(path, content):
@@ -613,9 +537,217 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
-# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
-# Glob patterns and .gitignore rules share one translation: * and ? stay inside
-# a path segment, ** spans any number of segments, {a,b} is alternation.
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+
+
+# --- s02.4: parallel calls [core] ---
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
+    if len(batch) <= 1:
+        for b in batch:
+            add_result(run_tool(b), results)
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+
+# --- s02.5: message normalisation [core] ---
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        if not (blocks := api_blocks(m)):
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+
+# --- s02.6: one door for every write [hardening: skip on first read] ---
+# Stops: a link swapped in after the path was judged, so a write lands outside the workspace
+# Test: tests/test_s02_door.py::test_a_folder_swapped_for_a_link_after_the_judge_is_not_written_through
+# write_file and edit_file call write_or_say: every whole file the agent writes,
+# in this chapter and later ones, goes through write_inside.
+def open_folder(folder):
+    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
+    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
+    link swapped in on the way after the path was judged fails the walk (ELOOP,
+    ENOTDIR), so nothing is written where the judge never looked."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folder.parts[1:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_inside(path, data, fresh=0o666):
+    """The one door for a whole file the agent writes: the judged path, as judged,
+    through a new file in the same folder and a rename. Whatever stands at the path
+    (a link planted since, a hard link to a file elsewhere) is replaced, never
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
+    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
+        except FileNotFoundError:
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
+        with open(out, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_or_say(path, data, shown):
+    """write_inside for a tool: a failure is the model's to hear, in one line."""
+    try:
+        write_inside(path, data)
+    except OSError as e:
+        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
+                        f"just replaced by a link, nothing was written; check the path and retry.")
+
+
+# --- s02.7: reading a huge file in constant memory [hardening: skip on first read] ---
+# Stops: a multi-gigabyte file or one endless line filling the agent's memory
+# Test: tests/test_s02_limits.py::test_a_huge_single_line_is_cut_and_never_held
+# read_file counts the lines and reads them one by one through these two.
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+
+
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
+# --- s02.8: glob and .gitignore [extra] ---
+# Plumbing: skip on first read. Glob patterns and .gitignore rules share one
+# translation: * and ? stay inside a path segment, ** spans any number of
+# segments, {a,b} is alternation.
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
+
+
 def glob_regex(pattern):
     out, i, depth = "", 0, 0
     while i < len(pattern):
@@ -735,9 +867,22 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
-# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
-# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
-# in Python. Both produce records that one formatter turns into identical text.
+
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+
+
+# --- s02.9: grep, with ripgrep or in Python [extra] ---
+# Plumbing: skip on first read. ripgrep when installed (fast, and .gitignore-aware),
+# else the same walk in Python. Both produce records that one formatter turns into
+# identical text.
+GREP_LIMIT = 250            # result lines returned by grep
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
@@ -868,44 +1013,6 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
-# --- s02.6: the file tools as the model sees them ---
-register("read_file", (
-    "Read a text file from the workspace and return it with line numbers (cat -n style). "
-    "Use it before editing a file, and to study code you found with grep or glob. "
-    "For large files pass offset (1-based first line) and limit (line count); long "
-    "output is cut with a hint saying where to continue. Binary files are refused: "
-    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
-    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
-           offset=("integer", "First line to read, 1-based (default 1)."),
-           limit=("integer", "Number of lines to read (default 2000).")),
-    read_file, read_only=True, concurrency_safe=True)
-register("write_file", (
-    "Create a file, or replace the whole content of one, creating parent directories "
-    "as needed. Returns the number of bytes written. Use it for new files or complete "
-    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
-    "An existing file must have been read with read_file first."),
-    params(["path", "content"], path=("string", "File path inside the workspace."),
-           content=("string", "The complete new content of the file.")),
-    write_file)
-register("edit_file", (
-    "Replace an exact piece of text in a file with new text. old_string must match the "
-    "file exactly (whitespace included, without read_file's line numbers) and exactly "
-    "once, unless replace_all is true. The file must have been read with read_file and "
-    "be unchanged since; include enough surrounding lines to make the match unique."),
-    params(["path", "old_string", "new_string"],
-           path=("string", "File path inside the workspace."),
-           old_string=("string", "Exact text to replace."),
-           new_string=("string", "Replacement text (must differ from old_string)."),
-           replace_all=("boolean", "Replace every occurrence (default false).")),
-    edit_file)
-register("glob", (
-    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
-    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
-    "list it). Use it to locate files by name; to search inside files use grep instead."),
-    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
-           path=("string", "Directory to search (default: the workspace root).")),
-    glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
@@ -920,88 +1027,16 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
-# --- s02.7: message normalisation ---
-# Message normalisation: the history we keep is ours; what the API sees is a
-# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" (a later chapter marks blocks
-# with some) and never leave the process.
-def as_blocks(content):
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-def api_blocks(m):
-    """One message's blocks as the API may see them: fresh copies without the
-    private keys, empty text blocks left out."""
-    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-
-
-def normalize_messages(messages):
-    out = []
-    for m in messages:
-        if not (blocks := api_blocks(m)):
-            continue
-        if out and out[-1]["role"] == m["role"]:
-            out[-1]["content"] += blocks
-        else:
-            out.append({"role": m["role"], "content": blocks})
-    if not out or out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
-    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
-        out.append({"role": "user", "content": []})
-    for prev, m in zip([None] + out, out):
-        if m["role"] == "user":
-            m["content"] = pair_results(prev, m["content"])
-    return out
-
-
-def pair_results(prev, blocks):
-    """Exactly one result per call of the previous reply, in call order, first."""
-    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
-    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
-    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
-                                "content": "(no result: the call was cancelled)"} for i in calls]
-    rest = [b for b in blocks if b["type"] != "tool_result"]
-    return results + rest or [{"type": "text", "text": "(continuing)"}]
-
-# --- s02.8: parallel calls ---
-# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
-# together in threads; anything that writes runs alone, so order of effects is
-# the model's order. Results always come back in call order.
-def run_parallel(batch, results):
-    """Run a batch; results join `results` in call order. Returns a new empty batch.
-
-    Each worker runs in a copy of this thread's context, so its tool sees this
-    agent's state. On Ctrl+C the calls that finished keep their results.
-    """
-    if len(batch) <= 1:
-        for b in batch:
-            add_result(run_tool(b), results)
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
-        kept = 0
-        try:
-            for f in futures:  # in call order, whatever order they finish in
-                add_result(f.result(), results)
-                kept += 1
-        except KeyboardInterrupt:
-            pool.shutdown(cancel_futures=True)  # waits for the running ones
-            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
-            raise
-    return []
-
-
-def is_concurrency_safe(block):
-    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
-
 # --- s03: todo plan ---
 # The plan is the agent's own state (AgentState.plan), kept beside `messages`,
 # not inside it: the model rewrites it whole with todo_write, the human sees it
 # as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
 # items, at most one in_progress. Not persisted: a new session starts without one.
+
+# --- s03.1: todo_write: the plan and its rules [core] ---
+# The model sends the whole plan each time; check_plan holds it to the rules, the
+# human sees a checklist, the model gets the same list back as text.
 MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
-PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
 TODO_STATUSES = ("pending", "in_progress", "completed")
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
@@ -1090,6 +1125,32 @@ def todo_write(items):
     return plan_text()
 
 
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+
+# --- s03.2: the reminder [core] ---
+# After each tool round the loop asks plan_reminder whether the plan went stale.
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+
+
 def has_open_items():
     return any(item["status"] != "completed" for item in plan()["items"])
 
@@ -1117,59 +1178,176 @@ def plan_reminder(calls, results):
         f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
         f"{plan_text()}\n</system-reminder>")}]
 
-
-register("todo_write", (
-    "Write the plan for the current task as a checklist; each call replaces the whole "
-    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
-    "steps) or when the user gives a list of things to do, so you and the user can see "
-    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
-    "in_progress before you start it (only one at a time) and completed right after it "
-    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
-    "items, each a meaningful step."),
-    {"type": "object", "properties": {"items": {
-        "type": "array", "maxItems": MAX_TODOS,
-        "description": "The complete plan in order; it replaces the previous one.",
-        "items": {"type": "object", "properties": {
-            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
-            "status": {"type": "string", "enum": list(TODO_STATUSES)},
-            "active_form": {"type": "string",
-                            "description": "Shown while in progress: 'Running the tests'."}},
-            "required": ["content", "status"]}}},
-     "required": ["items"]},
-    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
-
 # --- s04: subagents ---
 # A subagent is a tool whose handler runs the same agent_loop on a new message
 # list: its own history, a narrower tool list (never `agent`, so no recursion),
 # a turn cap and its own system prompt. The parent gets one tool_result: the
 # child's final text. Every step in between stays in the child and is dropped.
+
+# --- s04.1: the agent tool: a child loop, one report back [core] ---
+# At each loop start prepare_agent_tool notes the client and the history on the
+# running agent; a call to `agent` then runs run_subagent, which runs agent_loop
+# for a child agent and returns its last text.
 SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
-AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
-AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
-FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
-FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
-WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
 SUBAGENT_SYSTEM = (
     "You are a subagent: another agent gave you one self-contained task. Work on your own "
     "with the tools (nobody will answer questions), stay within the task, and finish with "
     "a concise report of what you found or changed, naming files and lines: that report "
     "is the only thing the other agent will see.")
-EXPLORE_SYSTEM = (
-    "You are explore, a read-only investigation subagent. Find what the task asks about "
-    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
-    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
-    "concisely: the answer first, then the evidence as path:line references. Your final "
-    "message is the only thing the other agent will see.")
-# Built-in types; a user or project definition with the same name replaces one.
-# "Read-only" is the tool list plus the prompt: bash can still write, and only
-# a later chapter's OS sandbox makes that impossible.
-BUILTIN_AGENTS = {"explore": {
-    "name": "explore", "system": EXPLORE_SYSTEM,
-    "description": ("Read-only investigation: finds files, searches and reads code, and "
-                    "reports what it found. It does not change files."),
-    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
-    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+
+def prepare_agent_tool(client, messages, tools):
+    """At every agent_loop start: note the loop on its agent, refresh the agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from the running agent's state. The
+    description is rebuilt here, sorted, not per call: it is part of the prompt
+    prefix and changes only when a definition file does. Only the main agent
+    (tools None) rewrites it: a child has no agent tool.
+    """
+    state = agent_state()
+    state.client, state.messages, state.tools = client, messages, tools
+    if tools is None:
+        desc = describe_agents(load_agents())
+        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = agent_state().client
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    if not prompt.strip():  # "" is also how a label marks the main agent
+        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(agent_state().messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
+    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def child_state(fork, label):
+    """A subagent's own AgentState: the same workspace, a plan of its own, and
+    file-read records of its own (a fork starts from a copy of the parent's).
+
+    File-read records are runtime state, not infrastructure (seed): a fresh
+    child must read a file before editing it, and when the child changes a file
+    the parent read, the parent's stamp no longer matches, so it must re-read.
+    """
+    parent = agent_state()
+    child = AgentState(parent.workdir)
+    child.label = label
+    if fork:
+        child.files = dict(parent.files)
+    child.session = parent.session  # s06: one bill for the whole session
+    return child
+
+
+def run_child(client, history, child, settings):
+    """agent_loop for a child, run as its own agent: nothing of the parent's
+    state is swapped out or has to be restored."""
+    with acting_as(child):
+        return agent_loop(client, history, **settings)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
+                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
+        return report  # s06
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+# --- s04.2: the child's tools [core] ---
+# A child gets the parent's tools minus `agent`, narrowed by its definition; a
+# call to any other tool is answered as an unknown tool, never run.
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools, results):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run and are answered first; normalize_messages
+    puts every result back in call order for the API.
+    """
+    if tools is not None:
+        names = allowed_names(tools)
+        results += [refused(b, tools) for b in calls if b.name not in names]
+        calls = [b for b in calls if b.name in names]
+    return run_tools(calls, results)
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+# --- s04.3: fork mode [core] ---
+# fork: true runs a copy of the parent instead of a fresh agent.
 
 # Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
 # history, system prompt and tools (minus agent). Every call still open in the
@@ -1193,6 +1371,48 @@ Rules (not negotiable):
 </fork_boilerplate>
 
 Task: {task}"""
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task.
+
+    The parent's last message holds the results its current reply has so far
+    (the loop appends it before the calls run): those stay, real results.
+    """
+    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
+    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
+    last = history[-1] if history else {"role": "user", "content": ""}
+    answered = {b.get("tool_use_id") for b in done}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
+
+
+# --- s04.4: agent types [core] ---
+# Built-in, user (~/.agent/agents/) and project (.agent/agents/) definitions, the
+# later winning a name; the agent tool's description lists them.
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# a later chapter's OS sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
 
 AGENT_TOOL_HELP = (
     "Delegate a self-contained task to a subagent: it works in a fresh context with its "
@@ -1287,140 +1507,6 @@ def describe_agents(agents):
     return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
 
 
-def prepare_agent_tool(client, messages, tools):
-    """At every agent_loop start: note the loop on its agent, refresh the agent types.
-
-    The agent handler is called like any tool, with its input only, so the
-    client and the history (for fork) come from the running agent's state. The
-    description is rebuilt here, sorted, not per call: it is part of the prompt
-    prefix and changes only when a definition file does. Only the main agent
-    (tools None) rewrites it: a child has no agent tool.
-    """
-    state = agent_state()
-    state.client, state.messages, state.tools = client, messages, tools
-    if tools is None:
-        desc = describe_agents(load_agents())
-        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
-
-
-def child_tools(spec):
-    """The parent's tools as they are now (later chapters add some), minus agent,
-    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
-    tools = [t for t in TOOLS if t["name"] != "agent"]
-    if spec.get("tools") is not None:
-        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
-            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
-        tools = [t for t in tools if t["name"] in spec["tools"]]
-    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
-
-
-def allowed_names(tools):
-    """What a loop may run: every handler for the main agent, its own list for a child."""
-    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
-
-
-def run_allowed(calls, tools, results):
-    """run_tools, but a call to a tool the child was not given is an unknown tool.
-
-    The schema list only says what the model should call; this is what it can
-    call. Refused calls never run and are answered first; normalize_messages
-    puts every result back in call order for the API.
-    """
-    if tools is not None:
-        names = allowed_names(tools)
-        results += [refused(b, tools) for b in calls if b.name not in names]
-        calls = [b for b in calls if b.name in names]
-    return run_tools(calls, results)
-
-
-def refused(block, tools):
-    say(f"> {block.name} (not available to this agent)")
-    names = ", ".join(t["name"] for t in tools) or "(none)"
-    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
-            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
-                       f"Use one of: {names}."}
-
-
-def fork_messages(history, task):
-    """The parent's history, its open calls answered by placeholders, then the task.
-
-    The parent's last message holds the results its current reply has so far
-    (the loop appends it before the calls run): those stay, real results.
-    """
-    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
-    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
-    last = history[-1] if history else {"role": "user", "content": ""}
-    answered = {b.get("tool_use_id") for b in done}
-    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
-    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
-                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
-    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
-    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
-
-
-def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
-    if usage is None:
-        return
-    u = message.usage
-    usage["calls"] += 1
-    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
-                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
-    usage["output"] += u.output_tokens
-
-
-def last_text(messages):
-    """The text of the newest assistant message that has any."""
-    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
-        return report  # s06
-    for m in reversed(messages):
-        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
-        if m["role"] == "assistant" and texts:
-            return "\n".join(texts).strip()
-    return ""
-
-
-def child_settings(spec, fork, usage):
-    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
-    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
-    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
-    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
-            "system": None if fork else system, "model": spec.get("model"),
-            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
-
-
-def child_state(fork, label):
-    """A subagent's own AgentState: the same workspace, a plan of its own, and
-    file-read records of its own (a fork starts from a copy of the parent's).
-
-    File-read records are runtime state, not infrastructure (seed): a fresh
-    child must read a file before editing it, and when the child changes a file
-    the parent read, the parent's stamp no longer matches, so it must re-read.
-    """
-    parent = agent_state()
-    child = AgentState(parent.workdir)
-    child.label = label
-    if fork:
-        child.files = dict(parent.files)
-    child.session = parent.session  # s06: one bill for the whole session
-    return child
-
-
-def run_child(client, history, child, settings):
-    """agent_loop for a child, run as its own agent: nothing of the parent's
-    state is swapped out or has to be restored."""
-    with acting_as(child):
-        return agent_loop(client, history, **settings)
-
-
-CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
-    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
-                 "or do the rest yourself",
-    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
-    "api_error": "the model API failed: retry later, or do the task yourself",
-}
-
-
 def pick_agent(agent_type, fork):
     """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
     if fork and agent_type:
@@ -1431,35 +1517,6 @@ def pick_agent(agent_type, fork):
         raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
                         f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
     return agents.get(agent_type, {})
-
-
-def run_subagent(prompt, description=None, agent_type=None, fork=False):
-    """The agent tool: run a child loop to the end and return only its final text."""
-    client = agent_state().client
-    if client is None:
-        raise ToolError("The agent tool only works inside a running agent loop.")
-    if not prompt.strip():  # "" is also how a label marks the main agent
-        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
-    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
-    settings = child_settings(spec, fork, usage)
-    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
-    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
-    history = fork_messages(agent_state().messages, prompt) if fork else fresh
-    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, child_state(fork, label[:24]), settings)
-    if reason == "interrupted":
-        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
-    note = (f"[subagent {label}: {usage['calls']} model calls, "
-            f"{usage['input']} input + {usage['output']} output tokens]")
-    say(note)
-    text = last_text(history)
-    if reason != "end_turn":
-        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
-        raise ToolError(f"The subagent stopped early: {why}. "
-                        f"Its last words: {text or '(none)'}\n{note}")
-    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
-        text = "(the subagent finished without a report)"
-    return f"{text}\n\n{note}"
 
 
 register("agent", describe_agents(BUILTIN_AGENTS), params(
@@ -1478,17 +1535,12 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
 # while nothing changes on disk (a later chapter's prompt cache needs that).
+
+# --- s05.1: finding skills, listing them in the prompt [core] ---
+# Every model call scans the three skill folders; the prompt lists name and
+# description of each skill the model may load, sorted.
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
-DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
-HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-# !`git diff` -> the command's output. The ! opens a line or follows a space, so
-# prose such as "add `!` after the type" is never taken for a command.
-DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
-TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
-TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
-COMMANDS = {}               # name -> command dict, filled by command()
 
 
 def skill_dirs():
@@ -1496,10 +1548,6 @@ def skill_dirs():
     return [("built-in", Path(__file__).parent / "skills"),
             ("user", Path.home() / ".agent" / "skills"),
             ("project", agent_state().workdir / ".agent" / "skills")]
-
-
-def has_tool(spec, name):
-    return any(t["name"] == name for t in child_tools(spec))
 
 
 def hint_text(hint):
@@ -1530,19 +1578,6 @@ def parse_skill(folder, source):
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
-
-
-def parsed_skill(folder, source, parsed):
-    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
-    The list is built for every model call: parsing each file's YAML again cost
-    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
-    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
-    skill = agent_state().skills.get(key)
-    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
-    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
-        skill = parse_skill(folder, source)
-    parsed[key] = skill
-    return dict(skill)
 
 
 def discover_skills():
@@ -1579,49 +1614,27 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
+def has_tool(spec, name):
+    return any(t["name"] == name for t in child_tools(spec))
+
+
+# --- s05.2: load_skill and the template [core] ---
+# load_skill returns the body with its !`commands` run and its $ARGUMENTS filled
+# in, in one scan of the body as written.
+DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
+
+
 def arg_words(args):
     """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
         return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
         return args.split()
-
-
-def open_quote(text):
-    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
-    quote, escaped = "", False
-    for c in text:
-        if escaped:
-            escaped = False
-        elif quote == "'":
-            quote = "" if c == "'" else quote
-        elif c == "\\":
-            escaped = True
-        elif c == '"' or (c == "'" and not quote):
-            quote = "" if quote else c
-    return "\\" if escaped else quote
-
-
-def command_line(command, words):
-    """A command with its placeholders as shell-quoted words: arguments are data.
-
-    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
-    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
-    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
-    the shell still runs a $(...) put there, however it is quoted.
-    """
-    def one(m):
-        quote = open_quote(command[:m.start()])
-        if quote == '"':
-            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
-                            f'for you')
-        if quote:
-            return m[0]
-        index = m[1] or m[2]
-        if index is None:
-            return shlex.join(words)
-        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
-    return ARGUMENT_REF.sub(one, command)
 
 
 def run_dynamic(command, words, allowed=True):
@@ -1667,76 +1680,6 @@ def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
     body = substitute(skill["body"], args, allowed)
     return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
-
-
-def ask_human(question):
-    """One question to the human: the prompt on stderr, the answer read from stdin,
-    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
-    input, or no stdin at all, answers no."""
-    print(printable(question), end="", file=sys.stderr, flush=True)
-    try:
-        answer = input()
-    except (EOFError, OSError, RuntimeError):
-        print(file=sys.stderr)
-        return "no"
-    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
-        print(answer, file=sys.stderr)
-    return answer
-
-
-# Trust (seed: a cloned repository is untrusted input). What the human said yes
-# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
-# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
-# Project skills' commands use it here; a later chapter adds other project files.
-def load_trusted():
-    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
-    path = Path.home() / TRUSTED
-    if not path.exists():
-        return {}
-    try:
-        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
-        if all(isinstance(files, dict) for files in spaces.values()):
-            return spaces
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
-        pass
-    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
-    return {}
-
-
-def is_trusted(rel_path, digest):
-    """Did the human say yes to this workspace file with exactly this content?"""
-    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
-
-
-def trust(rel_path, digest):
-    """Record a yes, through s02's door: a new file renamed over the old one, so a
-    crash never leaves half a file and no link is written through."""
-    path = Path.home() / TRUSTED
-    spaces = load_trusted()
-    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
-    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
-        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
-    except OSError as e:  # the yes still holds for this call
-        warn_once(f"[could not record the yes in {path}: {e}]")
-
-
-def may_run(skill):
-    """May a model's load_skill run this skill's !`commands`? A project skill's come
-    from whoever wrote the repository, so the human is asked first, once per
-    workspace and SKILL.md content. Built-in and user skills are the human's own."""
-    commands = DYNAMIC.findall(skill["body"])
-    if skill["source"] != "project" or not commands:
-        return True
-    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
-    if is_trusted(rel_path, skill["sha256"]):
-        return True
-    listed = "".join(f"\n    {c}" for c in commands)
-    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
-                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        return False
-    trust(rel_path, skill["sha256"])
-    return True
 
 
 def load_skill(name, arguments=None):
@@ -1785,6 +1728,14 @@ register("load_skill", (
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
     load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
+
+# --- s05.3: slash commands [core] ---
+# The REPL hands a line starting with / to handle_slash; every user-invocable
+# skill is a command too.
+HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
+COMMANDS = {}               # name -> command dict, filled by command()
+
+
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
 # handler does the work and the model never sees it; kind "prompt": the handler
@@ -1800,12 +1751,6 @@ def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
             "handler": lambda args, ctx: render_skill(skill, args, typed_consent(skill))}
-
-
-def typed_consent(skill):
-    """Typing /name is the human's yes, unless a project skill took over the name of
-    their own (built-in or user) skill: then they may think they run that one."""
-    return may_run(skill) if skill.get("replaces") else True
 
 
 def all_commands():
@@ -1896,6 +1841,149 @@ command("help", "List commands and skills (skills send their instructions to the
         show_help, aliases=("h", "?"))
 command("skills", "List skills: where each comes from and who may start it", show_skills)
 
+
+# --- s05.4: a project skill's commands need a yes [hardening: skip on first read] ---
+# Stops: a cloned repository's SKILL.md running commands at model load without the human's yes
+# Test: tests/test_s05_skill_safety.py::test_project_commands_do_not_run_without_a_yes
+# load_skill and a typed /name call may_run before any !`command` of a project
+# skill runs.
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(printable(question), end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
+        print(answer, file=sys.stderr)
+    return answer
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes, through s02's door: a new file renamed over the old one, so a
+    crash never leaves half a file and no link is written through."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
+        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
+
+
+def typed_consent(skill):
+    """Typing /name is the human's yes, unless a project skill took over the name of
+    their own (built-in or user) skill: then they may think they run that one."""
+    return may_run(skill) if skill.get("replaces") else True
+
+
+# --- s05.5: arguments are data in a command [hardening: skip on first read] ---
+# Stops: an argument such as $(rm -rf ~) running as part of a skill's !`command`
+# Test: tests/test_s05_skill_safety.py::test_placeholders_in_a_command_are_quoted_words
+# run_dynamic puts the arguments into a command through command_line.
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return ARGUMENT_REF.sub(one, command)
+
+
+# --- s05.6: parsing each SKILL.md once [hardening: skip on first read] ---
+# Stops: the YAML of every skill parsed again on every model call (~2 ms a call)
+# Test: tests/test_history_cache.py::test_a_skill_file_is_parsed_again_only_when_its_bytes_or_place_change
+# discover_skills asks parsed_skill, which parses a SKILL.md again only when its
+# bytes or its place changed.
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
+
 # --- s06: context compaction ---
 # A 200K window fills fast, and ~85% of it is tool output (file dumps, logs,
 # search hits) that goes stale once the model has read it. From free to costly:
@@ -1961,101 +2049,15 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # price: right after a batch only the newest result is verbatim, and an older
 # one the model still needs is read again (the placeholder says so), a call
 # the benchmark does not count.
-CONTEXT_WINDOW = 200_000    # tokens the model can attend to
-OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
-SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
-AUTO_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - SAFETY_MARGIN  # 167K: compact from here
-FORCE_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - 3_000  # 177K: compact even with the breaker open
-MAX_COMPACT_FAILURES = 3    # failed compactions in a row before auto-compact stops trying
-KEEP_TAIL_TOKENS = 10_000   # a compaction keeps the newest messages verbatim up to this...
-KEEP_TAIL_MESSAGES = 5      # ...or this many messages, whichever is reached first
-REATTACH_FILES = 5          # recently read files re-read into the history after a compaction
-REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
-SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
-PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
-                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
-                            # text that is not ASCII costs more tokens a character
-MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
-PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
-                            # the budget they become a note to read the file again in parts
-PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
-KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
-WORKING_BUDGET = 20_000     # tokens the results not cleared yet would free (above the floor): past it, a batch
-KEEP_RESULTS = 1            # newest tool results a batch clear leaves intact
-CLEAR_PAYBACK = 10          # requests in which a batch clear must repay its cache rewrite, or it waits
-CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
-MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
-MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
-                            # lowering max_tokens (a reply that small is mostly continuations)
-MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
-RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
-RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
-RETRY_JITTER = 0.25         # share of a backoff that is random, so clients spread out
-RETRY_STATUSES = (408, 409, 429)  # plus every 5xx (529 = overloaded)
-PRICE_INPUT = 3.00          # USD per million input tokens (list price, default model)
-PRICE_OUTPUT = 15.00        # USD per million output tokens
-CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
-CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
-EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
 
-SUMMARY_PROMPT = """\
-Do NOT call any tool. Reply with plain text only.
-
-Write a detailed summary of the conversation so far; the work will continue from \
-your summary alone, so keep every fact needed to carry on.
-
-First, inside <analysis> tags, go through the conversation in order: what the user \
-asked for, what you did and found, the files and code involved, the errors and how \
-they were fixed. This is your draft; it will be thrown away.
-
-Then write the summary inside <summary> tags, with these 9 sections:
-1. Primary request and intent: what the user really wants, in detail.
-2. Key technical concepts: the technologies, ideas and decisions discussed.
-3. Files and code sections: each file read, changed or created, why it matters, \
-and the key code snippets verbatim.
-4. Errors and fixes: each error met and how it was fixed, with the user's feedback.
-5. Problem solving: how problems were approached and what was solved.
-6. All user messages: every message the user wrote that is not a tool result, \
-quoted verbatim; they carry the intent most precisely.
-7. Pending tasks: everything asked for that is not done yet.
-8. Current work: exactly what was being done right before this summary, with file \
-names and code. Make this section the most detailed.
-9. Possible next step: the next step, in line with the user's latest request; quote \
-the latest messages so it is clear where the work stopped.
-
-Only the <summary> block is kept. Remember: plain text only, no tool calls."""
-
-CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly where it "
-                   "stopped: no apology, no recap. Split the remaining work into smaller steps.")
-
-
-# --- s06.1: big results to disk ---
+# --- s06.1: big results to disk [core] ---
 # Layer 1. It runs once per result, as the result enters the history, so the
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
-def open_inside(path, root, flags, mode=0o644):
-    """os.open a file the agent keeps below root (its folders made when missing),
-    through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
-    is opened so too. OSError when one is a link, so nothing is written elsewhere,
-    even if a link is swapped in meanwhile (a cloned repository may plant one)."""
-    if not path.is_relative_to(root):
-        raise OSError(f"{path} is outside {root}")
-    fd = open_folder(path.parent)
-    try:
-        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def keep_out_of_git(folder):
-    """A .gitignore of "*" in folder (absolute, resolved), made once through the door:
-    O_EXCL leaves a file or a planted link already there alone (even one pointing
-    nowhere), and a link on the way to it is an OSError, never written through."""
-    with contextlib.suppress(FileExistsError):
-        with open(open_inside(folder / ".gitignore", folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
-            fh.write("*\n")
+PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
+PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
+KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
 
 
 def preview_of(text):
@@ -2063,15 +2065,6 @@ def preview_of(text):
     preview = text[:PREVIEW_CHARS]
     cut = preview.rfind("\n")
     return preview[:cut] if cut > PREVIEW_CHARS // 2 else preview
-
-
-def save_scratch(path, data):
-    """Bytes to a file of .agent/tool-results through the door (never through a link
-    a cloned repository planted in .agent/), the folder kept out of git: the agent's
-    scratch, not a project file. OSError is the caller's to report."""
-    keep_out_of_git(path.parent)
-    with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-        f.write(data)
 
 
 def persist_output(block):
@@ -2106,93 +2099,149 @@ def persist_large(block, result):
     return result
 
 
-def leave_out(block, args):
-    """A read_file result over the message budget: a note to read it again in parts.
-    The file no longer counts as read: the model has not seen it."""
-    path, size = args.get("path", "the file"), len(block["content"])
-    block["content"] = (
-        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
-        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
-        f"parts (offset/limit), or fewer files at a time.]")
-    with contextlib.suppress(ToolError, TypeError):
-        agent_state().files.pop(str(safe_path(path)), None)
-    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+# --- s06.2: the call, managed [core] ---
+# The loop calls call_with_recovery instead of call_model. Before the request,
+# manage_context measures the context (below), clears old results in one batch
+# when it is over budget, and compacts near the window; after the reply,
+# after_call marks what the model saw and prints the status line. Error recovery (seed: classify, then
+# a bounded way out per kind) is in the sub-sections after the core: a prompt
+# too long, no room for the reply, a cut stream, transient errors, max_tokens.
+def call_with_recovery(client, messages, **options):
+    """call_model with the context managed first and every recoverable failure
+    handled (recover): transient errors back off and retry, a cut reply is
+    continued, a prompt too long is compacted and retried once, a reply without
+    room gets a lower max_tokens; a reply cut by max_tokens is continued
+    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
+    turn with one line and a valid history. `options` go to call_model."""
+    manage_context(client, messages, options)
+    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
+    continuations, line = 0, LineWatch(options.get("out"))
+    while True:
+        try:
+            message = call_model(client, messages + line.prefill(),
+                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
+        except Exception as e:
+            if not recover(client, messages, e, turn, line, options):
+                line.close()  # a reply cut mid-line ends before anything else is said
+                raise
+            continue
+        after_call(messages, line.joined(message))
+        if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
+            return message
+        continuations += 1
+        say(f"[reply hit max_tokens: asking it to continue ({continuations}/{MAX_CONTINUATIONS})]")
+        partial = assistant_message(message)
+        partial["content"] = [b for b in partial["content"] if b["type"] == "text"]  # a cut call is broken
+        if partial["content"]:
+            messages.append(partial)
+        add_user_text(messages, CONTINUE_PROMPT)
 
 
-def fit_results(results, calls):
-    """Shrink one message's results, largest first, until together they fit
-    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
-    which are never saved, as a note. A result moves only when that at least
-    halves it. calls: tool_use id -> (tool name, input)."""
-    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
-    def total():
-        return sum(len(b["content"]) for b in live)
-    for reads in (False, True):
-        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
-            if total() <= MESSAGE_BUDGET_CHARS:
-                return results
-            name, args = calls.get(b["tool_use_id"], ("", {}))
-            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
-                leave_out(b, args) if reads else persist_output(b)
-    return results
+def manage_context(client, messages, options=None):
+    """Before every request: a requested compaction, else a batch clear when the
+    results are over budget above the floor (if it repays its rewrite) or when
+    the cache went cold (a cold prefix is written again anyway, so any clear is
+    free), then auto-compaction near the window. `options`: the loop's
+    call_model keywords."""
+    state = agent_state().compaction
+    if state["requested"]:
+        state["requested"] = False
+        compact(client, messages, state["focus"], "requested by the model", options)
+        return
+    tokens = request_tokens(client, messages, options)
+    anchor = last_usage(messages)
+    cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
+    # the results pass the budget only in a request that does: a cheap test first
+    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(
+            messages, 0 if cold else batch_minimum(messages), 0 if cold else WORKING_BUDGET)):
+        why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
+        say(f"[cleared {n} old tool result(s) in one batch: {why}]")
+        tokens = request_tokens(client, messages, options)
+    if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
+                                      state["failures"] < MAX_COMPACT_FAILURES):
+        compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
-def persist_large_results(calls, results):
-    """The results of one reply's calls (each over PERSIST_CHARS went to disk
-    already): many mid-size ones add up, so the message is fitted to its budget."""
-    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+def is_api_failure(e):
+    return isinstance(e, anthropic.APIError) or is_transient(e)
 
 
-# A paste is a big result the human brings. Kept whole, one larger than the window
-# failed its turn (the older turns were summarised away, the paste kept, the retry
-# refused again) and every turn after it, each new prompt joining the failed one.
-# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
-# its first request. The bar is a quarter of the window, not a result's 30K: what
-# the human hands over on purpose is sent whole while the session can still hold
-# it (after a compaction, summary and re-attached files add ~40K tokens, far from
-# AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
-def persist_prompt(messages):
-    """The prompt about to be sent (the newest message, a user's): each of its texts
-    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
-    last = messages[-1] if messages else {}
-    blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
-    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
-           for b in blocks]
-    if any(big):
-        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
-        last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
+# --- s06.3: measuring the context [core] ---
+# Context size. The API's own count for the last request (input + cache read
+# + cache write) plus its reply (output) is exact; only the change since is
+# estimated, at ~4 characters per token. The anchor sits on the last message
+# of the request as "_usage"; a compaction drops it with the old messages.
+CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 
 
-def persist_text(text):
-    """Save one text of a prompt (named by its content: the same paste, one file);
-    returns what the model gets instead: its head, the path and how to read the rest."""
-    data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
-    path = (agent_state().workdir / ".agent" / "tool-results"
-            / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
-    lines, preview = text.count("\n") + 1, preview_of(text)
-    try:
-        save_scratch(path, data)
-    except OSError as e:
-        say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
-            f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")
-        return (f"{preview}\n[The user's message is too long to send whole ({len(text):,} characters) "
-                f"and it could not be saved to disk ({e.strerror or e}): only the first "
-                f"{len(preview):,} characters are shown. Ask the user for the part that matters.]")
-    say(f"[{len(text):,} characters of the prompt saved to {rel(path)}: too long to send whole, "
-        f"the model gets a {len(preview):,}-character preview and the path]")
-    return (f"<persisted-prompt>\nThe user's message is too long to send whole ({len(text):,} "
-            f"characters, {lines:,} line{'s' * (lines > 1)}). Full text saved to: {rel(path)}\n"
-            f"Read it with read_file in parts (offset/limit) or search it with grep; what the user "
-            f"asks may come after the preview. read_file cuts lines at {MAX_LINE:,} characters; grep "
-            f"(output_mode content) or bash (cut -c, head -c) reach the rest of a longer line.\n\n"
-            f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-prompt>")
+def estimate_tokens(obj):
+    return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
 
 
-# --- s06.2: clearing old results ---
+def last_usage(messages):
+    return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
+
+
+def context_tokens(messages):
+    """Tokens the next request will carry, or None before any reported usage."""
+    anchor = last_usage(messages)
+    if anchor is None:
+        return None
+    return max(0, anchor["tokens"] + view_tokens(messages) - anchor["estimate"])
+
+
+def loop_prefix(options=None):
+    """(model, system, tools) of the loop being managed: a child's own, else the
+    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
+    options = options or {}
+    tools = TOOLS if options.get("tools") is None else options["tools"]
+    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
+
+
+def request_tokens(client, messages, options=None):
+    """context_tokens, or without usage a guess; count_tokens when the guess matters."""
+    if (known := context_tokens(messages)) is not None:
+        return known
+    model, system, tools = loop_prefix(options)
+    view = shown_messages(messages)
+    guess = estimate_tokens(view) + estimate_tokens([system, tools])
+    if guess < WORKING_BUDGET:
+        return guess
+    try:  # exact, and free; a guess is still better than failing the turn
+        return client.messages.count_tokens(model=model, system=system,
+                                            tools=tools, messages=view).input_tokens
+    except Exception as e:
+        if not is_api_failure(e):
+            raise
+        return guess
+
+
+def after_call(messages, message):
+    """Mark what the model has now seen, anchor the size, print the status line."""
+    view = update_view(messages)
+    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
+        b["_sent"] = True
+    view["sent"] = len(messages)
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    total = u.input_tokens + read + write + u.output_tokens
+    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": view_tokens(messages)
+                              + estimate_tokens(assistant_message(message))}
+    # No `usage` here: call_model already added this call's tokens to a child's bill.
+    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
+
+
+# --- s06.4: clearing old results [core] ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
 # reach the API (normalize_messages drops them): _sent = a request that
 # carried it got an answer, _cleared = show the placeholder.
+WORKING_BUDGET = 20_000     # tokens the results not cleared yet would free (above the floor): past it, a batch
+KEEP_RESULTS = 1            # newest tool results a batch clear leaves intact
+CLEAR_PAYBACK = 10          # requests in which a batch clear must repay its cache rewrite, or it waits
+CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
+
+
 def tool_results(messages):
     return [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
             for b in m["content"] if b["type"] == "tool_result"]
@@ -2206,28 +2255,6 @@ def cleared_stub(block):
     where = saved[1] if saved else rel(kept_path(block))
     return {**block, "content": f"[old tool result cleared to save context; the full output is in "
                                 f"{where} (read_file, with offset/limit for a long one)]"}
-
-
-def kept_path(block):
-    """The file of a result's full text: layer 1's, and keep_cleared's (one per call)."""
-    name = re.sub(r"[^\w-]", "_", block["tool_use_id"])
-    return agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
-
-
-def keep_cleared(block):
-    """Save a result about to be cleared, unless layer 1 already did. A rerun is no way
-    back for a command with effects, a subagent or an MCP call. False when it cannot be
-    saved (a read-only workspace): then it is not cleared, and compaction keeps the
-    window."""
-    content = block.get("content")
-    if str(content).startswith("<persisted-output>"):
-        return True
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    try:
-        save_scratch(kept_path(block), text.encode("utf-8", "replace"))
-    except OSError:
-        return False
-    return True
 
 
 def clearable(b):
@@ -2292,6 +2319,543 @@ def shown_messages(messages):
     """The history as the API sees it: normalised, cleared results as placeholders."""
     return normalize_messages([shown(m) for m in messages])
 
+
+# --- s06.5: auto-compaction [core] ---
+# Layer 2: near the window, the old part of the history becomes a summary.
+# The cut point keeps a verbatim tail and never separates a tool_use from its
+# tool_result: the tail may not start with a user message that answers calls
+# made before it. The newest message is always kept: a lone message (a first
+# prompt) leaves nothing older to summarise.
+OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
+SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
+AUTO_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - SAFETY_MARGIN  # 167K: compact from here
+FORCE_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - 3_000  # 177K: compact even with the breaker open
+MAX_COMPACT_FAILURES = 3    # failed compactions in a row before auto-compact stops trying
+KEEP_TAIL_TOKENS = 10_000   # a compaction keeps the newest messages verbatim up to this...
+KEEP_TAIL_MESSAGES = 5      # ...or this many messages, whichever is reached first
+REATTACH_FILES = 5          # recently read files re-read into the history after a compaction
+REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
+SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
+
+SUMMARY_PROMPT = """\
+Do NOT call any tool. Reply with plain text only.
+
+Write a detailed summary of the conversation so far; the work will continue from \
+your summary alone, so keep every fact needed to carry on.
+
+First, inside <analysis> tags, go through the conversation in order: what the user \
+asked for, what you did and found, the files and code involved, the errors and how \
+they were fixed. This is your draft; it will be thrown away.
+
+Then write the summary inside <summary> tags, with these 9 sections:
+1. Primary request and intent: what the user really wants, in detail.
+2. Key technical concepts: the technologies, ideas and decisions discussed.
+3. Files and code sections: each file read, changed or created, why it matters, \
+and the key code snippets verbatim.
+4. Errors and fixes: each error met and how it was fixed, with the user's feedback.
+5. Problem solving: how problems were approached and what was solved.
+6. All user messages: every message the user wrote that is not a tool result, \
+quoted verbatim; they carry the intent most precisely.
+7. Pending tasks: everything asked for that is not done yet.
+8. Current work: exactly what was being done right before this summary, with file \
+names and code. Make this section the most detailed.
+9. Possible next step: the next step, in line with the user's latest request; quote \
+the latest messages so it is clear where the work stopped.
+
+Only the <summary> block is kept. Remember: plain text only, no tool calls."""
+
+
+def tail_start(messages):
+    """Index of the first message kept verbatim; everything before is summarised
+    (0: nothing to summarise)."""
+    start, tokens = len(messages), 0
+    while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
+        start -= 1
+        tokens += estimate_tokens(shown(messages[start]))
+    if start == len(messages):
+        return 0  # one message (or none): it is the tail itself
+    while start > 0 and tool_results([messages[start]]):
+        start -= 1  # take the assistant message that made the calls too
+    return start
+
+
+def save_transcript(messages):
+    """Everything, before anything is summarised away: one message per JSON line.
+    None when the workspace cannot be written: the compaction goes on without it."""
+    folder = agent_state().workdir / ".agent" / "transcripts"
+    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
+    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
+        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                   for m in messages).encode("utf-8"))
+    except OSError as e:
+        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
+            f"of the older messages]")
+        return None
+    return path
+
+
+class SummaryFailed(Exception):
+    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
+
+
+def summarize(client, older, focus=None, options=None):
+    """One streamed call with the 9-section prompt; only the <summary> block is kept.
+
+    The API wants tools defined whenever the history holds tool blocks, so the
+    same (cached) tools go along, with tool_choice none: none can be called.
+    Streamed (the SDK refuses long non-streamed calls for some models) but not
+    printed, and billed like any call. Too long even for that, or no room left
+    for the summary: drop the oldest fifth of the turns and try again. Only the
+    call's own failures become SummaryFailed; a bug anywhere else propagates.
+    """
+    prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
+    model, system, tools = loop_prefix(options)
+    for attempt in range(MAX_COMPACT_FAILURES):
+        request = shown_messages(older + [{"role": "user", "content": prompt}])
+        try:
+            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
+                                        system=cached(system), tools=cached(tools),
+                                        tool_choice={"type": "none"}, messages=request) as stream:
+                reply = stream.get_final_message()
+            break
+        except Exception as e:
+            if not is_api_failure(e):
+                raise
+            too_big = is_prompt_too_long(e) or context_room(e) is not None
+            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
+                raise SummaryFailed(str(e)) from e
+            older = older[max(1, len(older) // 5):]
+    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
+    text = "".join(b.text for b in reply.content if b.type == "text")
+    found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
+    summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
+    if not summary:
+        raise SummaryFailed("the model returned an empty summary")
+    return summary
+
+
+def reattach_files(messages, start):
+    """Re-read (fresh from disk) up to REATTACH_FILES files read before the cut."""
+    in_tail = {b["input"].get("path") for m in messages[start:] for b in as_blocks(m["content"])
+               if b["type"] == "tool_use"}
+    paths = [b["input"].get("path") for m in reversed(messages[:start]) for b in
+             reversed(as_blocks(m["content"])) if b["type"] == "tool_use" and b["name"] == "read_file"]
+    blocks = []
+    for p in dict.fromkeys(p for p in paths if isinstance(p, str) and p not in in_tail):
+        try:
+            text = clip(read_file(p), REATTACH_CHARS)
+        except ToolError:
+            continue  # deleted or moved since: the summary still names it
+        blocks.append({"type": "text", "text": f"Re-read after compaction (current content) "
+                       f"of {p}:\n{text}"})
+        if len(blocks) == REATTACH_FILES:
+            break
+    return blocks
+
+
+def compact(client, messages, focus=None, why="auto", options=None):
+    """Replace the old part of the history, in place, by a summary; True if done.
+    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
+    state, start = agent_state().compaction, tail_start(messages)
+    if start == 0:
+        say("[nothing to compact yet]")
+        return False
+    path = save_transcript(messages)
+    say(f"[compacting ({why}): summarising {start} messages]")
+    try:
+        summary = summarize(client, messages[:start], focus, options)
+    except SummaryFailed as e:
+        state["failures"] += 1
+        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
+        return False
+    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
+             if path else "The full transcript could not be saved: this summary is all there is.")
+    head = [{"type": "text", "text": (
+        f"This session continues from an earlier conversation that was compacted to free "
+        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+    tail = messages[start:]
+    for m in tail:
+        m.pop("_usage", None)  # sizes measured before the cut mean nothing now
+    fit_tail(tail)
+    messages[:] = [{"role": "user", "content": head}] + tail
+    state["failures"] = 0
+    say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
+        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
+    return True
+
+
+# --- s06.6: prompt caching [core] ---
+# Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
+# (at most 4): end of tools, end of system, the message the previous request
+# ended with (its cache entry is read back) and the newest one (written for the
+# next request). They go on copies, never into TOOLS or the history.
+# Three functions shape what the API sees, each calling the one before:
+#   normalize_messages (s02)  roles alternate, every call has its result
+#   shown_messages     (s06)  cleared results as placeholders, then normalised
+#   request_messages   (s06)  shown_messages plus the cache breakpoints
+EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
+
+
+def cached(prefix):
+    """A copy of the system prompt or the tool list with a breakpoint at its end."""
+    if isinstance(prefix, str):
+        return [{"type": "text", "text": prefix, "cache_control": EPHEMERAL}]
+    return prefix[:-1] + [{**prefix[-1], "cache_control": EPHEMERAL}] if prefix else prefix
+
+
+def request_messages(messages):
+    out = shown_view(messages)  # its older messages are the agent's view, kept: marked on copies
+    for i in (-1, -3)[:(len(out) + 1) // 2]:  # newest message, and the previous request's last one
+        *blocks, last = out[i]["content"]
+        out[i] = {**out[i], "content": blocks + [{**last, "cache_control": EPHEMERAL}]}
+    return out
+
+
+# --- s06.7: many results of one step, together [hardening: skip on first read] ---
+# Stops: the results of one step together overflowing the request, each under the per-result cap
+# Test: tests/test_s06_recovery.py::test_many_parallel_reads_together_fit_the_message_budget
+# The loop hands each step's results to persist_large_results: largest first,
+# they go to disk until the message fits MESSAGE_BUDGET_CHARS.
+MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
+PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
+                            # the budget they become a note to read the file again in parts
+
+
+def leave_out(block, args):
+    """A read_file result over the message budget: a note to read it again in parts.
+    The file no longer counts as read: the model has not seen it."""
+    path, size = args.get("path", "the file"), len(block["content"])
+    block["content"] = (
+        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
+        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
+        f"parts (offset/limit), or fewer files at a time.]")
+    with contextlib.suppress(ToolError, TypeError):
+        agent_state().files.pop(str(safe_path(path)), None)
+    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+
+
+def fit_results(results, calls):
+    """Shrink one message's results, largest first, until together they fit
+    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
+    which are never saved, as a note. A result moves only when that at least
+    halves it. calls: tool_use id -> (tool name, input)."""
+    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
+    def total():
+        return sum(len(b["content"]) for b in live)
+    for reads in (False, True):
+        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
+            if total() <= MESSAGE_BUDGET_CHARS:
+                return results
+            name, args = calls.get(b["tool_use_id"], ("", {}))
+            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
+                leave_out(b, args) if reads else persist_output(b)
+    return results
+
+
+def persist_large_results(calls, results):
+    """The results of one reply's calls (each over PERSIST_CHARS went to disk
+    already): many mid-size ones add up, so the message is fitted to its budget."""
+    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+
+
+# --- s06.8: prompt too long: compact, retry the turn [hardening: skip on first read] ---
+# Stops: a request the estimate let through (prompt too long) ending the turn
+# Test: tests/test_s06_compact.py::test_prompt_too_long_compacts_and_retries_the_same_turn
+# call_with_recovery hands every failed call to recover(), which makes the retry
+# possible or lets the error end the turn.
+def recover(client, messages, error, turn, line, options):
+    """After a failed call_model: make the retry possible, or return False (the
+    turn ends). No room for the reply: lower max_tokens to what fits (once per
+    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
+    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
+    room = context_room(error)
+    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
+    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
+        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
+        turn["max_tokens"] = room
+        return True
+    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
+        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
+        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
+        return compact_to_retry(client, messages, error, options, why)
+    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
+        return False
+    line.retrying()
+    delay = backoff_delay(turn["retries"], error)
+    turn["retries"] += 1
+    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
+        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
+    time.sleep(delay)
+    return True
+
+
+def is_prompt_too_long(e):
+    return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
+        e.status_code == 400 and re.search(r"prompt is too long", str(e), re.I) is not None))
+
+
+class PromptTooLarge(Exception):
+    """Prompt too long with nothing older to summarise: the newest message alone is."""
+
+
+def compact_to_retry(client, messages, error, options, why="prompt too long"):
+    """Prompt too long (or no room left for the reply): compact so the same turn
+    can be retried; True if done. With nothing older than the newest message,
+    the prompt itself is too big."""
+    if tail_start(messages) == 0:
+        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
+            messages.pop()  # never accepted: kept, it would fail every later turn too
+        raise PromptTooLarge("the prompt itself is too large for the context window and was "
+                             "not kept: shorten it, or save the long part to a file and ask "
+                             "for it to be read") from error
+    say(f"[{why}: compacting, then retrying the turn]")
+    return compact(client, messages, None, why, options)
+
+
+# --- s06.9: no room left for the reply [hardening: skip on first read] ---
+# Stops: a request whose prompt fits but whose max_tokens does not, refused on every retry
+# Test: tests/test_s06_recovery.py::test_no_room_for_max_tokens_retries_with_max_tokens_lowered_to_fit
+# recover() reads the room left from the API's error and lowers max_tokens to it.
+MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
+                            # lowering max_tokens (a reply that small is mostly continuations)
+
+
+def context_room(e):
+    """Output tokens that would fit, read from the API's other context error, a 400
+    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
+    (the prompt fits, the reply would not); None for any other error."""
+    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
+        return None
+    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
+                      str(e))
+    return int(found[2]) - int(found[1]) if found else None
+
+
+# --- s06.10: a stream cut mid-reply, continued [hardening: skip on first read] ---
+# Stops: a reply cut mid-stream printed twice, or its first part lost, when the call is retried
+# Test: tests/test_s06_recovery.py::test_a_cut_reply_is_continued_by_prefill_so_stdout_holds_one_reply
+# call_with_recovery prints the reply through a LineWatch, which remembers what
+# was printed, so a retry continues it by prefill.
+class LineWatch:
+    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
+    of the reply being written, so a stream cut mid-reply is continued where it
+    stopped (the API completes an assistant prefill) instead of printed twice.
+
+    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
+    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
+    an all-text reply can be a prefill: not a half-made tool call, not with
+    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
+    end) that the continuation will send again; printed once, not twice.
+    """
+
+    def __init__(self, out):
+        self.out, self.open = out, False
+        self.reset()
+
+    def reset(self):
+        """A new reply: nothing of it printed yet."""
+        self.reply = self.attempt = self.echo = ""
+        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
+
+    def write(self, text):
+        if self.echo:
+            same = len(os.path.commonprefix([self.echo, text]))
+            self.echo = self.echo[same:] if same == len(text) else ""
+            self.skipped, text = self.skipped + same, text[same:]
+        self.attempt += text
+        self.open = not text.endswith("\n") if text else self.open
+        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
+        return len(text)
+
+    def flush(self):
+        (self.out or sys.stdout).flush()
+
+    def close(self):
+        """End an unfinished line; True if there was one."""
+        was, self.open = self.open, False
+        if was:
+            print(file=self.out)
+        return was
+
+    def prefill(self):
+        """The cut reply so far, as the assistant message to continue ([] if none)."""
+        kept = self.reply.rstrip()
+        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
+
+    def retrying(self):
+        """Before a retry: an all-text attempt joins the reply to be continued; one
+        that began a tool call or thinking ends its line and the reply restarts."""
+        if set(self.blocks) <= {"text"}:
+            if self.attempt:
+                say("[stream cut: continuing the reply where it stopped]")
+            self.reply += self.attempt
+        else:
+            self.close()
+            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
+                "it starts again on the next line]")
+            self.reply = ""
+        self.echo = self.reply[len(self.reply.rstrip()):]
+        self.attempt, self.blocks, self.skipped = "", [], 0
+
+    def joined(self, message):
+        """The finished message, with the text of the cut attempts in front of its
+        first text: one reply, exactly as printed. Ends its line (call_model does
+        only when this call sent text); resets for the next call."""
+        self.close()
+        if self.reply:
+            first = message.content[0] if message.content else None
+            if first is not None and first.type == "text":
+                first.text = self.reply + first.text[self.skipped:]
+            else:  # the continuation began with a tool call
+                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
+                message.content.insert(0, kept)
+        self.reset()
+        return message
+
+
+def reply_text(stream, out):
+    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
+    for event in stream:
+        if event.type == "content_block_start" and isinstance(out, LineWatch):
+            out.blocks.append(event.content_block.type)
+        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+            yield event.delta.text
+
+
+# --- s06.11: a kept tail too big on its own [hardening: skip on first read] ---
+# Stops: a compaction whose kept tail alone overflows the window, failing every later request
+# Test: tests/test_s06_recovery.py::test_a_kept_tail_too_big_on_its_own_is_shrunk_the_same_way
+# compact() fits the messages it keeps as the loop fits new results.
+def fit_tail(tail):
+    """A tail too big on its own (a message of many results, kept because it is
+    the newest) would fail every later request: each of its messages of results
+    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
+    for prev, m in zip(tail, tail[1:]):
+        if prev["role"] == "assistant" and tool_results([m]):
+            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
+                     if b["type"] == "tool_use"}
+            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
+
+
+# --- s06.12: a paste larger than the window [hardening: skip on first read] ---
+# Stops: a pasted prompt too big to send failing its turn and every turn after it
+# Test: tests/test_s06_paste.py::test_a_paste_larger_than_the_window_leaves_the_session_working
+PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
+                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
+                            # text that is not ASCII costs more tokens a character
+
+
+# A paste is a big result the human brings. Kept whole, one larger than the window
+# failed its turn (the older turns were summarised away, the paste kept, the retry
+# refused again) and every turn after it, each new prompt joining the failed one.
+# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
+# its first request. The bar is a quarter of the window, not a result's 30K: what
+# the human hands over on purpose is sent whole while the session can still hold
+# it (after a compaction, summary and re-attached files add ~40K tokens, far from
+# AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
+def persist_prompt(messages):
+    """The prompt about to be sent (the newest message, a user's): each of its texts
+    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
+    last = messages[-1] if messages else {}
+    blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
+    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
+           for b in blocks]
+    if any(big):
+        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
+        last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
+
+
+def persist_text(text):
+    """Save one text of a prompt (named by its content: the same paste, one file);
+    returns what the model gets instead: its head, the path and how to read the rest."""
+    data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
+    path = (agent_state().workdir / ".agent" / "tool-results"
+            / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
+    lines, preview = text.count("\n") + 1, preview_of(text)
+    try:
+        save_scratch(path, data)
+    except OSError as e:
+        say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
+            f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")
+        return (f"{preview}\n[The user's message is too long to send whole ({len(text):,} characters) "
+                f"and it could not be saved to disk ({e.strerror or e}): only the first "
+                f"{len(preview):,} characters are shown. Ask the user for the part that matters.]")
+    say(f"[{len(text):,} characters of the prompt saved to {rel(path)}: too long to send whole, "
+        f"the model gets a {len(preview):,}-character preview and the path]")
+    return (f"<persisted-prompt>\nThe user's message is too long to send whole ({len(text):,} "
+            f"characters, {lines:,} line{'s' * (lines > 1)}). Full text saved to: {rel(path)}\n"
+            f"Read it with read_file in parts (offset/limit) or search it with grep; what the user "
+            f"asks may come after the preview. read_file cuts lines at {MAX_LINE:,} characters; grep "
+            f"(output_mode content) or bash (cut -c, head -c) reach the rest of a longer line.\n\n"
+            f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-prompt>")
+
+
+# --- s06.13: the agent's scratch files, through the door [hardening: skip on first read] ---
+# Stops: a link planted in .agent/ by a cloned repository, written through when a result is saved
+# Test: tests/test_s06_compact.py::test_a_planted_gitignore_link_in_the_results_folder_is_not_written_through
+# persist_output saves through save_scratch.
+def open_inside(path, root, flags, mode=0o644):
+    """os.open a file the agent keeps below root (its folders made when missing),
+    through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
+    is opened so too. OSError when one is a link, so nothing is written elsewhere,
+    even if a link is swapped in meanwhile (a cloned repository may plant one)."""
+    if not path.is_relative_to(root):
+        raise OSError(f"{path} is outside {root}")
+    fd = open_folder(path.parent)
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def keep_out_of_git(folder):
+    """A .gitignore of "*" in folder (absolute, resolved), made once through the door:
+    O_EXCL leaves a file or a planted link already there alone (even one pointing
+    nowhere), and a link on the way to it is an OSError, never written through."""
+    with contextlib.suppress(FileExistsError):
+        with open(open_inside(folder / ".gitignore", folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
+            fh.write("*\n")
+
+
+def save_scratch(path, data):
+    """Bytes to a file of .agent/tool-results through the door (never through a link
+    a cloned repository planted in .agent/), the folder kept out of git: the agent's
+    scratch, not a project file. OSError is the caller's to report."""
+    keep_out_of_git(path.parent)
+    with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+        f.write(data)
+
+
+# --- s06.14: a cleared result kept on disk [hardening: skip on first read] ---
+# Stops: a placeholder whose way back, a rerun, gives another result (a command with effects, a subagent, an MCP call)
+# Test: tests/test_s06_floor.py::test_a_cleared_result_is_kept_in_the_file_its_placeholder_names
+# clear_old_results clears only what keep_cleared could save; cleared_stub and
+# persist_output name the file through kept_path.
+def kept_path(block):
+    """The file of a result's full text: layer 1's, and keep_cleared's (one per call)."""
+    name = re.sub(r"[^\w-]", "_", block["tool_use_id"])
+    return agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
+
+
+def keep_cleared(block):
+    """Save a result about to be cleared, unless layer 1 already did. A rerun is no way
+    back for a command with effects, a subagent or an MCP call. False when it cannot be
+    saved (a read-only workspace): then it is not cleared, and compaction keeps the
+    window."""
+    content = block.get("content")
+    if str(content).startswith("<persisted-output>"):
+        return True
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    try:
+        save_scratch(kept_path(block), text.encode("utf-8", "replace"))
+    except OSError:
+        return False
+    return True
+
+
+# --- s06.15: the view: each message made once [hardening: skip on first read] ---
+# Stops: a turn's CPU growing with the history: the whole view made again three times a call
+# Test: tests/test_history_cache.py::test_a_model_call_remakes_the_newest_messages_only
 
 # The loop wants the view three times a model call (its size before the call,
 # the request, its size after) and the history's results twice (to mark them
@@ -2389,39 +2953,6 @@ def shown_view(messages):
     return view["done"] + view["tail"]
 
 
-# --- s06.3: prompt caching ---
-# Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
-# (at most 4): end of tools, end of system, the message the previous request
-# ended with (its cache entry is read back) and the newest one (written for the
-# next request). They go on copies, never into TOOLS or the history.
-# Three functions shape what the API sees, each calling the one before:
-#   normalize_messages (s02)  roles alternate, every call has its result
-#   shown_messages     (s06)  cleared results as placeholders, then normalised
-#   request_messages   (s06)  shown_messages plus the cache breakpoints
-def cached(prefix):
-    """A copy of the system prompt or the tool list with a breakpoint at its end."""
-    if isinstance(prefix, str):
-        return [{"type": "text", "text": prefix, "cache_control": EPHEMERAL}]
-    return prefix[:-1] + [{**prefix[-1], "cache_control": EPHEMERAL}] if prefix else prefix
-
-
-def request_messages(messages):
-    out = shown_view(messages)  # its older messages are the agent's view, kept: marked on copies
-    for i in (-1, -3)[:(len(out) + 1) // 2]:  # newest message, and the previous request's last one
-        *blocks, last = out[i]["content"]
-        out[i] = {**out[i], "content": blocks + [{**last, "cache_control": EPHEMERAL}]}
-    return out
-
-
-# --- s06.4: measuring the context ---
-# Context size. The API's own count for the last request (input + cache read
-# + cache write) plus its reply (output) is exact; only the change since is
-# estimated, at ~4 characters per token. The anchor sits on the last message
-# of the request as "_usage"; a compaction drops it with the old messages.
-def estimate_tokens(obj):
-    return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
-
-
 def view_tokens(messages):
     """estimate_tokens(shown_messages(messages)), from the agent's view (update_view)."""
     view = update_view(messages)
@@ -2429,220 +2960,9 @@ def view_tokens(messages):
     return (size + 2 * (len(view["done"]) + len(view["tail"]))) // 4  # between them, "[" and "]"
 
 
-def last_usage(messages):
-    return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
-
-
-def context_tokens(messages):
-    """Tokens the next request will carry, or None before any reported usage."""
-    anchor = last_usage(messages)
-    if anchor is None:
-        return None
-    return max(0, anchor["tokens"] + view_tokens(messages) - anchor["estimate"])
-
-
-def loop_prefix(options=None):
-    """(model, system, tools) of the loop being managed: a child's own, else the
-    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
-    options = options or {}
-    tools = TOOLS if options.get("tools") is None else options["tools"]
-    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
-
-
-def request_tokens(client, messages, options=None):
-    """context_tokens, or without usage a guess; count_tokens when the guess matters."""
-    if (known := context_tokens(messages)) is not None:
-        return known
-    model, system, tools = loop_prefix(options)
-    view = shown_messages(messages)
-    guess = estimate_tokens(view) + estimate_tokens([system, tools])
-    if guess < WORKING_BUDGET:
-        return guess
-    try:  # exact, and free; a guess is still better than failing the turn
-        return client.messages.count_tokens(model=model, system=system,
-                                            tools=tools, messages=view).input_tokens
-    except Exception as e:
-        if not is_api_failure(e):
-            raise
-        return guess
-
-
-def charge(message, usage=None):
-    """One call's bill: its cost joins the session's; with `usage` (a subagent's
-    counter) its tokens join that too. Returns the line of numbers to show."""
-    u = message.usage
-    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
-    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
-            + u.output_tokens * PRICE_OUTPUT) / 1e6
-    agent_state().session["cost"] += cost
-    add_usage(usage, message)
-    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
-            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
-
-
-def after_call(messages, message):
-    """Mark what the model has now seen, anchor the size, print the status line."""
-    view = update_view(messages)
-    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
-        b["_sent"] = True
-    view["sent"] = len(messages)
-    u = message.usage
-    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
-    total = u.input_tokens + read + write + u.output_tokens
-    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": view_tokens(messages)
-                              + estimate_tokens(assistant_message(message))}
-    # No `usage` here: call_model already added this call's tokens to a child's bill.
-    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
-
-
-# --- s06.5: auto-compaction ---
-# Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
-# separates a tool_use from its tool_result: the tail may not start with a
-# user message that answers calls made before it. The newest message is always
-# kept: a lone message (a first prompt) leaves nothing older to summarise.
-def tail_start(messages):
-    """Index of the first message kept verbatim; everything before is summarised
-    (0: nothing to summarise)."""
-    start, tokens = len(messages), 0
-    while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
-        start -= 1
-        tokens += estimate_tokens(shown(messages[start]))
-    if start == len(messages):
-        return 0  # one message (or none): it is the tail itself
-    while start > 0 and tool_results([messages[start]]):
-        start -= 1  # take the assistant message that made the calls too
-    return start
-
-
-def save_transcript(messages):
-    """Everything, before anything is summarised away: one message per JSON line.
-    None when the workspace cannot be written: the compaction goes on without it."""
-    folder = agent_state().workdir / ".agent" / "transcripts"
-    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
-        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                                   for m in messages).encode("utf-8"))
-    except OSError as e:
-        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
-            f"of the older messages]")
-        return None
-    return path
-
-
-class SummaryFailed(Exception):
-    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
-
-
-def summarize(client, older, focus=None, options=None):
-    """One streamed call with the 9-section prompt; only the <summary> block is kept.
-
-    The API wants tools defined whenever the history holds tool blocks, so the
-    same (cached) tools go along, with tool_choice none: none can be called.
-    Streamed (the SDK refuses long non-streamed calls for some models) but not
-    printed, and billed like any call. Too long even for that, or no room left
-    for the summary: drop the oldest fifth of the turns and try again. Only the
-    call's own failures become SummaryFailed; a bug anywhere else propagates.
-    """
-    prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
-    model, system, tools = loop_prefix(options)
-    for attempt in range(MAX_COMPACT_FAILURES):
-        request = shown_messages(older + [{"role": "user", "content": prompt}])
-        try:
-            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
-                                        system=cached(system), tools=cached(tools),
-                                        tool_choice={"type": "none"}, messages=request) as stream:
-                reply = stream.get_final_message()
-            break
-        except Exception as e:
-            if not is_api_failure(e):
-                raise
-            too_big = is_prompt_too_long(e) or context_room(e) is not None
-            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
-                raise SummaryFailed(str(e)) from e
-            older = older[max(1, len(older) // 5):]
-    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
-    text = "".join(b.text for b in reply.content if b.type == "text")
-    found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
-    summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
-    if not summary:
-        raise SummaryFailed("the model returned an empty summary")
-    return summary
-
-
-def reattach_files(messages, start):
-    """Re-read (fresh from disk) up to REATTACH_FILES files read before the cut."""
-    in_tail = {b["input"].get("path") for m in messages[start:] for b in as_blocks(m["content"])
-               if b["type"] == "tool_use"}
-    paths = [b["input"].get("path") for m in reversed(messages[:start]) for b in
-             reversed(as_blocks(m["content"])) if b["type"] == "tool_use" and b["name"] == "read_file"]
-    blocks = []
-    for p in dict.fromkeys(p for p in paths if isinstance(p, str) and p not in in_tail):
-        try:
-            text = clip(read_file(p), REATTACH_CHARS)
-        except ToolError:
-            continue  # deleted or moved since: the summary still names it
-        blocks.append({"type": "text", "text": f"Re-read after compaction (current content) "
-                       f"of {p}:\n{text}"})
-        if len(blocks) == REATTACH_FILES:
-            break
-    return blocks
-
-
-def fit_tail(tail):
-    """A tail too big on its own (a message of many results, kept because it is
-    the newest) would fail every later request: each of its messages of results
-    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
-    for prev, m in zip(tail, tail[1:]):
-        if prev["role"] == "assistant" and tool_results([m]):
-            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
-                     if b["type"] == "tool_use"}
-            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
-
-
-def compact(client, messages, focus=None, why="auto", options=None):
-    """Replace the old part of the history, in place, by a summary; True if done.
-    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
-    state, start = agent_state().compaction, tail_start(messages)
-    if start == 0:
-        say("[nothing to compact yet]")
-        return False
-    path = save_transcript(messages)
-    say(f"[compacting ({why}): summarising {start} messages]")
-    try:
-        summary = summarize(client, messages[:start], focus, options)
-    except SummaryFailed as e:
-        state["failures"] += 1
-        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
-        return False
-    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
-             if path else "The full transcript could not be saved: this summary is all there is.")
-    head = [{"type": "text", "text": (
-        f"This session continues from an earlier conversation that was compacted to free "
-        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
-    tail = messages[start:]
-    for m in tail:
-        m.pop("_usage", None)  # sizes measured before the cut mean nothing now
-    fit_tail(tail)
-    messages[:] = [{"role": "user", "content": head}] + tail
-    state["failures"] = 0
-    say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
-        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
-    return True
-
-
-def compact_now(client, messages, focus=None):
-    """/compact [focus]: compact at once, whatever the size and the breaker say.
-
-    Mutates `messages` in place (the caller's list stays the history) and
-    returns it. Ctrl+C cancels the compaction, not the session.
-    """
-    try:
-        compact(client, messages, focus, "requested")
-    except KeyboardInterrupt:
-        say("[compaction cancelled]")
-    return messages
-
-
+# --- s06.16: compaction on request: the compact tool and /compact [extra] ---
+# The model asks with the compact tool (manage_context runs it before the next
+# request); the human types /compact [focus].
 def request_compaction(focus=None):
     agent_state().compaction.update(requested=True, focus=focus)
     return "Compaction scheduled: the history is summarised before your next step."
@@ -2658,36 +2978,33 @@ register("compact", (
     request_compaction, read_only=True)
 
 
-def manage_context(client, messages, options=None):
-    """Before every request: a requested compaction, else a batch clear when the
-    results are over budget above the floor (if it repays its rewrite) or when
-    the cache went cold (a cold prefix is written again anyway, so any clear is
-    free), then auto-compaction near the window. `options`: the loop's
-    call_model keywords."""
-    state = agent_state().compaction
-    if state["requested"]:
-        state["requested"] = False
-        compact(client, messages, state["focus"], "requested by the model", options)
-        return
-    tokens = request_tokens(client, messages, options)
-    anchor = last_usage(messages)
-    cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
-    # the results pass the budget only in a request that does: a cheap test first
-    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(
-            messages, 0 if cold else batch_minimum(messages), 0 if cold else WORKING_BUDGET)):
-        why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
-        say(f"[cleared {n} old tool result(s) in one batch: {why}]")
-        tokens = request_tokens(client, messages, options)
-    if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
-                                      state["failures"] < MAX_COMPACT_FAILURES):
-        compact(client, messages, None, f"{tokens:,} tokens", options)
+def compact_now(client, messages, focus=None):
+    """/compact [focus]: compact at once, whatever the size and the breaker say.
+
+    Mutates `messages` in place (the caller's list stays the history) and
+    returns it. Ctrl+C cancels the compaction, not the session.
+    """
+    try:
+        compact(client, messages, focus, "requested")
+    except KeyboardInterrupt:
+        say("[compaction cancelled]")
+    return messages
 
 
-# --- s06.6: error recovery ---
-# Error recovery (seed: classify, then a bounded way out per kind).
-def is_prompt_too_long(e):
-    return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
-        e.status_code == 400 and re.search(r"prompt is too long", str(e), re.I) is not None))
+command("compact", "Summarise the conversation now to free context (optional focus)",
+        lambda args, ctx: compact_now(ctx["client"], ctx["history"], args or None) and None,
+        arg_hint="[focus]")
+
+
+# --- s06.17: transient errors: back off and retry [extra] ---
+# Overload, rate limits, 5xx and lost connections are worth waiting for:
+# recover() backs off (exponential, with jitter; a server's retry-after wins)
+# at most MAX_RETRIES times.
+MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
+RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
+RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
+RETRY_JITTER = 0.25         # share of a backoff that is random, so clients spread out
+RETRY_STATUSES = (408, 409, 429)  # plus every 5xx (529 = overloaded)
 
 
 def is_transient(e):
@@ -2700,10 +3017,6 @@ def is_transient(e):
         c.__name__ == "TransportError" for c in type(e).__mro__)
 
 
-def is_api_failure(e):
-    return isinstance(e, anthropic.APIError) or is_transient(e)
-
-
 def backoff_delay(attempt, error):
     """Exponential backoff with jitter; a server's retry-after wins when it gives one."""
     headers = getattr(getattr(error, "response", None), "headers", None) or {}
@@ -2714,105 +3027,13 @@ def backoff_delay(attempt, error):
     return min(max(delay, 0.0), RETRY_MAX_DELAY)
 
 
-def context_room(e):
-    """Output tokens that would fit, read from the API's other context error, a 400
-    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
-    (the prompt fits, the reply would not); None for any other error."""
-    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
-        return None
-    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
-                      str(e))
-    return int(found[2]) - int(found[1]) if found else None
+# --- s06.18: a reply cut by max_tokens, continued [extra] ---
+# call_with_recovery asks the model to continue, at most MAX_CONTINUATIONS
+# times; whole_reply joins the parts.
+MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 
-
-class PromptTooLarge(Exception):
-    """Prompt too long with nothing older to summarise: the newest message alone is."""
-
-
-class LineWatch:
-    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
-    of the reply being written, so a stream cut mid-reply is continued where it
-    stopped (the API completes an assistant prefill) instead of printed twice.
-
-    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
-    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
-    an all-text reply can be a prefill: not a half-made tool call, not with
-    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
-    end) that the continuation will send again; printed once, not twice.
-    """
-
-    def __init__(self, out):
-        self.out, self.open = out, False
-        self.reset()
-
-    def reset(self):
-        """A new reply: nothing of it printed yet."""
-        self.reply = self.attempt = self.echo = ""
-        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
-
-    def write(self, text):
-        if self.echo:
-            same = len(os.path.commonprefix([self.echo, text]))
-            self.echo = self.echo[same:] if same == len(text) else ""
-            self.skipped, text = self.skipped + same, text[same:]
-        self.attempt += text
-        self.open = not text.endswith("\n") if text else self.open
-        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
-        return len(text)
-
-    def flush(self):
-        (self.out or sys.stdout).flush()
-
-    def close(self):
-        """End an unfinished line; True if there was one."""
-        was, self.open = self.open, False
-        if was:
-            print(file=self.out)
-        return was
-
-    def prefill(self):
-        """The cut reply so far, as the assistant message to continue ([] if none)."""
-        kept = self.reply.rstrip()
-        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
-
-    def retrying(self):
-        """Before a retry: an all-text attempt joins the reply to be continued; one
-        that began a tool call or thinking ends its line and the reply restarts."""
-        if set(self.blocks) <= {"text"}:
-            if self.attempt:
-                say("[stream cut: continuing the reply where it stopped]")
-            self.reply += self.attempt
-        else:
-            self.close()
-            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
-                "it starts again on the next line]")
-            self.reply = ""
-        self.echo = self.reply[len(self.reply.rstrip()):]
-        self.attempt, self.blocks, self.skipped = "", [], 0
-
-    def joined(self, message):
-        """The finished message, with the text of the cut attempts in front of its
-        first text: one reply, exactly as printed. Ends its line (call_model does
-        only when this call sent text); resets for the next call."""
-        self.close()
-        if self.reply:
-            first = message.content[0] if message.content else None
-            if first is not None and first.type == "text":
-                first.text = self.reply + first.text[self.skipped:]
-            else:  # the continuation began with a tool call
-                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
-                message.content.insert(0, kept)
-        self.reset()
-        return message
-
-
-def reply_text(stream, out):
-    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
-    for event in stream:
-        if event.type == "content_block_start" and isinstance(out, LineWatch):
-            out.blocks.append(event.content_block.type)
-        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
-            yield event.delta.text
+CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly where it "
+                   "stopped: no apology, no recap. Split the remaining work into smaller steps.")
 
 
 def whole_reply(messages):
@@ -2828,78 +3049,26 @@ def whole_reply(messages):
     return "".join(parts).strip()
 
 
-def compact_to_retry(client, messages, error, options, why="prompt too long"):
-    """Prompt too long (or no room left for the reply): compact so the same turn
-    can be retried; True if done. With nothing older than the newest message,
-    the prompt itself is too big."""
-    if tail_start(messages) == 0:
-        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
-            messages.pop()  # never accepted: kept, it would fail every later turn too
-        raise PromptTooLarge("the prompt itself is too large for the context window and was "
-                             "not kept: shorten it, or save the long part to a file and ask "
-                             "for it to be read") from error
-    say(f"[{why}: compacting, then retrying the turn]")
-    return compact(client, messages, None, why, options)
+# --- s06.19: the bill [extra] ---
+# after_call's status line shows each call's cost at list prices: cache reads
+# cost a tenth of the input price, cache writes 1.25 times.
+PRICE_INPUT = 3.00          # USD per million input tokens (list price, default model)
+PRICE_OUTPUT = 15.00        # USD per million output tokens
+CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
+CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
 
 
-def recover(client, messages, error, turn, line, options):
-    """After a failed call_model: make the retry possible, or return False (the
-    turn ends). No room for the reply: lower max_tokens to what fits (once per
-    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
-    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
-    room = context_room(error)
-    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
-    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
-        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
-        turn["max_tokens"] = room
-        return True
-    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
-        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
-        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
-        return compact_to_retry(client, messages, error, options, why)
-    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
-        return False
-    line.retrying()
-    delay = backoff_delay(turn["retries"], error)
-    turn["retries"] += 1
-    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
-        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
-    time.sleep(delay)
-    return True
-
-
-def call_with_recovery(client, messages, **options):
-    """call_model with the context managed first and every recoverable failure
-    handled (recover): transient errors back off and retry, a cut reply is
-    continued, a prompt too long is compacted and retried once, a reply without
-    room gets a lower max_tokens; a reply cut by max_tokens is continued
-    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
-    turn with one line and a valid history. `options` go to call_model."""
-    manage_context(client, messages, options)
-    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
-    continuations, line = 0, LineWatch(options.get("out"))
-    while True:
-        try:
-            message = call_model(client, messages + line.prefill(),
-                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
-        except Exception as e:
-            if not recover(client, messages, e, turn, line, options):
-                line.close()  # a reply cut mid-line ends before anything else is said
-                raise
-            continue
-        after_call(messages, line.joined(message))
-        if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
-            return message
-        continuations += 1
-        say(f"[reply hit max_tokens: asking it to continue ({continuations}/{MAX_CONTINUATIONS})]")
-        partial = assistant_message(message)
-        partial["content"] = [b for b in partial["content"] if b["type"] == "text"]  # a cut call is broken
-        if partial["content"]:
-            messages.append(partial)
-        add_user_text(messages, CONTINUE_PROMPT)
-command("compact", "Summarise the conversation now to free context (optional focus)",
-        lambda args, ctx: compact_now(ctx["client"], ctx["history"], args or None) and None,
-        arg_hint="[focus]")
+def charge(message, usage=None):
+    """One call's bill: its cost joins the session's; with `usage` (a subagent's
+    counter) its tokens join that too. Returns the line of numbers to show."""
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + u.output_tokens * PRICE_OUTPUT) / 1e6
+    agent_state().session["cost"] += cost
+    add_usage(usage, message)
+    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
+            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
 
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can

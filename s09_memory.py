@@ -386,18 +386,13 @@ def preview(content, is_error=False):
 # The registry is three tables keyed by tool name: TOOLS (what the model sees),
 # TOOL_HANDLERS (what runs) and TOOL_FLAGS (how it may run). Adding a tool is one
 # register() call; the loop never changes.
-READ_LINES = 2_000          # lines per read_file call when no limit is given
-MAX_LINE = 2_000            # characters shown per line; longer lines are cut
-BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
-GLOB_LIMIT = 200            # paths returned by glob, newest first
-GREP_LIMIT = 250            # result lines returned by grep
-READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
-AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
-MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+# --- s02.1: the registry and the input check [core] ---
+# The loop finds a call's handler by name, and check_input holds the model's input
+# to the tool's own schema before the handler runs.
 TOOL_FLAGS = {"bash": {"read_only": False, "concurrency_safe": False}}
 
 
-# --- s02.1: the registry and the input check ---
 def register(name, description, schema, handler, read_only=False, concurrency_safe=False):
     """Add a tool. read_only: it changes no file (the permission chapter lets such
     calls run without asking); concurrency_safe: it may run beside other safe calls."""
@@ -433,7 +428,8 @@ def check_input(name, args):
             return f"field '{key}' must be of type {props[key]['type']}"
     return None
 
-# --- s02.2: the path sandbox ---
+
+# --- s02.2: the path sandbox [core] ---
 # Path sandbox (seed: second line of defence). resolve() follows every symlink on
 # the existing part of the path, so "link -> /etc" and "linkdir/new.txt" both
 # resolve outside and are refused; a path that does not exist yet is judged by
@@ -461,7 +457,14 @@ def rel(path):
         if path.is_relative_to(agent_state().workdir) else str(path)
 
 
-# --- s02.3: read, write and edit ---
+# --- s02.3: read, write and edit [core] ---
+# The three file tools, each registered right after its handler. An edit needs a
+# read first, and the file unchanged since (the stamp read_file recorded).
+READ_LINES = 2_000          # lines per read_file call when no limit is given
+MAX_LINE = 2_000            # characters shown per line; longer lines are cut
+BINARY_SNIFF = 512          # bytes checked for NUL before reading (seed rule)
+
+
 def stamp(path):
     st = path.stat()
     return (st.st_mtime_ns, st.st_size)
@@ -474,31 +477,6 @@ def check_fresh(path, shown):
         raise ToolError(f"Read {shown} with read_file before changing it.")
     if seen != stamp(path):
         raise ToolError(f"{shown} changed on disk since you read it; read it again first.")
-
-
-def count_lines(f):
-    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
-    counted in binary chunks: memory stays flat whatever the file's size."""
-    count, last = 0, b"\n"
-    with open(f, "rb") as fh:
-        while chunk := fh.read(READ_CHUNK):
-            count, last = count + chunk.count(b"\n"), chunk[-1:]
-    return count + (last != b"\n")
-
-
-def next_line(fh):
-    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
-    grep counts; splitlines would also split on \f and U+2028), without its line
-    end or a CR before it, cut to MAX_LINE characters; and how many it had past
-    those. The rest of a long line is counted piece by piece, never held."""
-    head = piece = fh.readline(MAX_LINE + 1)
-    size, tail = len(head), head[-2:]
-    while piece and not piece.endswith("\n"):
-        piece = fh.readline(READ_CHUNK)
-        size, tail = size + len(piece), (tail + piece)[-2:]
-    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
-    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
-    return line, size - len(line)
 
 
 def read_file(path, offset=1, limit=None):
@@ -532,60 +510,6 @@ def read_file(path, offset=1, limit=None):
         out.append(f"[showing lines {start + 1}-{end} of {total}; continue with "
                    f"offset={end + 1}, or grep for what you need]")
     return "\n".join(out)
-
-
-def open_folder(folder):
-    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
-    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
-    link swapped in on the way after the path was judged fails the walk (ELOOP,
-    ENOTDIR), so nothing is written where the judge never looked."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for part in folder.parts[1:]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
-            os.close(parent)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def write_inside(path, data, fresh=0o666):
-    """The one door for a whole file the agent writes: the judged path, as judged,
-    through a new file in the same folder and a rename. Whatever stands at the path
-    (a link planted since, a hard link to a file elsewhere) is replaced, never
-    written through; a file there keeps its mode (a script stays executable), a new
-    one gets `fresh` less the umask (0o600 for the agent's private records)."""
-    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
-    try:
-        try:
-            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
-        except FileNotFoundError:
-            mode = None  # a new file: as any editor's
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
-        with open(out, "wb") as f:
-            f.write(data)
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
-
-
-def write_or_say(path, data, shown):
-    """write_inside for a tool: a failure is the model's to hear, in one line."""
-    try:
-        write_inside(path, data)
-    except OSError as e:
-        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
-                        f"just replaced by a link, nothing was written; check the path and retry.")
 
 
 def write_file(path, content):
@@ -645,9 +569,218 @@ def edit_file(path, old_string, new_string, replace_all=False):
     agent_state().files[str(f)] = stamp(f)
     return f"Edited {rel(f)}: {count if replace_all else 1} replacement(s)."
 
-# --- s02.4: glob and .gitignore (plumbing: skip on first read) ---
-# Glob patterns and .gitignore rules share one translation: * and ? stay inside
-# a path segment, ** spans any number of segments, {a,b} is alternation.
+
+register("read_file", (
+    "Read a text file from the workspace and return it with line numbers (cat -n style). "
+    "Use it before editing a file, and to study code you found with grep or glob. "
+    "For large files pass offset (1-based first line) and limit (line count); long "
+    "output is cut with a hint saying where to continue. Binary files are refused: "
+    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
+    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
+           offset=("integer", "First line to read, 1-based (default 1)."),
+           limit=("integer", "Number of lines to read (default 2000).")),
+    read_file, read_only=True, concurrency_safe=True)
+register("write_file", (
+    "Create a file, or replace the whole content of one, creating parent directories "
+    "as needed. Returns the number of bytes written. Use it for new files or complete "
+    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
+    "An existing file must have been read with read_file first."),
+    params(["path", "content"], path=("string", "File path inside the workspace."),
+           content=("string", "The complete new content of the file.")),
+    write_file)
+register("edit_file", (
+    "Replace an exact piece of text in a file with new text. old_string must match the "
+    "file exactly (whitespace included, without read_file's line numbers) and exactly "
+    "once, unless replace_all is true. The file must have been read with read_file and "
+    "be unchanged since; include enough surrounding lines to make the match unique."),
+    params(["path", "old_string", "new_string"],
+           path=("string", "File path inside the workspace."),
+           old_string=("string", "Exact text to replace."),
+           new_string=("string", "Replacement text (must differ from old_string)."),
+           replace_all=("boolean", "Replace every occurrence (default false).")),
+    edit_file)
+
+
+# --- s02.4: parallel calls [core] ---
+# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
+# together in threads; anything that writes runs alone, so order of effects is
+# the model's order. Results always come back in call order.
+MAX_PARALLEL = 8            # worker threads for concurrency-safe calls
+
+
+def run_parallel(batch, results):
+    """Run a batch; results join `results` in call order. Returns a new empty batch.
+
+    Each worker runs in a copy of this thread's context, so its tool sees this
+    agent's state. On Ctrl+C the calls that finished keep their results.
+    """
+    if len(batch) <= 1:
+        for b in batch:
+            add_result(run_tool(b), results)
+        return []
+    decide_batch(batch)  # s07: every question first, one at a time
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
+        kept = 0
+        try:
+            for f in futures:  # in call order, whatever order they finish in
+                add_result(f.result(), results)
+                kept += 1
+        except KeyboardInterrupt:
+            pool.shutdown(cancel_futures=True)  # waits for the running ones
+            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
+            raise
+    return []
+
+
+def is_concurrency_safe(block):
+    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
+
+
+# --- s02.5: message normalisation [core] ---
+# Message normalisation: the history we keep is ours; what the API sees is a
+# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
+# a dropped block). Private keys start with "_" (a later chapter marks blocks
+# with some) and never leave the process.
+def as_blocks(content):
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def api_blocks(m):
+    """One message's blocks as the API may see them: fresh copies without the
+    private keys, empty text blocks left out."""
+    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
+    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
+
+
+def normalize_messages(messages):
+    out = []
+    for m in messages:
+        if not (blocks := api_blocks(m)):
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": m["role"], "content": blocks})
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
+    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
+        out.append({"role": "user", "content": []})
+    for prev, m in zip([None] + out, out):
+        if m["role"] == "user":
+            m["content"] = pair_results(prev, m["content"])
+    return out
+
+
+def pair_results(prev, blocks):
+    """Exactly one result per call of the previous reply, in call order, first."""
+    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
+    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
+                                "content": "(no result: the call was cancelled)"} for i in calls]
+    rest = [b for b in blocks if b["type"] != "tool_result"]
+    return results + rest or [{"type": "text", "text": "(continuing)"}]
+
+
+# --- s02.6: one door for every write [hardening: skip on first read] ---
+# Stops: a link swapped in after the path was judged, so a write lands outside the workspace
+# Test: tests/test_s02_door.py::test_a_folder_swapped_for_a_link_after_the_judge_is_not_written_through
+# write_file and edit_file call write_or_say: every whole file the agent writes,
+# in this chapter and later ones, goes through write_inside.
+def open_folder(folder):
+    """A descriptor of `folder` (absolute, resolved: no link on it when judged),
+    reached from / one name at a time with O_NOFOLLOW, each made when missing. A
+    link swapped in on the way after the path was judged fails the walk (ELOOP,
+    ENOTDIR), so nothing is written where the judge never looked."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in folder.parts[1:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_inside(path, data, fresh=0o666):
+    """The one door for a whole file the agent writes: the judged path, as judged,
+    through a new file in the same folder and a rename. Whatever stands at the path
+    (a link planted since, a hard link to a file elsewhere) is replaced, never
+    written through; a file there keeps its mode (a script stays executable), a new
+    one gets `fresh` less the umask (0o600 for the agent's private records)."""
+    fd, tmp = open_folder(path.parent), f".agent-write-{os.urandom(6).hex()}"
+    try:
+        try:
+            st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None  # a link's 0o777 is no file's
+        except FileNotFoundError:
+            mode = None  # a new file: as any editor's
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, fresh, dir_fd=fd)
+        with open(out, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.rename(tmp, path.name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_or_say(path, data, shown):
+    """write_inside for a tool: a failure is the model's to hear, in one line."""
+    try:
+        write_inside(path, data)
+    except OSError as e:
+        raise ToolError(f"Could not write {shown}: {e.strerror or e}. If a folder on the way was "
+                        f"just replaced by a link, nothing was written; check the path and retry.")
+
+
+# --- s02.7: reading a huge file in constant memory [hardening: skip on first read] ---
+# Stops: a multi-gigabyte file or one endless line filling the agent's memory
+# Test: tests/test_s02_limits.py::test_a_huge_single_line_is_cut_and_never_held
+# read_file counts the lines and reads them one by one through these two.
+READ_CHUNK = 1 << 20        # bytes (or characters) a streamed read takes at a time
+
+
+def count_lines(f):
+    r"""Lines of a file as grep counts them ("\n"-ended, plus an unended last one),
+    counted in binary chunks: memory stays flat whatever the file's size."""
+    count, last = 0, b"\n"
+    with open(f, "rb") as fh:
+        while chunk := fh.read(READ_CHUNK):
+            count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def next_line(fh):
+    r"""The next line of a file opened with newline="\n" ("\n" only ends a line, as
+    grep counts; splitlines would also split on \f and U+2028), without its line
+    end or a CR before it, cut to MAX_LINE characters; and how many it had past
+    those. The rest of a long line is counted piece by piece, never held."""
+    head = piece = fh.readline(MAX_LINE + 1)
+    size, tail = len(head), head[-2:]
+    while piece and not piece.endswith("\n"):
+        piece = fh.readline(READ_CHUNK)
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    size -= len(tail) - len(tail.removesuffix("\n").removesuffix("\r"))
+    line = head.removesuffix("\n").removesuffix("\r")[:MAX_LINE]
+    return line, size - len(line)
+
+
+# --- s02.8: glob and .gitignore [extra] ---
+# Plumbing: skip on first read. Glob patterns and .gitignore rules share one
+# translation: * and ? stay inside a path segment, ** spans any number of
+# segments, {a,b} is alternation.
+GLOB_LIMIT = 200            # paths returned by glob, newest first
+AGENT_DIR = ".agent"        # the agent's own files (saved results, transcripts): not searched unless asked
+
+
 def glob_regex(pattern):
     out, i, depth = "", 0, 0
     while i < len(pattern):
@@ -767,9 +900,22 @@ def glob_files(pattern, path="."):
         shown.append(f"[{len(hits) - GLOB_LIMIT} more not shown; narrow the pattern or path]")
     return "\n".join(shown)
 
-# --- s02.5: grep, with ripgrep or in Python (plumbing: skip on first read) ---
-# grep: ripgrep when installed (fast, and .gitignore-aware), else the same walk
-# in Python. Both produce records that one formatter turns into identical text.
+
+register("glob", (
+    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
+    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
+    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
+    "list it). Use it to locate files by name; to search inside files use grep instead."),
+    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
+           path=("string", "Directory to search (default: the workspace root).")),
+    glob_files, read_only=True, concurrency_safe=True)
+
+
+# --- s02.9: grep, with ripgrep or in Python [extra] ---
+# Plumbing: skip on first read. ripgrep when installed (fast, and .gitignore-aware),
+# else the same walk in Python. Both produce records that one formatter turns into
+# identical text.
+GREP_LIMIT = 250            # result lines returned by grep
 GREP_MODES = ("files_with_matches", "content", "count")
 
 
@@ -901,44 +1047,6 @@ def grep(pattern, path=".", glob=None, ignore_case=False, output_mode="files_wit
     return clip("\n".join(lines))
 
 
-# --- s02.6: the file tools as the model sees them ---
-register("read_file", (
-    "Read a text file from the workspace and return it with line numbers (cat -n style). "
-    "Use it before editing a file, and to study code you found with grep or glob. "
-    "For large files pass offset (1-based first line) and limit (line count); long "
-    "output is cut with a hint saying where to continue. Binary files are refused: "
-    "use bash (file, xxd) for them. Do not use bash cat for reading; this tool is cheaper."),
-    params(["path"], path=("string", "File path, relative to the workspace or absolute inside it."),
-           offset=("integer", "First line to read, 1-based (default 1)."),
-           limit=("integer", "Number of lines to read (default 2000).")),
-    read_file, read_only=True, concurrency_safe=True)
-register("write_file", (
-    "Create a file, or replace the whole content of one, creating parent directories "
-    "as needed. Returns the number of bytes written. Use it for new files or complete "
-    "rewrites; for changing part of a file use edit_file, which costs far fewer tokens. "
-    "An existing file must have been read with read_file first."),
-    params(["path", "content"], path=("string", "File path inside the workspace."),
-           content=("string", "The complete new content of the file.")),
-    write_file)
-register("edit_file", (
-    "Replace an exact piece of text in a file with new text. old_string must match the "
-    "file exactly (whitespace included, without read_file's line numbers) and exactly "
-    "once, unless replace_all is true. The file must have been read with read_file and "
-    "be unchanged since; include enough surrounding lines to make the match unique."),
-    params(["path", "old_string", "new_string"],
-           path=("string", "File path inside the workspace."),
-           old_string=("string", "Exact text to replace."),
-           new_string=("string", "Replacement text (must differ from old_string)."),
-           replace_all=("boolean", "Replace every occurrence (default false).")),
-    edit_file)
-register("glob", (
-    "Find files by name pattern, e.g. '**/*.py' or 'src/**/test_*.{js,ts}'. Returns "
-    "workspace-relative paths, most recently modified first, at most 200. Files ignored "
-    "by .gitignore and the agent's own .agent folder are skipped (pass path '.agent' to "
-    "list it). Use it to locate files by name; to search inside files use grep instead."),
-    params(["pattern"], pattern=("string", "Glob pattern relative to path; ** spans directories."),
-           path=("string", "Directory to search (default: the workspace root).")),
-    glob_files, read_only=True, concurrency_safe=True)
 register("grep", (
     "Search file contents with a regular expression (ripgrep syntax) and list matching "
     "files, matching lines with line numbers (output_mode 'content'), or match counts "
@@ -953,89 +1061,16 @@ register("grep", (
            output_mode=("string", "files_with_matches (default), content or count.")),
     grep, read_only=True, concurrency_safe=True)
 
-# --- s02.7: message normalisation ---
-# Message normalisation: the history we keep is ours; what the API sees is a
-# cleaned copy that obeys its rules, whatever happened (Ctrl+C, a failed call,
-# a dropped block). Private keys start with "_" (a later chapter marks blocks
-# with some) and never leave the process.
-def as_blocks(content):
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
-
-
-def api_blocks(m):
-    """One message's blocks as the API may see them: fresh copies without the
-    private keys, empty text blocks left out."""
-    blocks = [{k: v for k, v in b.items() if not k.startswith("_")} for b in as_blocks(m["content"])]
-    return [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-
-
-def normalize_messages(messages):
-    out = []
-    for m in messages:
-        if not (blocks := api_blocks(m)):
-            continue
-        if out and out[-1]["role"] == m["role"]:
-            out[-1]["content"] += blocks
-        else:
-            out.append({"role": m["role"], "content": blocks})
-    if not out or out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continuing)"}]})
-    if out[-1]["role"] == "assistant" and any(b["type"] == "tool_use" for b in out[-1]["content"]):
-        out.append({"role": "user", "content": []})
-    for prev, m in zip([None] + out, out):
-        if m["role"] == "user":
-            m["content"] = pair_results(prev, m["content"])
-    return out
-
-
-def pair_results(prev, blocks):
-    """Exactly one result per call of the previous reply, in call order, first."""
-    calls = [b["id"] for b in prev["content"] if b["type"] == "tool_use"] if prev else []
-    found = {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
-    results = [found.get(i) or {"type": "tool_result", "tool_use_id": i, "is_error": True,
-                                "content": "(no result: the call was cancelled)"} for i in calls]
-    rest = [b for b in blocks if b["type"] != "tool_result"]
-    return results + rest or [{"type": "text", "text": "(continuing)"}]
-
-# --- s02.8: parallel calls ---
-# Parallel tools: neighbouring concurrency-safe calls (reads, searches) run
-# together in threads; anything that writes runs alone, so order of effects is
-# the model's order. Results always come back in call order.
-def run_parallel(batch, results):
-    """Run a batch; results join `results` in call order. Returns a new empty batch.
-
-    Each worker runs in a copy of this thread's context, so its tool sees this
-    agent's state. On Ctrl+C the calls that finished keep their results.
-    """
-    if len(batch) <= 1:
-        for b in batch:
-            add_result(run_tool(b), results)
-        return []
-    decide_batch(batch)  # s07: every question first, one at a time
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(batch))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, run_tool, b) for b in batch]
-        kept = 0
-        try:
-            for f in futures:  # in call order, whatever order they finish in
-                add_result(f.result(), results)
-                kept += 1
-        except KeyboardInterrupt:
-            pool.shutdown(cancel_futures=True)  # waits for the running ones
-            results += [f.result() for f in futures[kept:] if f.done() and not f.cancelled()]
-            raise
-    return []
-
-
-def is_concurrency_safe(block):
-    return TOOL_FLAGS.get(block.name, {}).get("concurrency_safe", False)
-
 # --- s03: todo plan ---
 # The plan is the agent's own state (AgentState.plan), kept beside `messages`,
 # not inside it: the model rewrites it whole with todo_write, the human sees it
 # as a checklist, and the loop counts tool rounds since the last update. Invariants: at most MAX_TODOS
 # items, at most one in_progress. Not persisted: a new session starts without one.
+
+# --- s03.1: todo_write: the plan and its rules [core] ---
+# The model sends the whole plan each time; check_plan holds it to the rules, the
+# human sees a checklist, the model gets the same list back as text.
 MAX_TODOS = 20              # items per plan: long plans are brittle (seed ch5)
-PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
 TODO_STATUSES = ("pending", "in_progress", "completed")
 TODO_MARKS = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 TODO_STYLES = {"pending": "", "in_progress": "bold yellow", "completed": "dim green"}
@@ -1124,6 +1159,32 @@ def todo_write(items):
     return plan_text()
 
 
+register("todo_write", (
+    "Write the plan for the current task as a checklist; each call replaces the whole "
+    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
+    "steps) or when the user gives a list of things to do, so you and the user can see "
+    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
+    "in_progress before you start it (only one at a time) and completed right after it "
+    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
+    "items, each a meaningful step."),
+    {"type": "object", "properties": {"items": {
+        "type": "array", "maxItems": MAX_TODOS,
+        "description": "The complete plan in order; it replaces the previous one.",
+        "items": {"type": "object", "properties": {
+            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
+            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+            "active_form": {"type": "string",
+                            "description": "Shown while in progress: 'Running the tests'."}},
+            "required": ["content", "status"]}}},
+     "required": ["items"]},
+    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
+
+
+# --- s03.2: the reminder [core] ---
+# After each tool round the loop asks plan_reminder whether the plan went stale.
+PLAN_REMINDER_INTERVAL = 3  # tool rounds without a plan update before a reminder
+
+
 def has_open_items():
     return any(item["status"] != "completed" for item in plan()["items"])
 
@@ -1151,59 +1212,179 @@ def plan_reminder(calls, results):
         f"has changed. Do not mention this reminder to the user.\nCurrent plan:\n"
         f"{plan_text()}\n</system-reminder>")}]
 
-
-register("todo_write", (
-    "Write the plan for the current task as a checklist; each call replaces the whole "
-    "plan, so always send every item. Use it for multi-step work (3 or more distinct "
-    "steps) or when the user gives a list of things to do, so you and the user can see "
-    "progress; do not use it for trivial one-step tasks or plain questions. Mark an item "
-    "in_progress before you start it (only one at a time) and completed right after it "
-    "is done, not in batches; add, drop or reorder items as you learn more. At most 20 "
-    "items, each a meaningful step."),
-    {"type": "object", "properties": {"items": {
-        "type": "array", "maxItems": MAX_TODOS,
-        "description": "The complete plan in order; it replaces the previous one.",
-        "items": {"type": "object", "properties": {
-            "content": {"type": "string", "description": "The step, imperative: 'Run the tests'."},
-            "status": {"type": "string", "enum": list(TODO_STATUSES)},
-            "active_form": {"type": "string",
-                            "description": "Shown while in progress: 'Running the tests'."}},
-            "required": ["content", "status"]}}},
-     "required": ["items"]},
-    todo_write, read_only=True)  # touches no file; concurrency-unsafe: calls apply in order
-
 # --- s04: subagents ---
 # A subagent is a tool whose handler runs the same agent_loop on a new message
 # list: its own history, a narrower tool list (never `agent`, so no recursion),
 # a turn cap and its own system prompt. The parent gets one tool_result: the
 # child's final text. Every step in between stays in the child and is dropped.
+
+# --- s04.1: the agent tool: a child loop, one report back [core] ---
+# At each loop start prepare_agent_tool notes the client and the history on the
+# running agent; a call to `agent` then runs run_subagent, which runs agent_loop
+# for a child agent and returns its last text.
 SUBAGENT_MAX_TURNS = 30     # model calls per subagent run: a stuck child costs at most this
-AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
-AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
-FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
-FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
-WARNED = set()               # warnings shown once: definitions are re-read at every loop start
 
 SUBAGENT_SYSTEM = (
     "You are a subagent: another agent gave you one self-contained task. Work on your own "
     "with the tools (nobody will answer questions), stay within the task, and finish with "
     "a concise report of what you found or changed, naming files and lines: that report "
     "is the only thing the other agent will see.")
-EXPLORE_SYSTEM = (
-    "You are explore, a read-only investigation subagent. Find what the task asks about "
-    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
-    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
-    "concisely: the answer first, then the evidence as path:line references. Your final "
-    "message is the only thing the other agent will see.")
-# Built-in types; a user or project definition with the same name replaces one.
-# "Read-only" is the tool list plus the prompt: bash can still write, and only
-# a later chapter's OS sandbox makes that impossible.
-BUILTIN_AGENTS = {"explore": {
-    "name": "explore", "system": EXPLORE_SYSTEM,
-    "description": ("Read-only investigation: finds files, searches and reads code, and "
-                    "reports what it found. It does not change files."),
-    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
-    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
+
+
+def prepare_agent_tool(client, messages, tools):
+    """At every agent_loop start: note the loop on its agent, refresh the agent types.
+
+    The agent handler is called like any tool, with its input only, so the
+    client and the history (for fork) come from the running agent's state. The
+    description is rebuilt here, sorted, not per call: it is part of the prompt
+    prefix and changes only when a definition file does. Only the main agent
+    (tools None) rewrites it: a child has no agent tool.
+    """
+    state = agent_state()
+    state.client, state.messages, state.tools = client, messages, tools
+    if tools is None:
+        desc = describe_agents(load_agents())
+        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
+
+
+def run_subagent(prompt, description=None, agent_type=None, fork=False):
+    """The agent tool: run a child loop to the end and return only its final text."""
+    client = agent_state().client
+    if client is None:
+        raise ToolError("The agent tool only works inside a running agent loop.")
+    if not prompt.strip():  # "" is also how a label marks the main agent
+        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
+    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
+    settings = child_settings(spec, fork, usage)
+    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
+    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
+    history = fork_messages(agent_state().messages, prompt) if fork else fresh
+    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
+    reason = run_child(client, history, child_state(fork, label[:24]), settings)
+    if reason == "interrupted":
+        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
+    note = (f"[subagent {label}: {usage['calls']} model calls, "
+            f"{usage['input']} input + {usage['output']} output tokens]")
+    say(note)
+    text = last_text(history)
+    if reason != "end_turn":
+        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
+        raise ToolError(f"The subagent stopped early: {why}. "
+                        f"Its last words: {text or '(none)'}\n{note}")
+    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
+        text = "(the subagent finished without a report)"
+    return f"{text}\n\n{note}"
+
+
+def child_settings(spec, fork, usage):
+    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
+    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
+    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
+    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
+            "system": None if fork else system, "model": spec.get("model"),
+            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
+
+
+def child_state(fork, label):
+    """A subagent's own AgentState: the same workspace, a plan of its own, and
+    file-read records of its own (a fork starts from a copy of the parent's).
+
+    File-read records are runtime state, not infrastructure (seed): a fresh
+    child must read a file before editing it, and when the child changes a file
+    the parent read, the parent's stamp no longer matches, so it must re-read.
+    """
+    parent = agent_state()
+    child = AgentState(parent.workdir)
+    child.label = label
+    if fork:
+        child.files = dict(parent.files)
+    child.session = parent.session  # s06: one bill for the whole session
+    child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
+    child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
+    child.parent_session = session_id(parent)  # s09: one session id for every agent of the session
+    return child
+
+
+def run_child(client, history, child, settings):
+    """agent_loop for a child, run as its own agent: nothing of the parent's
+    state is swapped out or has to be restored."""
+    with acting_as(child):
+        return agent_loop(client, history, **settings)
+
+
+CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
+    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
+                 "or do the rest yourself",
+    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
+    "api_error": "the model API failed: retry later, or do the task yourself",
+}
+
+
+def add_usage(usage, message):
+    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
+    if usage is None:
+        return
+    u = message.usage
+    usage["calls"] += 1
+    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
+                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
+    usage["output"] += u.output_tokens
+
+
+def last_text(messages):
+    """The text of the newest assistant message that has any."""
+    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
+        return report  # s06
+    for m in reversed(messages):
+        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
+        if m["role"] == "assistant" and texts:
+            return "\n".join(texts).strip()
+    return ""
+
+
+# --- s04.2: the child's tools [core] ---
+# A child gets the parent's tools minus `agent`, narrowed by its definition; a
+# call to any other tool is answered as an unknown tool, never run.
+def child_tools(spec):
+    """The parent's tools as they are now (later chapters add some), minus agent,
+    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
+    tools = [t for t in TOOLS if t["name"] != "agent"]
+    if spec.get("tools") is not None:
+        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
+            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
+        tools = [t for t in tools if t["name"] in spec["tools"]]
+    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
+
+
+def allowed_names(tools):
+    """What a loop may run: every handler for the main agent, its own list for a child."""
+    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
+
+
+def run_allowed(calls, tools, results):
+    """run_tools, but a call to a tool the child was not given is an unknown tool.
+
+    The schema list only says what the model should call; this is what it can
+    call. Refused calls never run and are answered first; normalize_messages
+    puts every result back in call order for the API.
+    """
+    if tools is not None:
+        names = allowed_names(tools)
+        results += [refused(b, tools) for b in calls if b.name not in names]
+        calls = [b for b in calls if b.name in names]
+    return run_tools(calls, results)
+
+
+def refused(block, tools):
+    say(f"> {block.name} (not available to this agent)")
+    names = ", ".join(t["name"] for t in tools) or "(none)"
+    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
+            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
+                       f"Use one of: {names}."}
+
+
+# --- s04.3: fork mode [core] ---
+# fork: true runs a copy of the parent instead of a fresh agent.
 
 # Fork mode (seed: Fork Boilerplate). The child is a copy of the parent: same
 # history, system prompt and tools (minus agent). Every call still open in the
@@ -1227,6 +1408,48 @@ Rules (not negotiable):
 </fork_boilerplate>
 
 Task: {task}"""
+
+
+def fork_messages(history, task):
+    """The parent's history, its open calls answered by placeholders, then the task.
+
+    The parent's last message holds the results its current reply has so far
+    (the loop appends it before the calls run): those stay, real results.
+    """
+    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
+    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
+    last = history[-1] if history else {"role": "user", "content": ""}
+    answered = {b.get("tool_use_id") for b in done}
+    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
+    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
+                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
+    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
+    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
+
+
+# --- s04.4: agent types [core] ---
+# Built-in, user (~/.agent/agents/) and project (.agent/agents/) definitions, the
+# later winning a name; the agent tool's description lists them.
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # type names, safe to list in a description
+AGENT_FIELDS = {"name", "description", "tools", "disallowed_tools", "max_turns", "model"}  # known
+FIELD_ALIASES = {"disallowedTools": "disallowed_tools", "maxTurns": "max_turns"}  # seed spelling
+FRONTMATTER = re.compile(r"---[ \t]*\n(.*?\n)?---[ \t]*(?:\n(.*))?", re.S)  # YAML head, body
+WARNED = set()               # warnings shown once: definitions are re-read at every loop start
+EXPLORE_SYSTEM = (
+    "You are explore, a read-only investigation subagent. Find what the task asks about "
+    "with glob, grep and read_file; use bash only for commands that change nothing (ls, "
+    "wc, git log, git diff). Never create, edit or delete files. Report your findings "
+    "concisely: the answer first, then the evidence as path:line references. Your final "
+    "message is the only thing the other agent will see.")
+# Built-in types; a user or project definition with the same name replaces one.
+# "Read-only" is the tool list plus the prompt: bash can still write, and only
+# a later chapter's OS sandbox makes that impossible.
+BUILTIN_AGENTS = {"explore": {
+    "name": "explore", "system": EXPLORE_SYSTEM,
+    "description": ("Read-only investigation: finds files, searches and reads code, and "
+                    "reports what it found. It does not change files."),
+    "tools": ["read_file", "glob", "grep", "bash"], "disallowed_tools": [],
+    "max_turns": SUBAGENT_MAX_TURNS, "model": None}}
 
 AGENT_TOOL_HELP = (
     "Delegate a self-contained task to a subagent: it works in a fresh context with its "
@@ -1321,143 +1544,6 @@ def describe_agents(agents):
     return AGENT_TOOL_HELP + "".join(f"\n- {n}: {agents[n]['description']}" for n in sorted(agents))
 
 
-def prepare_agent_tool(client, messages, tools):
-    """At every agent_loop start: note the loop on its agent, refresh the agent types.
-
-    The agent handler is called like any tool, with its input only, so the
-    client and the history (for fork) come from the running agent's state. The
-    description is rebuilt here, sorted, not per call: it is part of the prompt
-    prefix and changes only when a definition file does. Only the main agent
-    (tools None) rewrites it: a child has no agent tool.
-    """
-    state = agent_state()
-    state.client, state.messages, state.tools = client, messages, tools
-    if tools is None:
-        desc = describe_agents(load_agents())
-        TOOLS[:] = [t | {"description": desc} if t["name"] == "agent" else t for t in TOOLS]
-
-
-def child_tools(spec):
-    """The parent's tools as they are now (later chapters add some), minus agent,
-    then narrowed by the definition: tools is an allow list, disallowed_tools a deny list."""
-    tools = [t for t in TOOLS if t["name"] != "agent"]
-    if spec.get("tools") is not None:
-        if missing := sorted(set(spec["tools"]) - {t["name"] for t in tools}):
-            warn_once(f"[agent {spec['name']}: no tool {', '.join(missing)} for subagents]")
-        tools = [t for t in tools if t["name"] in spec["tools"]]
-    return [t for t in tools if t["name"] not in spec.get("disallowed_tools", [])]
-
-
-def allowed_names(tools):
-    """What a loop may run: every handler for the main agent, its own list for a child."""
-    return TOOL_HANDLERS if tools is None else {t["name"] for t in tools}
-
-
-def run_allowed(calls, tools, results):
-    """run_tools, but a call to a tool the child was not given is an unknown tool.
-
-    The schema list only says what the model should call; this is what it can
-    call. Refused calls never run and are answered first; normalize_messages
-    puts every result back in call order for the API.
-    """
-    if tools is not None:
-        names = allowed_names(tools)
-        results += [refused(b, tools) for b in calls if b.name not in names]
-        calls = [b for b in calls if b.name in names]
-    return run_tools(calls, results)
-
-
-def refused(block, tools):
-    say(f"> {block.name} (not available to this agent)")
-    names = ", ".join(t["name"] for t in tools) or "(none)"
-    return {"type": "tool_result", "tool_use_id": block.id, "is_error": True,
-            "content": f"Unknown tool '{block.name}': it is not available to this agent. "
-                       f"Use one of: {names}."}
-
-
-def fork_messages(history, task):
-    """The parent's history, its open calls answered by placeholders, then the task.
-
-    The parent's last message holds the results its current reply has so far
-    (the loop appends it before the calls run): those stay, real results.
-    """
-    current = bool(history) and history[-1]["role"] == "user" and isinstance(history[-1]["content"], list)
-    done, history = (history[-1]["content"], history[:-1]) if current else ([], history)
-    last = history[-1] if history else {"role": "user", "content": ""}
-    answered = {b.get("tool_use_id") for b in done}
-    calls = as_blocks(last["content"]) if last["role"] == "assistant" else []
-    results = list(done) + [{"type": "tool_result", "tool_use_id": b["id"], "content": FORK_PLACEHOLDER}
-                            for b in calls if b["type"] == "tool_use" and b["id"] not in answered]
-    brief = {"type": "text", "text": FORK_BOILERPLATE.format(task=task)}
-    return shown_messages(history + [{"role": "user", "content": results + [brief]}])  # s06: as sent
-
-
-def add_usage(usage, message):
-    """Add one call's tokens to a subagent's bill (None: nobody is counting)."""
-    if usage is None:
-        return
-    u = message.usage
-    usage["calls"] += 1
-    usage["input"] += (u.input_tokens + (u.cache_read_input_tokens or 0)  # s06: cached tokens
-                       + (u.cache_creation_input_tokens or 0))  # s06: were sent too, billed cheaper
-    usage["output"] += u.output_tokens
-
-
-def last_text(messages):
-    """The text of the newest assistant message that has any."""
-    if report := whole_reply(messages):  # s06: parts cut by max_tokens belong to the report
-        return report  # s06
-    for m in reversed(messages):
-        texts = [b["text"] for b in as_blocks(m["content"]) if b["type"] == "text"]
-        if m["role"] == "assistant" and texts:
-            return "\n".join(texts).strip()
-    return ""
-
-
-def child_settings(spec, fork, usage):
-    """agent_loop keywords for a child; a fork keeps the parent's prompt and model."""
-    system = f"{spec.get('system', SUBAGENT_SYSTEM)}\nWorking directory: {agent_state().workdir}"
-    system += skills_prompt() if has_tool(spec, "load_skill") else ""  # s05: skills it may load
-    return {"tools": child_tools(spec), "max_turns": spec.get("max_turns", SUBAGENT_MAX_TURNS),
-            "system": None if fork else system, "model": spec.get("model"),
-            "out": sys.stderr, "usage": usage}  # the child's text is progress, not the answer
-
-
-def child_state(fork, label):
-    """A subagent's own AgentState: the same workspace, a plan of its own, and
-    file-read records of its own (a fork starts from a copy of the parent's).
-
-    File-read records are runtime state, not infrastructure (seed): a fresh
-    child must read a file before editing it, and when the child changes a file
-    the parent read, the parent's stamp no longer matches, so it must re-read.
-    """
-    parent = agent_state()
-    child = AgentState(parent.workdir)
-    child.label = label
-    if fork:
-        child.files = dict(parent.files)
-    child.session = parent.session  # s06: one bill for the whole session
-    child.mode, child.permissions, child.run_id = parent.mode, parent.permissions, parent.run_id  # s07
-    child.hooks = parent.hooks  # s08: once flags and async hooks belong to the session
-    child.parent_session = session_id(parent)  # s09: one session id for every agent of the session
-    return child
-
-
-def run_child(client, history, child, settings):
-    """agent_loop for a child, run as its own agent: nothing of the parent's
-    state is swapped out or has to be restored."""
-    with acting_as(child):
-        return agent_loop(client, history, **settings)
-
-
-CHILD_STOPS = {  # agent_loop stop reason -> what the parent model should hear
-    "max_turns": "it used all {turns} turns without finishing: give it a narrower task, "
-                 "or do the rest yourself",
-    "unknown_tools": "it kept calling tools it does not have: rephrase the task for its tools",
-    "api_error": "the model API failed: retry later, or do the task yourself",
-}
-
-
 def pick_agent(agent_type, fork):
     """The definition to run ({}: general-purpose, or a fork); ToolError says why not."""
     if fork and agent_type:
@@ -1468,35 +1554,6 @@ def pick_agent(agent_type, fork):
         raise ToolError(f"Unknown agent_type '{agent_type}'. Use one of: "
                         f"{', '.join(sorted(agents))}; or omit it for a general-purpose agent.")
     return agents.get(agent_type, {})
-
-
-def run_subagent(prompt, description=None, agent_type=None, fork=False):
-    """The agent tool: run a child loop to the end and return only its final text."""
-    client = agent_state().client
-    if client is None:
-        raise ToolError("The agent tool only works inside a running agent loop.")
-    if not prompt.strip():  # "" is also how a label marks the main agent
-        raise ToolError("The prompt is empty: write the complete task (goal, where to look, what to report).")
-    spec, usage = pick_agent(agent_type, fork), {"calls": 0, "input": 0, "output": 0}
-    settings = child_settings(spec, fork, usage)
-    label = " ".join(str(description or "").split()) or " ".join(prompt.split())[:40]  # one line, never ""
-    fresh = [{"role": "user", "content": prompt}]  # exactly one message: the task
-    history = fork_messages(agent_state().messages, prompt) if fork else fresh
-    say(f"[agent {label}: {agent_type or ('fork' if fork else 'general-purpose')}, started]")
-    reason = run_child(client, history, child_state(fork, label[:24]), settings)
-    if reason == "interrupted":
-        raise KeyboardInterrupt  # Ctrl+C cancels the whole turn, not only the child
-    note = (f"[subagent {label}: {usage['calls']} model calls, "
-            f"{usage['input']} input + {usage['output']} output tokens]")
-    say(note)
-    text = last_text(history)
-    if reason != "end_turn":
-        why = CHILD_STOPS.get(reason, "stop reason " + reason).format(turns=settings["max_turns"])
-        raise ToolError(f"The subagent stopped early: {why}. "
-                        f"Its last words: {text or '(none)'}\n{note}")
-    if history[-1]["role"] != "assistant":  # its final reply was empty: no report to pass on
-        text = "(the subagent finished without a report)"
-    return f"{text}\n\n{note}"
 
 
 register("agent", describe_agents(BUILTIN_AGENTS), params(
@@ -1515,17 +1572,12 @@ register("agent", describe_agents(BUILTIN_AGENTS), params(
 # scanned on every model call (a few small reads), so a skill written mid-session
 # is usable at once, and the list is sorted so the prompt stays byte-identical
 # while nothing changes on disk (a later chapter's prompt cache needs that).
+
+# --- s05.1: finding skills, listing them in the prompt [core] ---
+# Every model call scans the three skill folders; the prompt lists name and
+# description of each skill the model may load, sorted.
 MAX_DESCRIPTION = 1_024     # characters of a skill description kept (Agent Skills limit)
-DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
-HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
 SKILL_NAME = re.compile(r"[\w.:-]+")  # one word, so it works as /name
-ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-# !`git diff` -> the command's output. The ! opens a line or follows a space, so
-# prose such as "add `!` after the type" is never taken for a command.
-DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
-TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
-TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
-COMMANDS = {}               # name -> command dict, filled by command()
 
 
 def skill_dirs():
@@ -1533,10 +1585,6 @@ def skill_dirs():
     return [("built-in", Path(__file__).parent / "skills"),
             ("user", Path.home() / ".agent" / "skills"),
             ("project", agent_state().workdir / ".agent" / "skills")]
-
-
-def has_tool(spec, name):
-    return any(t["name"] == name for t in child_tools(spec))
 
 
 def hint_text(hint):
@@ -1567,19 +1615,6 @@ def parse_skill(folder, source):
             "arg_hint": hint_text(meta.get("argument-hint")),
             "model": not flag(meta, "disable-model-invocation", False),
             "user": flag(meta, "user-invocable", True)}
-
-
-def parsed_skill(folder, source, parsed):
-    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
-    The list is built for every model call: parsing each file's YAML again cost
-    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
-    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
-    skill = agent_state().skills.get(key)
-    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
-    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
-        skill = parse_skill(folder, source)
-    parsed[key] = skill
-    return dict(skill)
 
 
 def discover_skills():
@@ -1616,49 +1651,27 @@ def skills_prompt():
             "then follow what it says):\n" + "\n".join(lines))
 
 
+def has_tool(spec, name):
+    return any(t["name"] == name for t in child_tools(spec))
+
+
+# --- s05.2: load_skill and the template [core] ---
+# load_skill returns the body with its !`commands` run and its $ARGUMENTS filled
+# in, in one scan of the body as written.
+DYNAMIC_TIMEOUT = 30        # seconds for each !`command` in a skill body
+ARGUMENT_REF = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+# !`git diff` -> the command's output. The ! opens a line or follows a space, so
+# prose such as "add `!` after the type" is never taken for a command.
+DYNAMIC = re.compile(r"(?<!\S)!`([^`\n]+)`")
+TEMPLATE = re.compile(f"{DYNAMIC.pattern}|{ARGUMENT_REF.pattern}")  # both, in one scan
+
+
 def arg_words(args):
     """Shell-like words: '"Ada Lovelace" Bob' -> ['Ada Lovelace', 'Bob']."""
     try:
         return shlex.split(args)
     except ValueError:  # an unbalanced quote: plain words are good enough
         return args.split()
-
-
-def open_quote(text):
-    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
-    quote, escaped = "", False
-    for c in text:
-        if escaped:
-            escaped = False
-        elif quote == "'":
-            quote = "" if c == "'" else quote
-        elif c == "\\":
-            escaped = True
-        elif c == '"' or (c == "'" and not quote):
-            quote = "" if quote else c
-    return "\\" if escaped else quote
-
-
-def command_line(command, words):
-    """A command with its placeholders as shell-quoted words: arguments are data.
-
-    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
-    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
-    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
-    the shell still runs a $(...) put there, however it is quoted.
-    """
-    def one(m):
-        quote = open_quote(command[:m.start()])
-        if quote == '"':
-            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
-                            f'for you')
-        if quote:
-            return m[0]
-        index = m[1] or m[2]
-        if index is None:
-            return shlex.join(words)
-        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
-    return ARGUMENT_REF.sub(one, command)
 
 
 def run_dynamic(command, words, allowed=True):
@@ -1704,76 +1717,6 @@ def render_skill(skill, args=None, allowed=True):
     """The body as the model sees it; path lets it read the files the body links to."""
     body = substitute(skill["body"], args, allowed)
     return f'<skill name="{skill["name"]}" path="{skill["path"]}">\n{body}\n</skill>'
-
-
-def ask_human(question):
-    """One question to the human: the prompt on stderr, the answer read from stdin,
-    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
-    input, or no stdin at all, answers no."""
-    print(printable(question), end="", file=sys.stderr, flush=True)
-    try:
-        answer = input()
-    except (EOFError, OSError, RuntimeError):
-        print(file=sys.stderr)
-        return "no"
-    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
-        print(answer, file=sys.stderr)
-    return answer
-
-
-# Trust (seed: a cloned repository is untrusted input). What the human said yes
-# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
-# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
-# Project skills' commands use it here; a later chapter adds other project files.
-def load_trusted():
-    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
-    path = Path.home() / TRUSTED
-    if not path.exists():
-        return {}
-    try:
-        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
-        if all(isinstance(files, dict) for files in spaces.values()):
-            return spaces
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
-        pass
-    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
-    return {}
-
-
-def is_trusted(rel_path, digest):
-    """Did the human say yes to this workspace file with exactly this content?"""
-    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
-
-
-def trust(rel_path, digest):
-    """Record a yes, through s02's door: a new file renamed over the old one, so a
-    crash never leaves half a file and no link is written through."""
-    path = Path.home() / TRUSTED
-    spaces = load_trusted()
-    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
-    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
-        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
-    except OSError as e:  # the yes still holds for this call
-        warn_once(f"[could not record the yes in {path}: {e}]")
-
-
-def may_run(skill):
-    """May a model's load_skill run this skill's !`commands`? A project skill's come
-    from whoever wrote the repository, so the human is asked first, once per
-    workspace and SKILL.md content. Built-in and user skills are the human's own."""
-    commands = DYNAMIC.findall(skill["body"])
-    if skill["source"] != "project" or not commands:
-        return True
-    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
-    if is_trusted(rel_path, skill["sha256"]):
-        return True
-    listed = "".join(f"\n    {c}" for c in commands)
-    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
-                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        return False
-    trust(rel_path, skill["sha256"])
-    return True
 
 
 def load_skill(name, arguments=None):
@@ -1822,6 +1765,14 @@ register("load_skill", (
            arguments=("string", "Optional arguments for the skill, e.g. a path or git range.")),
     load_skill, read_only=False, concurrency_safe=False)  # runs !`commands`; may ask the human
 
+
+# --- s05.3: slash commands [core] ---
+# The REPL hands a line starting with / to handle_slash; every user-invocable
+# skill is a command too.
+HELP_DESCRIPTION = 72       # characters of a description shown per /help or /skills row
+COMMANDS = {}               # name -> command dict, filled by command()
+
+
 # Slash commands (seed: "Slash Command 命令框架"). Input starting with / is taken
 # by the command registry before anything reaches the model. kind "local": the
 # handler does the work and the model never sees it; kind "prompt": the handler
@@ -1837,12 +1788,6 @@ def skill_command(skill):
     return {"name": skill["name"], "description": skill["description"], "aliases": (),
             "arg_hint": skill["arg_hint"], "kind": "prompt",
             "handler": lambda args, ctx: render_skill(skill, args, typed_consent(skill))}
-
-
-def typed_consent(skill):
-    """Typing /name is the human's yes, unless a project skill took over the name of
-    their own (built-in or user) skill: then they may think they run that one."""
-    return may_run(skill) if skill.get("replaces") else True
 
 
 def all_commands():
@@ -1933,6 +1878,149 @@ command("help", "List commands and skills (skills send their instructions to the
         show_help, aliases=("h", "?"))
 command("skills", "List skills: where each comes from and who may start it", show_skills)
 
+
+# --- s05.4: a project skill's commands need a yes [hardening: skip on first read] ---
+# Stops: a cloned repository's SKILL.md running commands at model load without the human's yes
+# Test: tests/test_s05_skill_safety.py::test_project_commands_do_not_run_without_a_yes
+# load_skill and a typed /name call may_run before any !`command` of a project
+# skill runs.
+TRUSTED = Path(".agent") / "trusted.yaml"  # under home: {workspaces: {path: {file: sha256}}}
+
+
+def ask_human(question):
+    """One question to the human: the prompt on stderr, the answer read from stdin,
+    a pipe too (printf 'task\\ny\\n' | python sNN_x.py answers yes). End of
+    input, or no stdin at all, answers no."""
+    print(printable(question), end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except (EOFError, OSError, RuntimeError):
+        print(file=sys.stderr)
+        return "no"
+    if not sys.stdin.isatty():  # a piped answer is not echoed: show it
+        print(answer, file=sys.stderr)
+    return answer
+
+
+# Trust (seed: a cloned repository is untrusted input). What the human said yes
+# to is kept in ~/.agent/trusted.yaml as {workspaces: {<workspace>: {<file
+# relative to it>: <sha256 of its content>}}}: a changed file is a new question.
+# Project skills' commands use it here; a later chapter adds other project files.
+def load_trusted():
+    """{workspace: {relative file: sha256}}; {} when absent, or corrupt (one warning)."""
+    path = Path.home() / TRUSTED
+    if not path.exists():
+        return {}
+    try:
+        spaces = (yaml.safe_load(path.read_text("utf-8")) or {}).get("workspaces") or {}
+        if all(isinstance(files, dict) for files in spaces.values()):
+            return spaces
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # unreadable, not a map
+        pass
+    warn_once(f"[{path} is corrupt, so nothing in it is trusted; the next yes rewrites it]")
+    return {}
+
+
+def is_trusted(rel_path, digest):
+    """Did the human say yes to this workspace file with exactly this content?"""
+    return load_trusted().get(str(agent_state().workdir), {}).get(rel_path) == digest
+
+
+def trust(rel_path, digest):
+    """Record a yes, through s02's door: a new file renamed over the old one, so a
+    crash never leaves half a file and no link is written through."""
+    path = Path.home() / TRUSTED
+    spaces = load_trusted()
+    spaces.setdefault(str(agent_state().workdir), {})[rel_path] = digest
+    try:  # ~/.agent resolved once: a link there is the user's own (dotfiles); none below it is followed
+        write_inside(path.parent.resolve() / path.name, yaml.safe_dump({"workspaces": spaces}).encode(), 0o600)
+    except OSError as e:  # the yes still holds for this call
+        warn_once(f"[could not record the yes in {path}: {e}]")
+
+
+def may_run(skill):
+    """May a model's load_skill run this skill's !`commands`? A project skill's come
+    from whoever wrote the repository, so the human is asked first, once per
+    workspace and SKILL.md content. Built-in and user skills are the human's own."""
+    commands = DYNAMIC.findall(skill["body"])
+    if skill["source"] != "project" or not commands:
+        return True
+    rel_path = skill["file"].relative_to(agent_state().workdir).as_posix()
+    if is_trusted(rel_path, skill["sha256"]):
+        return True
+    listed = "".join(f"\n    {c}" for c in commands)
+    answer = ask_human(f"Skill {skill['name']} from this project ({rel_path}) runs:{listed}\n"
+                       f"Allow its commands (asked again if SKILL.md changes)? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        return False
+    trust(rel_path, skill["sha256"])
+    return True
+
+
+def typed_consent(skill):
+    """Typing /name is the human's yes, unless a project skill took over the name of
+    their own (built-in or user) skill: then they may think they run that one."""
+    return may_run(skill) if skill.get("replaces") else True
+
+
+# --- s05.5: arguments are data in a command [hardening: skip on first read] ---
+# Stops: an argument such as $(rm -rf ~) running as part of a skill's !`command`
+# Test: tests/test_s05_skill_safety.py::test_placeholders_in_a_command_are_quoted_words
+# run_dynamic puts the arguments into a command through command_line.
+def open_quote(text):
+    """What is open at the end of a shell line: a backslash, ' or ", else ''."""
+    quote, escaped = "", False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == '"' or (c == "'" and not quote):
+            quote = "" if quote else c
+    return "\\" if escaped else quote
+
+
+def command_line(command, words):
+    """A command with its placeholders as shell-quoted words: arguments are data.
+
+    $ARGUMENTS is every word, each quoted (two paths stay two); a missing $N is
+    nothing. Where the shell would not expand it ('$1', \\$1) a placeholder stays
+    as written, as awk '{print $1}' needs. Inside "..." the command is refused:
+    the shell still runs a $(...) put there, however it is quoted.
+    """
+    def one(m):
+        quote = open_quote(command[:m.start()])
+        if quote == '"':
+            raise ToolError(f'{m[0]} inside "..." is not allowed; write it bare, it is quoted '
+                            f'for you')
+        if quote:
+            return m[0]
+        index = m[1] or m[2]
+        if index is None:
+            return shlex.join(words)
+        return shlex.quote(words[int(index)]) if int(index) < len(words) else ""
+    return ARGUMENT_REF.sub(one, command)
+
+
+# --- s05.6: parsing each SKILL.md once [hardening: skip on first read] ---
+# Stops: the YAML of every skill parsed again on every model call (~2 ms a call)
+# Test: tests/test_history_cache.py::test_a_skill_file_is_parsed_again_only_when_its_bytes_or_place_change
+# discover_skills asks parsed_skill, which parses a SKILL.md again only when its
+# bytes or its place changed.
+def parsed_skill(folder, source, parsed):
+    """parse_skill, or the agent's earlier parse of the same bytes in the same place.
+    The list is built for every model call: parsing each file's YAML again cost
+    ~2 ms a call, a read and a hash cost little. A copy: the caller marks it."""
+    key, raw = (str(folder), source), (folder / "SKILL.md").read_bytes()
+    skill = agent_state().skills.get(key)
+    same = skill is not None and skill["sha256"] == hashlib.sha256(raw).hexdigest()
+    if not same or skill["path"] != folder.resolve():  # a folder link may point elsewhere now
+        skill = parse_skill(folder, source)
+    parsed[key] = skill
+    return dict(skill)
+
 # --- s06: context compaction ---
 # A 200K window fills fast, and ~85% of it is tool output (file dumps, logs,
 # search hits) that goes stale once the model has read it. From free to costly:
@@ -1998,101 +2086,15 @@ command("skills", "List skills: where each comes from and who may start it", sho
 # price: right after a batch only the newest result is verbatim, and an older
 # one the model still needs is read again (the placeholder says so), a call
 # the benchmark does not count.
-CONTEXT_WINDOW = 200_000    # tokens the model can attend to
-OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
-SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
-AUTO_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - SAFETY_MARGIN  # 167K: compact from here
-FORCE_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - 3_000  # 177K: compact even with the breaker open
-MAX_COMPACT_FAILURES = 3    # failed compactions in a row before auto-compact stops trying
-KEEP_TAIL_TOKENS = 10_000   # a compaction keeps the newest messages verbatim up to this...
-KEEP_TAIL_MESSAGES = 5      # ...or this many messages, whichever is reached first
-REATTACH_FILES = 5          # recently read files re-read into the history after a compaction
-REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
-SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
-PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
-PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
-                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
-                            # text that is not ASCII costs more tokens a character
-MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
-PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
-                            # the budget they become a note to read the file again in parts
-PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
-KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
-WORKING_BUDGET = 20_000     # tokens the results not cleared yet would free (above the floor): past it, a batch
-KEEP_RESULTS = 1            # newest tool results a batch clear leaves intact
-CLEAR_PAYBACK = 10          # requests in which a batch clear must repay its cache rewrite, or it waits
-CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
-MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
-MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
-                            # lowering max_tokens (a reply that small is mostly continuations)
-MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
-RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
-RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
-RETRY_JITTER = 0.25         # share of a backoff that is random, so clients spread out
-RETRY_STATUSES = (408, 409, 429)  # plus every 5xx (529 = overloaded)
-PRICE_INPUT = 3.00          # USD per million input tokens (list price, default model)
-PRICE_OUTPUT = 15.00        # USD per million output tokens
-CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
-CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
-EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
 
-SUMMARY_PROMPT = """\
-Do NOT call any tool. Reply with plain text only.
-
-Write a detailed summary of the conversation so far; the work will continue from \
-your summary alone, so keep every fact needed to carry on.
-
-First, inside <analysis> tags, go through the conversation in order: what the user \
-asked for, what you did and found, the files and code involved, the errors and how \
-they were fixed. This is your draft; it will be thrown away.
-
-Then write the summary inside <summary> tags, with these 9 sections:
-1. Primary request and intent: what the user really wants, in detail.
-2. Key technical concepts: the technologies, ideas and decisions discussed.
-3. Files and code sections: each file read, changed or created, why it matters, \
-and the key code snippets verbatim.
-4. Errors and fixes: each error met and how it was fixed, with the user's feedback.
-5. Problem solving: how problems were approached and what was solved.
-6. All user messages: every message the user wrote that is not a tool result, \
-quoted verbatim; they carry the intent most precisely.
-7. Pending tasks: everything asked for that is not done yet.
-8. Current work: exactly what was being done right before this summary, with file \
-names and code. Make this section the most detailed.
-9. Possible next step: the next step, in line with the user's latest request; quote \
-the latest messages so it is clear where the work stopped.
-
-Only the <summary> block is kept. Remember: plain text only, no tool calls."""
-
-CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly where it "
-                   "stopped: no apology, no recap. Split the remaining work into smaller steps.")
-
-
-# --- s06.1: big results to disk ---
+# --- s06.1: big results to disk [core] ---
 # Layer 1. It runs once per result, as the result enters the history, so the
 # text the model sees never changes afterwards (a byte-stable prefix). A
 # workspace that cannot be written (read-only, full disk) never fails the turn:
 # the model then gets the preview alone, with a note saying nothing was saved.
-def open_inside(path, root, flags, mode=0o644):
-    """os.open a file the agent keeps below root (its folders made when missing),
-    through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
-    is opened so too. OSError when one is a link, so nothing is written elsewhere,
-    even if a link is swapped in meanwhile (a cloned repository may plant one)."""
-    if not path.is_relative_to(root):
-        raise OSError(f"{path} is outside {root}")
-    fd = open_folder(path.parent)
-    try:
-        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def keep_out_of_git(folder):
-    """A .gitignore of "*" in folder (absolute, resolved), made once through the door:
-    O_EXCL leaves a file or a planted link already there alone (even one pointing
-    nowhere), and a link on the way to it is an OSError, never written through."""
-    with contextlib.suppress(FileExistsError):
-        with open(open_inside(folder / ".gitignore", folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
-            fh.write("*\n")
+PERSIST_CHARS = 30_000      # a tool result longer than this goes to disk (bash's old cap)
+PREVIEW_CHARS = 2_000       # characters of a saved result the model still sees
+KEEP_BASH_CHARS = 5_000_000  # bash output kept for the disk copy: only a memory guard now
 
 
 def preview_of(text):
@@ -2100,15 +2102,6 @@ def preview_of(text):
     preview = text[:PREVIEW_CHARS]
     cut = preview.rfind("\n")
     return preview[:cut] if cut > PREVIEW_CHARS // 2 else preview
-
-
-def save_scratch(path, data):
-    """Bytes to a file of .agent/tool-results through the door (never through a link
-    a cloned repository planted in .agent/), the folder kept out of git: the agent's
-    scratch, not a project file. OSError is the caller's to report."""
-    keep_out_of_git(path.parent)
-    with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
-        f.write(data)
 
 
 def persist_output(block):
@@ -2143,93 +2136,149 @@ def persist_large(block, result):
     return result
 
 
-def leave_out(block, args):
-    """A read_file result over the message budget: a note to read it again in parts.
-    The file no longer counts as read: the model has not seen it."""
-    path, size = args.get("path", "the file"), len(block["content"])
-    block["content"] = (
-        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
-        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
-        f"parts (offset/limit), or fewer files at a time.]")
-    with contextlib.suppress(ToolError, TypeError):
-        agent_state().files.pop(str(safe_path(path)), None)
-    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+# --- s06.2: the call, managed [core] ---
+# The loop calls call_with_recovery instead of call_model. Before the request,
+# manage_context measures the context (below), clears old results in one batch
+# when it is over budget, and compacts near the window; after the reply,
+# after_call marks what the model saw and prints the status line. Error recovery (seed: classify, then
+# a bounded way out per kind) is in the sub-sections after the core: a prompt
+# too long, no room for the reply, a cut stream, transient errors, max_tokens.
+def call_with_recovery(client, messages, **options):
+    """call_model with the context managed first and every recoverable failure
+    handled (recover): transient errors back off and retry, a cut reply is
+    continued, a prompt too long is compacted and retried once, a reply without
+    room gets a lower max_tokens; a reply cut by max_tokens is continued
+    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
+    turn with one line and a valid history. `options` go to call_model."""
+    manage_context(client, messages, options)
+    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
+    continuations, line = 0, LineWatch(options.get("out"))
+    while True:
+        try:
+            message = call_model(client, messages + line.prefill(),
+                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
+        except Exception as e:
+            if not recover(client, messages, e, turn, line, options):
+                line.close()  # a reply cut mid-line ends before anything else is said
+                raise
+            continue
+        after_call(messages, line.joined(message))
+        if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
+            return message
+        continuations += 1
+        say(f"[reply hit max_tokens: asking it to continue ({continuations}/{MAX_CONTINUATIONS})]")
+        partial = assistant_message(message)
+        partial["content"] = [b for b in partial["content"] if b["type"] == "text"]  # a cut call is broken
+        if partial["content"]:
+            messages.append(partial)
+        add_user_text(messages, CONTINUE_PROMPT)
 
 
-def fit_results(results, calls):
-    """Shrink one message's results, largest first, until together they fit
-    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
-    which are never saved, as a note. A result moves only when that at least
-    halves it. calls: tool_use id -> (tool name, input)."""
-    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
-    def total():
-        return sum(len(b["content"]) for b in live)
-    for reads in (False, True):
-        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
-            if total() <= MESSAGE_BUDGET_CHARS:
-                return results
-            name, args = calls.get(b["tool_use_id"], ("", {}))
-            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
-                leave_out(b, args) if reads else persist_output(b)
-    return results
+def manage_context(client, messages, options=None):
+    """Before every request: a requested compaction, else a batch clear when the
+    results are over budget above the floor (if it repays its rewrite) or when
+    the cache went cold (a cold prefix is written again anyway, so any clear is
+    free), then auto-compaction near the window. `options`: the loop's
+    call_model keywords."""
+    state = agent_state().compaction
+    if state["requested"]:
+        state["requested"] = False
+        compact(client, messages, state["focus"], "requested by the model", options)
+        return
+    tokens = request_tokens(client, messages, options)
+    anchor = last_usage(messages)
+    cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
+    # the results pass the budget only in a request that does: a cheap test first
+    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(
+            messages, 0 if cold else batch_minimum(messages), 0 if cold else WORKING_BUDGET)):
+        why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
+        say(f"[cleared {n} old tool result(s) in one batch: {why}]")
+        tokens = request_tokens(client, messages, options)
+    if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
+                                      state["failures"] < MAX_COMPACT_FAILURES):
+        compact(client, messages, None, f"{tokens:,} tokens", options)
 
 
-def persist_large_results(calls, results):
-    """The results of one reply's calls (each over PERSIST_CHARS went to disk
-    already): many mid-size ones add up, so the message is fitted to its budget."""
-    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+def is_api_failure(e):
+    return isinstance(e, anthropic.APIError) or is_transient(e)
 
 
-# A paste is a big result the human brings. Kept whole, one larger than the window
-# failed its turn (the older turns were summarised away, the paste kept, the retry
-# refused again) and every turn after it, each new prompt joining the failed one.
-# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
-# its first request. The bar is a quarter of the window, not a result's 30K: what
-# the human hands over on purpose is sent whole while the session can still hold
-# it (after a compaction, summary and re-attached files add ~40K tokens, far from
-# AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
-def persist_prompt(messages):
-    """The prompt about to be sent (the newest message, a user's): each of its texts
-    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
-    last = messages[-1] if messages else {}
-    blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
-    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
-           for b in blocks]
-    if any(big):
-        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
-        last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
+# --- s06.3: measuring the context [core] ---
+# Context size. The API's own count for the last request (input + cache read
+# + cache write) plus its reply (output) is exact; only the change since is
+# estimated, at ~4 characters per token. The anchor sits on the last message
+# of the request as "_usage"; a compaction drops it with the old messages.
+CONTEXT_WINDOW = 200_000    # tokens the model can attend to
 
 
-def persist_text(text):
-    """Save one text of a prompt (named by its content: the same paste, one file);
-    returns what the model gets instead: its head, the path and how to read the rest."""
-    data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
-    path = (agent_state().workdir / ".agent" / "tool-results"
-            / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
-    lines, preview = text.count("\n") + 1, preview_of(text)
-    try:
-        save_scratch(path, data)
-    except OSError as e:
-        say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
-            f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")
-        return (f"{preview}\n[The user's message is too long to send whole ({len(text):,} characters) "
-                f"and it could not be saved to disk ({e.strerror or e}): only the first "
-                f"{len(preview):,} characters are shown. Ask the user for the part that matters.]")
-    say(f"[{len(text):,} characters of the prompt saved to {rel(path)}: too long to send whole, "
-        f"the model gets a {len(preview):,}-character preview and the path]")
-    return (f"<persisted-prompt>\nThe user's message is too long to send whole ({len(text):,} "
-            f"characters, {lines:,} line{'s' * (lines > 1)}). Full text saved to: {rel(path)}\n"
-            f"Read it with read_file in parts (offset/limit) or search it with grep; what the user "
-            f"asks may come after the preview. read_file cuts lines at {MAX_LINE:,} characters; grep "
-            f"(output_mode content) or bash (cut -c, head -c) reach the rest of a longer line.\n\n"
-            f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-prompt>")
+def estimate_tokens(obj):
+    return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
 
 
-# --- s06.2: clearing old results ---
+def last_usage(messages):
+    return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
+
+
+def context_tokens(messages):
+    """Tokens the next request will carry, or None before any reported usage."""
+    anchor = last_usage(messages)
+    if anchor is None:
+        return None
+    return max(0, anchor["tokens"] + view_tokens(messages) - anchor["estimate"])
+
+
+def loop_prefix(options=None):
+    """(model, system, tools) of the loop being managed: a child's own, else the
+    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
+    options = options or {}
+    tools = TOOLS if options.get("tools") is None else options["tools"]
+    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
+
+
+def request_tokens(client, messages, options=None):
+    """context_tokens, or without usage a guess; count_tokens when the guess matters."""
+    if (known := context_tokens(messages)) is not None:
+        return known
+    model, system, tools = loop_prefix(options)
+    view = shown_messages(messages)
+    guess = estimate_tokens(view) + estimate_tokens([system, tools])
+    if guess < WORKING_BUDGET:
+        return guess
+    try:  # exact, and free; a guess is still better than failing the turn
+        return client.messages.count_tokens(model=model, system=system,
+                                            tools=tools, messages=view).input_tokens
+    except Exception as e:
+        if not is_api_failure(e):
+            raise
+        return guess
+
+
+def after_call(messages, message):
+    """Mark what the model has now seen, anchor the size, print the status line."""
+    view = update_view(messages)
+    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
+        b["_sent"] = True
+    view["sent"] = len(messages)
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    total = u.input_tokens + read + write + u.output_tokens
+    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": view_tokens(messages)
+                              + estimate_tokens(assistant_message(message))}
+    # No `usage` here: call_model already added this call's tokens to a child's bill.
+    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
+
+
+# --- s06.4: clearing old results [core] ---
 # Old results. The history itself keeps every result; a cleared one is only
 # shown as a placeholder in the copy sent to the API. Private "_" keys never
 # reach the API (normalize_messages drops them): _sent = a request that
 # carried it got an answer, _cleared = show the placeholder.
+WORKING_BUDGET = 20_000     # tokens the results not cleared yet would free (above the floor): past it, a batch
+KEEP_RESULTS = 1            # newest tool results a batch clear leaves intact
+CLEAR_PAYBACK = 10          # requests in which a batch clear must repay its cache rewrite, or it waits
+CACHE_TTL = 300             # seconds the prompt cache lives without a request (5 min)
+
+
 def tool_results(messages):
     return [b for m in messages if m["role"] == "user" and not isinstance(m["content"], str)
             for b in m["content"] if b["type"] == "tool_result"]
@@ -2243,28 +2292,6 @@ def cleared_stub(block):
     where = saved[1] if saved else rel(kept_path(block))
     return {**block, "content": f"[old tool result cleared to save context; the full output is in "
                                 f"{where} (read_file, with offset/limit for a long one)]"}
-
-
-def kept_path(block):
-    """The file of a result's full text: layer 1's, and keep_cleared's (one per call)."""
-    name = re.sub(r"[^\w-]", "_", block["tool_use_id"])
-    return agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
-
-
-def keep_cleared(block):
-    """Save a result about to be cleared, unless layer 1 already did. A rerun is no way
-    back for a command with effects, a subagent or an MCP call. False when it cannot be
-    saved (a read-only workspace): then it is not cleared, and compaction keeps the
-    window."""
-    content = block.get("content")
-    if str(content).startswith("<persisted-output>"):
-        return True
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    try:
-        save_scratch(kept_path(block), text.encode("utf-8", "replace"))
-    except OSError:
-        return False
-    return True
 
 
 def clearable(b):
@@ -2329,6 +2356,548 @@ def shown_messages(messages):
     """The history as the API sees it: normalised, cleared results as placeholders."""
     return normalize_messages([shown(m) for m in messages])
 
+
+# --- s06.5: auto-compaction [core] ---
+# Layer 2: near the window, the old part of the history becomes a summary.
+# The cut point keeps a verbatim tail and never separates a tool_use from its
+# tool_result: the tail may not start with a user message that answers calls
+# made before it. The newest message is always kept: a lone message (a first
+# prompt) leaves nothing older to summarise.
+OUTPUT_RESERVE = 20_000     # tokens kept free for the summary a compaction writes
+SAFETY_MARGIN = 13_000      # tokens: one turn's growth plus estimation error (seed figure)
+AUTO_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - SAFETY_MARGIN  # 167K: compact from here
+FORCE_COMPACT_AT = CONTEXT_WINDOW - OUTPUT_RESERVE - 3_000  # 177K: compact even with the breaker open
+MAX_COMPACT_FAILURES = 3    # failed compactions in a row before auto-compact stops trying
+KEEP_TAIL_TOKENS = 10_000   # a compaction keeps the newest messages verbatim up to this...
+KEEP_TAIL_MESSAGES = 5      # ...or this many messages, whichever is reached first
+REATTACH_FILES = 5          # recently read files re-read into the history after a compaction
+REATTACH_CHARS = 20_000     # characters per re-attached file (~5K tokens)
+SUMMARY_MAX_TOKENS = 16_000  # output tokens for the summary; fits in OUTPUT_RESERVE
+
+SUMMARY_PROMPT = """\
+Do NOT call any tool. Reply with plain text only.
+
+Write a detailed summary of the conversation so far; the work will continue from \
+your summary alone, so keep every fact needed to carry on.
+
+First, inside <analysis> tags, go through the conversation in order: what the user \
+asked for, what you did and found, the files and code involved, the errors and how \
+they were fixed. This is your draft; it will be thrown away.
+
+Then write the summary inside <summary> tags, with these 9 sections:
+1. Primary request and intent: what the user really wants, in detail.
+2. Key technical concepts: the technologies, ideas and decisions discussed.
+3. Files and code sections: each file read, changed or created, why it matters, \
+and the key code snippets verbatim.
+4. Errors and fixes: each error met and how it was fixed, with the user's feedback.
+5. Problem solving: how problems were approached and what was solved.
+6. All user messages: every message the user wrote that is not a tool result, \
+quoted verbatim; they carry the intent most precisely.
+7. Pending tasks: everything asked for that is not done yet.
+8. Current work: exactly what was being done right before this summary, with file \
+names and code. Make this section the most detailed.
+9. Possible next step: the next step, in line with the user's latest request; quote \
+the latest messages so it is clear where the work stopped.
+
+Only the <summary> block is kept. Remember: plain text only, no tool calls."""
+
+
+def tail_start(messages):
+    """Index of the first message kept verbatim; everything before is summarised
+    (0: nothing to summarise)."""
+    start, tokens = len(messages), 0
+    while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
+        start -= 1
+        tokens += estimate_tokens(shown(messages[start]))
+    if start == len(messages):
+        return 0  # one message (or none): it is the tail itself
+    while start > 0 and tool_results([messages[start]]):
+        start -= 1  # take the assistant message that made the calls too
+    return start
+
+
+def save_transcript(messages):
+    """Everything, before anything is summarised away: one message per JSON line.
+    None when the workspace cannot be written: the compaction goes on without it."""
+    folder = agent_state().workdir / ".agent" / "transcripts"
+    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
+    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
+        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                   for m in messages).encode("utf-8"))
+    except OSError as e:
+        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
+            f"of the older messages]")
+        return None
+    return path
+
+
+class SummaryFailed(Exception):
+    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
+
+
+def summarize(client, older, focus=None, options=None):
+    """One streamed call with the 9-section prompt; only the <summary> block is kept.
+
+    The API wants tools defined whenever the history holds tool blocks, so the
+    same (cached) tools go along, with tool_choice none: none can be called.
+    Streamed (the SDK refuses long non-streamed calls for some models) but not
+    printed, and billed like any call. Too long even for that, or no room left
+    for the summary: drop the oldest fifth of the turns and try again. Only the
+    call's own failures become SummaryFailed; a bug anywhere else propagates.
+    """
+    prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
+    model, system, tools = loop_prefix(options)
+    for attempt in range(MAX_COMPACT_FAILURES):
+        request = shown_messages(older + [{"role": "user", "content": prompt}])
+        try:
+            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
+                                        system=cached(system), tools=cached(tools),
+                                        tool_choice={"type": "none"}, messages=request) as stream:
+                reply = stream.get_final_message()
+            break
+        except Exception as e:
+            if not is_api_failure(e):
+                raise
+            too_big = is_prompt_too_long(e) or context_room(e) is not None
+            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
+                raise SummaryFailed(str(e)) from e
+            older = older[max(1, len(older) // 5):]
+    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
+    text = "".join(b.text for b in reply.content if b.type == "text")
+    found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
+    summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
+    if not summary:
+        raise SummaryFailed("the model returned an empty summary")
+    return summary
+
+
+def reattach_files(messages, start):
+    """Re-read (fresh from disk) up to REATTACH_FILES files read before the cut."""
+    in_tail = {b["input"].get("path") for m in messages[start:] for b in as_blocks(m["content"])
+               if b["type"] == "tool_use"}
+    paths = [b["input"].get("path") for m in reversed(messages[:start]) for b in
+             reversed(as_blocks(m["content"])) if b["type"] == "tool_use" and b["name"] == "read_file"]
+    blocks = []
+    for p in dict.fromkeys(p for p in paths if isinstance(p, str) and p not in in_tail):
+        try:
+            text = clip(read_file(p), REATTACH_CHARS)
+        except ToolError:
+            continue  # deleted or moved since: the summary still names it
+        blocks.append({"type": "text", "text": f"Re-read after compaction (current content) "
+                       f"of {p}:\n{text}"})
+        if len(blocks) == REATTACH_FILES:
+            break
+    return blocks
+
+
+def compact(client, messages, focus=None, why="auto", options=None):
+    """Replace the old part of the history, in place, by a summary; True if done.
+    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
+    state, start = agent_state().compaction, tail_start(messages)
+    if start == 0:
+        say("[nothing to compact yet]")
+        return False
+    trigger = "manual" if why == "requested" else "auto"  # s08: Claude Code's two triggers
+    fire("pre_compact", trigger=trigger, custom_instructions=focus or "")  # s08
+    path = save_transcript(messages)
+    say(f"[compacting ({why}): summarising {start} messages]")
+    try:
+        summary = summarize(client, messages[:start], focus, options)
+    except SummaryFailed as e:
+        state["failures"] += 1
+        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
+        return False
+    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
+             if path else "The full transcript could not be saved: this summary is all there is.")
+    head = [{"type": "text", "text": (
+        f"This session continues from an earlier conversation that was compacted to free "
+        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
+    head = ([] if agent_state().label else context_blocks(agent_state())) + head  # s09: they opened it
+    tail = messages[start:]
+    for m in tail:
+        m.pop("_usage", None)  # sizes measured before the cut mean nothing now
+    fit_tail(tail)
+    messages[:] = [{"role": "user", "content": head}] + tail
+    session_boundary(messages)  # s09: a resume starts from here
+    state["failures"] = 0
+    say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
+        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
+    fire("post_compact", trigger=trigger, summary=summary[:HOOK_OUTPUT_CHARS])  # s08
+    return True
+
+
+# --- s06.6: prompt caching [core] ---
+# Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
+# (at most 4): end of tools, end of system, the message the previous request
+# ended with (its cache entry is read back) and the newest one (written for the
+# next request). They go on copies, never into TOOLS or the history.
+# Three functions shape what the API sees, each calling the one before:
+#   normalize_messages (s02)  roles alternate, every call has its result
+#   shown_messages     (s06)  cleared results as placeholders, then normalised
+#   request_messages   (s06)  shown_messages plus the cache breakpoints
+EPHEMERAL = {"type": "ephemeral"}  # the only cache_control type there is
+
+
+def cached(prefix):
+    """A copy of the system prompt or the tool list with a breakpoint at its end."""
+    if isinstance(prefix, str):
+        return [{"type": "text", "text": prefix, "cache_control": EPHEMERAL}]
+    return prefix[:-1] + [{**prefix[-1], "cache_control": EPHEMERAL}] if prefix else prefix
+
+
+def request_messages(messages):
+    out = shown_view(messages)  # its older messages are the agent's view, kept: marked on copies
+    for i in (-1, -3)[:(len(out) + 1) // 2]:  # newest message, and the previous request's last one
+        *blocks, last = out[i]["content"]
+        out[i] = {**out[i], "content": blocks + [{**last, "cache_control": EPHEMERAL}]}
+    return out
+
+
+# --- s06.7: many results of one step, together [hardening: skip on first read] ---
+# Stops: the results of one step together overflowing the request, each under the per-result cap
+# Test: tests/test_s06_recovery.py::test_many_parallel_reads_together_fit_the_message_budget
+# The loop hands each step's results to persist_large_results: largest first,
+# they go to disk until the message fits MESSAGE_BUDGET_CHARS.
+MESSAGE_BUDGET_CHARS = 90_000  # results of one message together, read_file's too; largest go first
+PERSIST_EXEMPT = ("read_file",)  # never saved (reading the saved copy would be cut again): over
+                            # the budget they become a note to read the file again in parts
+
+
+def leave_out(block, args):
+    """A read_file result over the message budget: a note to read it again in parts.
+    The file no longer counts as read: the model has not seen it."""
+    path, size = args.get("path", "the file"), len(block["content"])
+    block["content"] = (
+        f"[read_file output of {path} ({size:,} characters) left out: the results of this "
+        f"step together passed {MESSAGE_BUDGET_CHARS:,} characters. Read it again in smaller "
+        f"parts (offset/limit), or fewer files at a time.]")
+    with contextlib.suppress(ToolError, TypeError):
+        agent_state().files.pop(str(safe_path(path)), None)
+    say(f"[read_file output of {path} ({size:,} characters) left out: too much in one message]")
+
+
+def fit_results(results, calls):
+    """Shrink one message's results, largest first, until together they fit
+    MESSAGE_BUDGET_CHARS: first to disk (nothing is lost), then read_file's,
+    which are never saved, as a note. A result moves only when that at least
+    halves it. calls: tool_use id -> (tool name, input)."""
+    live = [b for b in results if isinstance(b.get("content"), str) and not b.get("_cleared")]
+    def total():
+        return sum(len(b["content"]) for b in live)
+    for reads in (False, True):
+        for b in sorted(live, key=lambda b: len(b["content"]), reverse=True):
+            if total() <= MESSAGE_BUDGET_CHARS:
+                return results
+            name, args = calls.get(b["tool_use_id"], ("", {}))
+            if (name in PERSIST_EXEMPT) == reads and len(b["content"]) > 2 * PREVIEW_CHARS:
+                leave_out(b, args) if reads else persist_output(b)
+    return results
+
+
+def persist_large_results(calls, results):
+    """The results of one reply's calls (each over PERSIST_CHARS went to disk
+    already): many mid-size ones add up, so the message is fitted to its budget."""
+    return fit_results(results, {c.id: (c.name, getattr(c, "input", None) or {}) for c in calls})
+
+
+# --- s06.8: prompt too long: compact, retry the turn [hardening: skip on first read] ---
+# Stops: a request the estimate let through (prompt too long) ending the turn
+# Test: tests/test_s06_compact.py::test_prompt_too_long_compacts_and_retries_the_same_turn
+# call_with_recovery hands every failed call to recover(), which makes the retry
+# possible or lets the error end the turn.
+def recover(client, messages, error, turn, line, options):
+    """After a failed call_model: make the retry possible, or return False (the
+    turn ends). No room for the reply: lower max_tokens to what fits (once per
+    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
+    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
+    room = context_room(error)
+    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
+    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
+        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
+        turn["max_tokens"] = room
+        return True
+    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
+        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
+        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
+        return compact_to_retry(client, messages, error, options, why)
+    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
+        return False
+    line.retrying()
+    delay = backoff_delay(turn["retries"], error)
+    turn["retries"] += 1
+    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
+        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
+    time.sleep(delay)
+    return True
+
+
+def is_prompt_too_long(e):
+    return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
+        e.status_code == 400 and re.search(r"prompt is too long", str(e), re.I) is not None))
+
+
+class PromptTooLarge(Exception):
+    """Prompt too long with nothing older to summarise: the newest message alone is."""
+
+
+def compact_to_retry(client, messages, error, options, why="prompt too long"):
+    """Prompt too long (or no room left for the reply): compact so the same turn
+    can be retried; True if done. With nothing older than the newest message,
+    the prompt itself is too big."""
+    if tail_start(messages) == 0:
+        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
+            messages.pop()  # never accepted: kept, it would fail every later turn too
+        raise PromptTooLarge("the prompt itself is too large for the context window and was "
+                             "not kept: shorten it, or save the long part to a file and ask "
+                             "for it to be read") from error
+    say(f"[{why}: compacting, then retrying the turn]")
+    return compact(client, messages, None, why, options)
+
+
+# --- s06.9: no room left for the reply [hardening: skip on first read] ---
+# Stops: a request whose prompt fits but whose max_tokens does not, refused on every retry
+# Test: tests/test_s06_recovery.py::test_no_room_for_max_tokens_retries_with_max_tokens_lowered_to_fit
+# recover() reads the room left from the API's error and lowers max_tokens to it.
+MIN_FIT_TOKENS = 3_000      # output tokens: with less room left than this, compact instead of
+                            # lowering max_tokens (a reply that small is mostly continuations)
+
+
+def context_room(e):
+    """Output tokens that would fit, read from the API's other context error, a 400
+    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
+    (the prompt fits, the reply would not); None for any other error."""
+    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
+        return None
+    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
+                      str(e))
+    return int(found[2]) - int(found[1]) if found else None
+
+
+# --- s06.10: a stream cut mid-reply, continued [hardening: skip on first read] ---
+# Stops: a reply cut mid-stream printed twice, or its first part lost, when the call is retried
+# Test: tests/test_s06_recovery.py::test_a_cut_reply_is_continued_by_prefill_so_stdout_holds_one_reply
+# call_with_recovery prints the reply through a LineWatch, which remembers what
+# was printed, so a retry continues it by prefill.
+class LineWatch:
+    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
+    of the reply being written, so a stream cut mid-reply is continued where it
+    stopped (the API completes an assistant prefill) instead of printed twice.
+
+    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
+    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
+    an all-text reply can be a prefill: not a half-made tool call, not with
+    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
+    end) that the continuation will send again; printed once, not twice.
+    """
+
+    def __init__(self, out):
+        self.out, self.open = out, False
+        self.reset()
+
+    def reset(self):
+        """A new reply: nothing of it printed yet."""
+        self.reply = self.attempt = self.echo = ""
+        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
+
+    def write(self, text):
+        if self.echo:
+            same = len(os.path.commonprefix([self.echo, text]))
+            self.echo = self.echo[same:] if same == len(text) else ""
+            self.skipped, text = self.skipped + same, text[same:]
+        self.attempt += text
+        self.open = not text.endswith("\n") if text else self.open
+        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
+        return len(text)
+
+    def flush(self):
+        (self.out or sys.stdout).flush()
+
+    def close(self):
+        """End an unfinished line; True if there was one."""
+        was, self.open = self.open, False
+        if was:
+            print(file=self.out)
+        return was
+
+    def prefill(self):
+        """The cut reply so far, as the assistant message to continue ([] if none)."""
+        kept = self.reply.rstrip()
+        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
+
+    def retrying(self):
+        """Before a retry: an all-text attempt joins the reply to be continued; one
+        that began a tool call or thinking ends its line and the reply restarts."""
+        if set(self.blocks) <= {"text"}:
+            if self.attempt:
+                say("[stream cut: continuing the reply where it stopped]")
+            self.reply += self.attempt
+        else:
+            self.close()
+            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
+                "it starts again on the next line]")
+            self.reply = ""
+        self.echo = self.reply[len(self.reply.rstrip()):]
+        self.attempt, self.blocks, self.skipped = "", [], 0
+
+    def joined(self, message):
+        """The finished message, with the text of the cut attempts in front of its
+        first text: one reply, exactly as printed. Ends its line (call_model does
+        only when this call sent text); resets for the next call."""
+        self.close()
+        if self.reply:
+            first = message.content[0] if message.content else None
+            if first is not None and first.type == "text":
+                first.text = self.reply + first.text[self.skipped:]
+            else:  # the continuation began with a tool call
+                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
+                message.content.insert(0, kept)
+        self.reset()
+        return message
+
+
+def reply_text(stream, out):
+    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
+    for event in stream:
+        if event.type == "content_block_start" and isinstance(out, LineWatch):
+            out.blocks.append(event.content_block.type)
+        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+            yield event.delta.text
+
+
+# --- s06.11: a kept tail too big on its own [hardening: skip on first read] ---
+# Stops: a compaction whose kept tail alone overflows the window, failing every later request
+# Test: tests/test_s06_recovery.py::test_a_kept_tail_too_big_on_its_own_is_shrunk_the_same_way
+# compact() fits the messages it keeps as the loop fits new results.
+def fit_tail(tail):
+    """A tail too big on its own (a message of many results, kept because it is
+    the newest) would fail every later request: each of its messages of results
+    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
+    for prev, m in zip(tail, tail[1:]):
+        if prev["role"] == "assistant" and tool_results([m]):
+            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
+                     if b["type"] == "tool_use"}
+            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
+
+
+# --- s06.12: a paste larger than the window [hardening: skip on first read] ---
+# Stops: a pasted prompt too big to send failing its turn and every turn after it
+# Test: tests/test_s06_paste.py::test_a_paste_larger_than_the_window_leaves_the_session_working
+PERSIST_PROMPT_BYTES = CONTEXT_WINDOW // 4 * 4  # UTF-8 bytes of a prompt's text past which it goes
+                            # to disk: a quarter of the window at ~4 a token (200K); bytes, as
+                            # text that is not ASCII costs more tokens a character
+
+
+# A paste is a big result the human brings. Kept whole, one larger than the window
+# failed its turn (the older turns were summarised away, the paste kept, the retry
+# refused again) and every turn after it, each new prompt joining the failed one.
+# So a prompt's text over PERSIST_PROMPT_BYTES is saved as a result is, once, before
+# its first request. The bar is a quarter of the window, not a result's 30K: what
+# the human hands over on purpose is sent whole while the session can still hold
+# it (after a compaction, summary and re-attached files add ~40K tokens, far from
+# AUTO_COMPACT_AT); a longer text is a log or a dump, best read in parts.
+def persist_prompt(messages):
+    """The prompt about to be sent (the newest message, a user's): each of its texts
+    over PERSIST_PROMPT_BYTES goes to disk; the model gets a preview and the path."""
+    last = messages[-1] if messages else {}
+    blocks = as_blocks(last["content"]) if last.get("role") == "user" else []
+    big = [b.get("type") == "text" and len(b["text"].encode("utf-8", "replace")) > PERSIST_PROMPT_BYTES
+           for b in blocks]
+    if any(big):
+        blocks = [{**b, "text": persist_text(b["text"])} if too_big else b for b, too_big in zip(blocks, big)]
+        last["content"] = blocks[0]["text"] if isinstance(last["content"], str) else blocks
+
+
+def persist_text(text):
+    """Save one text of a prompt (named by its content: the same paste, one file);
+    returns what the model gets instead: its head, the path and how to read the rest."""
+    data = text.encode("utf-8", "replace")  # an argument may carry bytes that are no UTF-8
+    path = (agent_state().workdir / ".agent" / "tool-results"
+            / f"prompt-{hashlib.sha256(data).hexdigest()[:16]}.txt")
+    lines, preview = text.count("\n") + 1, preview_of(text)
+    try:
+        save_scratch(path, data)
+    except OSError as e:
+        say(f"[{len(text):,} characters of the prompt could not be saved to {rel(path)} "
+            f"({e.strerror or e}): too long to send whole, the model gets the first {len(preview):,} only]")
+        return (f"{preview}\n[The user's message is too long to send whole ({len(text):,} characters) "
+                f"and it could not be saved to disk ({e.strerror or e}): only the first "
+                f"{len(preview):,} characters are shown. Ask the user for the part that matters.]")
+    say(f"[{len(text):,} characters of the prompt saved to {rel(path)}: too long to send whole, "
+        f"the model gets a {len(preview):,}-character preview and the path]")
+    return (f"<persisted-prompt>\nThe user's message is too long to send whole ({len(text):,} "
+            f"characters, {lines:,} line{'s' * (lines > 1)}). Full text saved to: {rel(path)}\n"
+            f"Read it with read_file in parts (offset/limit) or search it with grep; what the user "
+            f"asks may come after the preview. read_file cuts lines at {MAX_LINE:,} characters; grep "
+            f"(output_mode content) or bash (cut -c, head -c) reach the rest of a longer line.\n\n"
+            f"Preview (first {len(preview):,} characters):\n{preview}\n</persisted-prompt>")
+
+
+# --- s06.13: the agent's scratch files, through the door [hardening: skip on first read] ---
+# Stops: a link planted in .agent/ by a cloned repository, written through when a result is saved
+# Test: tests/test_s06_compact.py::test_a_planted_gitignore_link_in_the_results_folder_is_not_written_through
+# persist_output saves through save_scratch.
+def open_inside(path, root, flags, mode=0o644):
+    """os.open a file the agent keeps below root (its folders made when missing),
+    through s02's door: open_folder walks every folder with O_NOFOLLOW, and the file
+    is opened so too. OSError when one is a link, so nothing is written elsewhere,
+    even if a link is swapped in meanwhile (a cloned repository may plant one)."""
+    if not path.is_relative_to(root):
+        raise OSError(f"{path} is outside {root}")
+    fd = open_folder(path.parent)
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def keep_out_of_git(folder):
+    """A .gitignore of "*" in folder (absolute, resolved), made once through the door:
+    O_EXCL leaves a file or a planted link already there alone (even one pointing
+    nowhere), and a link on the way to it is an OSError, never written through."""
+    with contextlib.suppress(FileExistsError):
+        with open(open_inside(folder / ".gitignore", folder, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as fh:
+            fh.write("*\n")
+
+
+def save_scratch(path, data):
+    """Bytes to a file of .agent/tool-results through the door (never through a link
+    a cloned repository planted in .agent/), the folder kept out of git: the agent's
+    scratch, not a project file. OSError is the caller's to report."""
+    keep_out_of_git(path.parent)
+    with open(open_inside(path, agent_state().workdir, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+        f.write(data)
+
+
+# --- s06.14: a cleared result kept on disk [hardening: skip on first read] ---
+# Stops: a placeholder whose way back, a rerun, gives another result (a command with effects, a subagent, an MCP call)
+# Test: tests/test_s06_floor.py::test_a_cleared_result_is_kept_in_the_file_its_placeholder_names
+# clear_old_results clears only what keep_cleared could save; cleared_stub and
+# persist_output name the file through kept_path.
+def kept_path(block):
+    """The file of a result's full text: layer 1's, and keep_cleared's (one per call)."""
+    name = re.sub(r"[^\w-]", "_", block["tool_use_id"])
+    return agent_state().workdir / ".agent" / "tool-results" / f"{name}.txt"
+
+
+def keep_cleared(block):
+    """Save a result about to be cleared, unless layer 1 already did. A rerun is no way
+    back for a command with effects, a subagent or an MCP call. False when it cannot be
+    saved (a read-only workspace): then it is not cleared, and compaction keeps the
+    window."""
+    content = block.get("content")
+    if str(content).startswith("<persisted-output>"):
+        return True
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    try:
+        save_scratch(kept_path(block), text.encode("utf-8", "replace"))
+    except OSError:
+        return False
+    return True
+
+
+# --- s06.15: the view: each message made once [hardening: skip on first read] ---
+# Stops: a turn's CPU growing with the history: the whole view made again three times a call
+# Test: tests/test_history_cache.py::test_a_model_call_remakes_the_newest_messages_only
 
 # The loop wants the view three times a model call (its size before the call,
 # the request, its size after) and the history's results twice (to mark them
@@ -2426,39 +2995,6 @@ def shown_view(messages):
     return view["done"] + view["tail"]
 
 
-# --- s06.3: prompt caching ---
-# Prompt caching. The prefix order is tools -> system -> messages. Breakpoints
-# (at most 4): end of tools, end of system, the message the previous request
-# ended with (its cache entry is read back) and the newest one (written for the
-# next request). They go on copies, never into TOOLS or the history.
-# Three functions shape what the API sees, each calling the one before:
-#   normalize_messages (s02)  roles alternate, every call has its result
-#   shown_messages     (s06)  cleared results as placeholders, then normalised
-#   request_messages   (s06)  shown_messages plus the cache breakpoints
-def cached(prefix):
-    """A copy of the system prompt or the tool list with a breakpoint at its end."""
-    if isinstance(prefix, str):
-        return [{"type": "text", "text": prefix, "cache_control": EPHEMERAL}]
-    return prefix[:-1] + [{**prefix[-1], "cache_control": EPHEMERAL}] if prefix else prefix
-
-
-def request_messages(messages):
-    out = shown_view(messages)  # its older messages are the agent's view, kept: marked on copies
-    for i in (-1, -3)[:(len(out) + 1) // 2]:  # newest message, and the previous request's last one
-        *blocks, last = out[i]["content"]
-        out[i] = {**out[i], "content": blocks + [{**last, "cache_control": EPHEMERAL}]}
-    return out
-
-
-# --- s06.4: measuring the context ---
-# Context size. The API's own count for the last request (input + cache read
-# + cache write) plus its reply (output) is exact; only the change since is
-# estimated, at ~4 characters per token. The anchor sits on the last message
-# of the request as "_usage"; a compaction drops it with the old messages.
-def estimate_tokens(obj):
-    return len(json.dumps(obj, ensure_ascii=False, default=str)) // 4
-
-
 def view_tokens(messages):
     """estimate_tokens(shown_messages(messages)), from the agent's view (update_view)."""
     view = update_view(messages)
@@ -2466,225 +3002,9 @@ def view_tokens(messages):
     return (size + 2 * (len(view["done"]) + len(view["tail"]))) // 4  # between them, "[" and "]"
 
 
-def last_usage(messages):
-    return next((m["_usage"] for m in reversed(messages) if "_usage" in m), None)
-
-
-def context_tokens(messages):
-    """Tokens the next request will carry, or None before any reported usage."""
-    anchor = last_usage(messages)
-    if anchor is None:
-        return None
-    return max(0, anchor["tokens"] + view_tokens(messages) - anchor["estimate"])
-
-
-def loop_prefix(options=None):
-    """(model, system, tools) of the loop being managed: a child's own, else the
-    main agent's (call_model's defaults), so its summary reuses its cached prefix."""
-    options = options or {}
-    tools = TOOLS if options.get("tools") is None else options["tools"]
-    return options.get("model") or model_id(), options.get("system") or system_prompt(), tools
-
-
-def request_tokens(client, messages, options=None):
-    """context_tokens, or without usage a guess; count_tokens when the guess matters."""
-    if (known := context_tokens(messages)) is not None:
-        return known
-    model, system, tools = loop_prefix(options)
-    view = shown_messages(messages)
-    guess = estimate_tokens(view) + estimate_tokens([system, tools])
-    if guess < WORKING_BUDGET:
-        return guess
-    try:  # exact, and free; a guess is still better than failing the turn
-        return client.messages.count_tokens(model=model, system=system,
-                                            tools=tools, messages=view).input_tokens
-    except Exception as e:
-        if not is_api_failure(e):
-            raise
-        return guess
-
-
-def charge(message, usage=None):
-    """One call's bill: its cost joins the session's; with `usage` (a subagent's
-    counter) its tokens join that too. Returns the line of numbers to show."""
-    u = message.usage
-    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
-    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
-            + u.output_tokens * PRICE_OUTPUT) / 1e6
-    agent_state().session["cost"] += cost
-    add_usage(usage, message)
-    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
-            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
-
-
-def after_call(messages, message):
-    """Mark what the model has now seen, anchor the size, print the status line."""
-    view = update_view(messages)
-    for b in tool_results(messages[view["sent"]:]):  # the messages before it have theirs marked
-        b["_sent"] = True
-    view["sent"] = len(messages)
-    u = message.usage
-    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
-    total = u.input_tokens + read + write + u.output_tokens
-    messages[-1]["_usage"] = {"tokens": total, "at": time.time(), "estimate": view_tokens(messages)
-                              + estimate_tokens(assistant_message(message))}
-    # No `usage` here: call_model already added this call's tokens to a child's bill.
-    say(f"[context {total:,}/{CONTEXT_WINDOW:,} tokens | {charge(message)}]")
-
-
-# --- s06.5: auto-compaction ---
-# Layer 2: auto-compaction. The cut point keeps a verbatim tail and never
-# separates a tool_use from its tool_result: the tail may not start with a
-# user message that answers calls made before it. The newest message is always
-# kept: a lone message (a first prompt) leaves nothing older to summarise.
-def tail_start(messages):
-    """Index of the first message kept verbatim; everything before is summarised
-    (0: nothing to summarise)."""
-    start, tokens = len(messages), 0
-    while start > 1 and len(messages) - start < KEEP_TAIL_MESSAGES and tokens < KEEP_TAIL_TOKENS:
-        start -= 1
-        tokens += estimate_tokens(shown(messages[start]))
-    if start == len(messages):
-        return 0  # one message (or none): it is the tail itself
-    while start > 0 and tool_results([messages[start]]):
-        start -= 1  # take the assistant message that made the calls too
-    return start
-
-
-def save_transcript(messages):
-    """Everything, before anything is summarised away: one message per JSON line.
-    None when the workspace cannot be written: the compaction goes on without it."""
-    folder = agent_state().workdir / ".agent" / "transcripts"
-    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
-        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                                   for m in messages).encode("utf-8"))
-    except OSError as e:
-        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
-            f"of the older messages]")
-        return None
-    return path
-
-
-class SummaryFailed(Exception):
-    """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
-
-
-def summarize(client, older, focus=None, options=None):
-    """One streamed call with the 9-section prompt; only the <summary> block is kept.
-
-    The API wants tools defined whenever the history holds tool blocks, so the
-    same (cached) tools go along, with tool_choice none: none can be called.
-    Streamed (the SDK refuses long non-streamed calls for some models) but not
-    printed, and billed like any call. Too long even for that, or no room left
-    for the summary: drop the oldest fifth of the turns and try again. Only the
-    call's own failures become SummaryFailed; a bug anywhere else propagates.
-    """
-    prompt = SUMMARY_PROMPT + (f"\n\nPay special attention to: {focus}" if focus else "")
-    model, system, tools = loop_prefix(options)
-    for attempt in range(MAX_COMPACT_FAILURES):
-        request = shown_messages(older + [{"role": "user", "content": prompt}])
-        try:
-            with client.messages.stream(model=model, max_tokens=SUMMARY_MAX_TOKENS,
-                                        system=cached(system), tools=cached(tools),
-                                        tool_choice={"type": "none"}, messages=request) as stream:
-                reply = stream.get_final_message()
-            break
-        except Exception as e:
-            if not is_api_failure(e):
-                raise
-            too_big = is_prompt_too_long(e) or context_room(e) is not None
-            if not too_big or attempt + 1 == MAX_COMPACT_FAILURES:
-                raise SummaryFailed(str(e)) from e
-            older = older[max(1, len(older) // 5):]
-    say(f"[summary written | {charge(reply, (options or {}).get('usage'))}]")
-    text = "".join(b.text for b in reply.content if b.type == "text")
-    found = re.search(r"<summary>(.*?)(?:</summary>|$)", text, re.S)
-    summary = (found[1] if found else re.sub(r"<analysis>.*?</analysis>", "", text, flags=re.S)).strip()
-    if not summary:
-        raise SummaryFailed("the model returned an empty summary")
-    return summary
-
-
-def reattach_files(messages, start):
-    """Re-read (fresh from disk) up to REATTACH_FILES files read before the cut."""
-    in_tail = {b["input"].get("path") for m in messages[start:] for b in as_blocks(m["content"])
-               if b["type"] == "tool_use"}
-    paths = [b["input"].get("path") for m in reversed(messages[:start]) for b in
-             reversed(as_blocks(m["content"])) if b["type"] == "tool_use" and b["name"] == "read_file"]
-    blocks = []
-    for p in dict.fromkeys(p for p in paths if isinstance(p, str) and p not in in_tail):
-        try:
-            text = clip(read_file(p), REATTACH_CHARS)
-        except ToolError:
-            continue  # deleted or moved since: the summary still names it
-        blocks.append({"type": "text", "text": f"Re-read after compaction (current content) "
-                       f"of {p}:\n{text}"})
-        if len(blocks) == REATTACH_FILES:
-            break
-    return blocks
-
-
-def fit_tail(tail):
-    """A tail too big on its own (a message of many results, kept because it is
-    the newest) would fail every later request: each of its messages of results
-    is fitted to MESSAGE_BUDGET_CHARS as the loop does for new ones."""
-    for prev, m in zip(tail, tail[1:]):
-        if prev["role"] == "assistant" and tool_results([m]):
-            calls = {b["id"]: (b["name"], b["input"]) for b in as_blocks(prev["content"])
-                     if b["type"] == "tool_use"}
-            fit_results([b for b in m["content"] if b["type"] == "tool_result"], calls)
-
-
-def compact(client, messages, focus=None, why="auto", options=None):
-    """Replace the old part of the history, in place, by a summary; True if done.
-    `options`: the loop's call_model keywords (a child summarises with its own prefix)."""
-    state, start = agent_state().compaction, tail_start(messages)
-    if start == 0:
-        say("[nothing to compact yet]")
-        return False
-    trigger = "manual" if why == "requested" else "auto"  # s08: Claude Code's two triggers
-    fire("pre_compact", trigger=trigger, custom_instructions=focus or "")  # s08
-    path = save_transcript(messages)
-    say(f"[compacting ({why}): summarising {start} messages]")
-    try:
-        summary = summarize(client, messages[:start], focus, options)
-    except SummaryFailed as e:
-        state["failures"] += 1
-        say(f"[compaction failed ({state['failures']}/{MAX_COMPACT_FAILURES} in a row): {e}]")
-        return False
-    saved = (f"The full transcript is saved in {rel(path)}; read it if you need an exact detail."
-             if path else "The full transcript could not be saved: this summary is all there is.")
-    head = [{"type": "text", "text": (
-        f"This session continues from an earlier conversation that was compacted to free "
-        f"context. {saved}\n\n<summary>\n{summary}\n</summary>")}] + reattach_files(messages, start)
-    head = ([] if agent_state().label else context_blocks(agent_state())) + head  # s09: they opened it
-    tail = messages[start:]
-    for m in tail:
-        m.pop("_usage", None)  # sizes measured before the cut mean nothing now
-    fit_tail(tail)
-    messages[:] = [{"role": "user", "content": head}] + tail
-    session_boundary(messages)  # s09: a resume starts from here
-    state["failures"] = 0
-    say(f"[compacted ({why}): {start} messages summarised, {len(tail)} kept verbatim, "
-        f"{f'transcript in {rel(path)}' if path else 'transcript not saved'}]")
-    fire("post_compact", trigger=trigger, summary=summary[:HOOK_OUTPUT_CHARS])  # s08
-    return True
-
-
-def compact_now(client, messages, focus=None):
-    """/compact [focus]: compact at once, whatever the size and the breaker say.
-
-    Mutates `messages` in place (the caller's list stays the history) and
-    returns it. Ctrl+C cancels the compaction, not the session.
-    """
-    try:
-        compact(client, messages, focus, "requested")
-    except KeyboardInterrupt:
-        say("[compaction cancelled]")
-    return messages
-
-
+# --- s06.16: compaction on request: the compact tool and /compact [extra] ---
+# The model asks with the compact tool (manage_context runs it before the next
+# request); the human types /compact [focus].
 def request_compaction(focus=None):
     agent_state().compaction.update(requested=True, focus=focus)
     return "Compaction scheduled: the history is summarised before your next step."
@@ -2700,36 +3020,33 @@ register("compact", (
     request_compaction, read_only=True)
 
 
-def manage_context(client, messages, options=None):
-    """Before every request: a requested compaction, else a batch clear when the
-    results are over budget above the floor (if it repays its rewrite) or when
-    the cache went cold (a cold prefix is written again anyway, so any clear is
-    free), then auto-compaction near the window. `options`: the loop's
-    call_model keywords."""
-    state = agent_state().compaction
-    if state["requested"]:
-        state["requested"] = False
-        compact(client, messages, state["focus"], "requested by the model", options)
-        return
-    tokens = request_tokens(client, messages, options)
-    anchor = last_usage(messages)
-    cold = anchor is not None and time.time() - anchor["at"] > CACHE_TTL
-    # the results pass the budget only in a request that does: a cheap test first
-    if (tokens > WORKING_BUDGET or cold) and (n := clear_old_results(
-            messages, 0 if cold else batch_minimum(messages), 0 if cold else WORKING_BUDGET)):
-        why = f"{tokens:,} tokens" if tokens > WORKING_BUDGET else "the cache went cold"
-        say(f"[cleared {n} old tool result(s) in one batch: {why}]")
-        tokens = request_tokens(client, messages, options)
-    if tokens >= FORCE_COMPACT_AT or (tokens >= AUTO_COMPACT_AT and
-                                      state["failures"] < MAX_COMPACT_FAILURES):
-        compact(client, messages, None, f"{tokens:,} tokens", options)
+def compact_now(client, messages, focus=None):
+    """/compact [focus]: compact at once, whatever the size and the breaker say.
+
+    Mutates `messages` in place (the caller's list stays the history) and
+    returns it. Ctrl+C cancels the compaction, not the session.
+    """
+    try:
+        compact(client, messages, focus, "requested")
+    except KeyboardInterrupt:
+        say("[compaction cancelled]")
+    return messages
 
 
-# --- s06.6: error recovery ---
-# Error recovery (seed: classify, then a bounded way out per kind).
-def is_prompt_too_long(e):
-    return isinstance(e, anthropic.APIStatusError) and (e.status_code == 413 or (
-        e.status_code == 400 and re.search(r"prompt is too long", str(e), re.I) is not None))
+command("compact", "Summarise the conversation now to free context (optional focus)",
+        lambda args, ctx: compact_now(ctx["client"], ctx["history"], args or None) and None,
+        arg_hint="[focus]")
+
+
+# --- s06.17: transient errors: back off and retry [extra] ---
+# Overload, rate limits, 5xx and lost connections are worth waiting for:
+# recover() backs off (exponential, with jitter; a server's retry-after wins)
+# at most MAX_RETRIES times.
+MAX_RETRIES = 4             # our retries of a transient error, after the SDK's own
+RETRY_BASE_DELAY = 1.0      # seconds before the first retry; doubles each time
+RETRY_MAX_DELAY = 30.0      # seconds: cap on a backoff and on a server's retry-after
+RETRY_JITTER = 0.25         # share of a backoff that is random, so clients spread out
+RETRY_STATUSES = (408, 409, 429)  # plus every 5xx (529 = overloaded)
 
 
 def is_transient(e):
@@ -2742,10 +3059,6 @@ def is_transient(e):
         c.__name__ == "TransportError" for c in type(e).__mro__)
 
 
-def is_api_failure(e):
-    return isinstance(e, anthropic.APIError) or is_transient(e)
-
-
 def backoff_delay(attempt, error):
     """Exponential backoff with jitter; a server's retry-after wins when it gives one."""
     headers = getattr(getattr(error, "response", None), "headers", None) or {}
@@ -2756,105 +3069,13 @@ def backoff_delay(attempt, error):
     return min(max(delay, 0.0), RETRY_MAX_DELAY)
 
 
-def context_room(e):
-    """Output tokens that would fit, read from the API's other context error, a 400
-    "input length and `max_tokens` exceed context limit: 195112 + 8000 > 200000"
-    (the prompt fits, the reply would not); None for any other error."""
-    if not (isinstance(e, anthropic.APIStatusError) and e.status_code == 400):
-        return None
-    found = re.search(r"input length and `?max_tokens`? exceed context limit: (\d+) \+ \d+ > (\d+)",
-                      str(e))
-    return int(found[2]) - int(found[1]) if found else None
+# --- s06.18: a reply cut by max_tokens, continued [extra] ---
+# call_with_recovery asks the model to continue, at most MAX_CONTINUATIONS
+# times; whole_reply joins the parts.
+MAX_CONTINUATIONS = 3       # "continue" prompts after max_tokens stops, per model call
 
-
-class PromptTooLarge(Exception):
-    """Prompt too long with nothing older to summarise: the newest message alone is."""
-
-
-class LineWatch:
-    """Stands in for call_model's `out` (None: stdout) and remembers what it printed
-    of the reply being written, so a stream cut mid-reply is continued where it
-    stopped (the API completes an assistant prefill) instead of printed twice.
-
-    `reply`: text printed by earlier attempts that were cut; `attempt`: the current
-    one's; `blocks`: the kinds of block it began (reply_text reports them). Only
-    an all-text reply can be a prefill: not a half-made tool call, not with
-    thinking on. `echo`: whitespace the prefill dropped (the API refuses it at the
-    end) that the continuation will send again; printed once, not twice.
-    """
-
-    def __init__(self, out):
-        self.out, self.open = out, False
-        self.reset()
-
-    def reset(self):
-        """A new reply: nothing of it printed yet."""
-        self.reply = self.attempt = self.echo = ""
-        self.blocks, self.skipped = [], 0  # skipped: characters of `echo` not printed again
-
-    def write(self, text):
-        if self.echo:
-            same = len(os.path.commonprefix([self.echo, text]))
-            self.echo = self.echo[same:] if same == len(text) else ""
-            self.skipped, text = self.skipped + same, text[same:]
-        self.attempt += text
-        self.open = not text.endswith("\n") if text else self.open
-        show_text(text, self.out)  # s06: the terminal's rule holds under the watch too
-        return len(text)
-
-    def flush(self):
-        (self.out or sys.stdout).flush()
-
-    def close(self):
-        """End an unfinished line; True if there was one."""
-        was, self.open = self.open, False
-        if was:
-            print(file=self.out)
-        return was
-
-    def prefill(self):
-        """The cut reply so far, as the assistant message to continue ([] if none)."""
-        kept = self.reply.rstrip()
-        return [{"role": "assistant", "content": [{"type": "text", "text": kept}]}] if kept else []
-
-    def retrying(self):
-        """Before a retry: an all-text attempt joins the reply to be continued; one
-        that began a tool call or thinking ends its line and the reply restarts."""
-        if set(self.blocks) <= {"text"}:
-            if self.attempt:
-                say("[stream cut: continuing the reply where it stopped]")
-            self.reply += self.attempt
-        else:
-            self.close()
-            say("[stream cut in a reply that cannot be continued (tool call or thinking): "
-                "it starts again on the next line]")
-            self.reply = ""
-        self.echo = self.reply[len(self.reply.rstrip()):]
-        self.attempt, self.blocks, self.skipped = "", [], 0
-
-    def joined(self, message):
-        """The finished message, with the text of the cut attempts in front of its
-        first text: one reply, exactly as printed. Ends its line (call_model does
-        only when this call sent text); resets for the next call."""
-        self.close()
-        if self.reply:
-            first = message.content[0] if message.content else None
-            if first is not None and first.type == "text":
-                first.text = self.reply + first.text[self.skipped:]
-            else:  # the continuation began with a tool call
-                kept = anthropic.types.TextBlock(type="text", text=self.reply.rstrip())
-                message.content.insert(0, kept)
-        self.reset()
-        return message
-
-
-def reply_text(stream, out):
-    """stream.text_stream, also telling a LineWatch `out` each block that begins."""
-    for event in stream:
-        if event.type == "content_block_start" and isinstance(out, LineWatch):
-            out.blocks.append(event.content_block.type)
-        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
-            yield event.delta.text
+CONTINUE_PROMPT = ("Your reply hit the output token limit. Continue exactly where it "
+                   "stopped: no apology, no recap. Split the remaining work into smaller steps.")
 
 
 def whole_reply(messages):
@@ -2870,78 +3091,26 @@ def whole_reply(messages):
     return "".join(parts).strip()
 
 
-def compact_to_retry(client, messages, error, options, why="prompt too long"):
-    """Prompt too long (or no room left for the reply): compact so the same turn
-    can be retried; True if done. With nothing older than the newest message,
-    the prompt itself is too big."""
-    if tail_start(messages) == 0:
-        if messages and messages[-1]["role"] == "user" and not tool_results(messages[-1:]):
-            messages.pop()  # never accepted: kept, it would fail every later turn too
-        raise PromptTooLarge("the prompt itself is too large for the context window and was "
-                             "not kept: shorten it, or save the long part to a file and ask "
-                             "for it to be read") from error
-    say(f"[{why}: compacting, then retrying the turn]")
-    return compact(client, messages, None, why, options)
+# --- s06.19: the bill [extra] ---
+# after_call's status line shows each call's cost at list prices: cache reads
+# cost a tenth of the input price, cache writes 1.25 times.
+PRICE_INPUT = 3.00          # USD per million input tokens (list price, default model)
+PRICE_OUTPUT = 15.00        # USD per million output tokens
+CACHE_READ_PRICE = 0.10     # x the input price for a token read from the cache
+CACHE_WRITE_PRICE = 1.25    # x the input price for a token written to the cache (5 min TTL)
 
 
-def recover(client, messages, error, turn, line, options):
-    """After a failed call_model: make the retry possible, or return False (the
-    turn ends). No room for the reply: lower max_tokens to what fits (once per
-    context, never below MIN_FIT_TOKENS), else compact; prompt too long: compact
-    (once); transient: back off (MAX_RETRIES), a cut reply continued by prefill."""
-    room = context_room(error)
-    lowered = turn["max_tokens"] < MAX_TOKENS  # already: the numbers are not what we thought
-    if room is not None and MIN_FIT_TOKENS <= room < MAX_TOKENS and not lowered:
-        say(f"[no room for {MAX_TOKENS:,} output tokens: retrying with max_tokens {room:,}]")
-        turn["max_tokens"] = room
-        return True
-    if (room is not None or is_prompt_too_long(error)) and not turn["compacted"]:
-        turn["compacted"], turn["max_tokens"] = True, MAX_TOKENS
-        why = "prompt too long" if room is None else f"room for only {max(room, 0):,} output tokens"
-        return compact_to_retry(client, messages, error, options, why)
-    if not is_transient(error) or turn["retries"] >= MAX_RETRIES:
-        return False
-    line.retrying()
-    delay = backoff_delay(turn["retries"], error)
-    turn["retries"] += 1
-    say(f"[{getattr(error, 'status_code', None) or type(error).__name__}: retry "
-        f"{turn['retries']}/{MAX_RETRIES} in {delay:.1f}s]")
-    time.sleep(delay)
-    return True
-
-
-def call_with_recovery(client, messages, **options):
-    """call_model with the context managed first and every recoverable failure
-    handled (recover): transient errors back off and retry, a cut reply is
-    continued, a prompt too long is compacted and retried once, a reply without
-    room gets a lower max_tokens; a reply cut by max_tokens is continued
-    (MAX_CONTINUATIONS). Anything else propagates to agent_loop, which ends the
-    turn with one line and a valid history. `options` go to call_model."""
-    manage_context(client, messages, options)
-    turn = {"retries": 0, "compacted": False, "max_tokens": MAX_TOKENS}
-    continuations, line = 0, LineWatch(options.get("out"))
-    while True:
-        try:
-            message = call_model(client, messages + line.prefill(),
-                                 **{**options, "out": line, "max_tokens": turn["max_tokens"]})
-        except Exception as e:
-            if not recover(client, messages, e, turn, line, options):
-                line.close()  # a reply cut mid-line ends before anything else is said
-                raise
-            continue
-        after_call(messages, line.joined(message))
-        if message.stop_reason != "max_tokens" or continuations >= MAX_CONTINUATIONS:
-            return message
-        continuations += 1
-        say(f"[reply hit max_tokens: asking it to continue ({continuations}/{MAX_CONTINUATIONS})]")
-        partial = assistant_message(message)
-        partial["content"] = [b for b in partial["content"] if b["type"] == "text"]  # a cut call is broken
-        if partial["content"]:
-            messages.append(partial)
-        add_user_text(messages, CONTINUE_PROMPT)
-command("compact", "Summarise the conversation now to free context (optional focus)",
-        lambda args, ctx: compact_now(ctx["client"], ctx["history"], args or None) and None,
-        arg_hint="[focus]")
+def charge(message, usage=None):
+    """One call's bill: its cost joins the session's; with `usage` (a subagent's
+    counter) its tokens join that too. Returns the line of numbers to show."""
+    u = message.usage
+    read, write = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    cost = ((u.input_tokens + read * CACHE_READ_PRICE + write * CACHE_WRITE_PRICE) * PRICE_INPUT
+            + u.output_tokens * PRICE_OUTPUT) / 1e6
+    agent_state().session["cost"] += cost
+    add_usage(usage, message)
+    return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
+            f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
 
 # --- s07: permissions ---
 # The model proposes, this section disposes. Three threat models (seed): prompt
@@ -2951,110 +3120,703 @@ command("compact", "Summarise the conversation now to free context (optional foc
 # and the OS sandbox is the kernel's own refusal. A denial is never fatal: it
 # goes back to the model as an is_error result that says which layer refused.
 
-# --- s07.1: the blocklist, parsed ---
-# s01's blocklist matches regexes against the raw text, so it refuses
-# `echo 'never run rm -rf / here'` (that is only an argument) and misses
-# `cd / && rm -rf *` (no `/` after the rm). From s07 on a command line is read
-# the way the shell reads it, then judged one simple command at a time:
-#
+# --- s07.1: the gate before every call [core] ---
+# run_tool calls permit() before a handler runs: decide(), then, for "ask", one
+# question to the human. A denial goes back to the model as an is_error result
+# that names the layer that refused. A parallel batch is decided before any of
+# it runs, one question at a time (decide_batch).
+def permit(block):
+    """run_tool's gate: a batch's verdicts were taken before it ran (decide_batch)."""
+    state = agent_state()
+    state.judged = {}  # a write's judged path holds for its own run only
+    if block.id in state.decided:
+        return state.decided.pop(block.id)
+    state.approved.clear()  # the previous call's yes to an outside path ends here
+    return judge(block)
+
+
+def judge(block):
+    """None when the call may run, else the denial the model gets."""
+    hooked = pre_tool_hooks(block)  # s08: hooks first: they may block, rewrite the input, decide
+    state, args = agent_state(), block.input if isinstance(block.input, dict) else {}
+    effect, layer, reason = decide(block.name, args, state)
+    effect, layer, reason = hook_effect(block, hooked, (effect, layer, reason))  # s08: deny > ask > allow
+    if effect == "ask" and state.write_roots is not None:  # s09: the consolidator runs in the background
+        effect, reason = "deny", f"{reason}; nobody can be asked during a memory consolidation"  # s09
+    if effect == "ask":
+        refusal = ask_permission(block.name, args, reason, state)
+        if refusal is None:  # exactly these paths, for this call (or batch) only
+            approve(block.name, args, state)  # s08: shared with a hook's allow
+            effect, layer, reason = "allow", "the user", "the user said yes"
+        else:
+            layer, reason = "the user", refusal
+    if effect == "allow":
+        state.denials = 0
+        say(f"  allowed ({layer}): {printable(reason, newlines=False)}")  # the layer that let it through
+        if block.name in WRITE_TOOLS:  # what the write may touch: this resolution, not a later one
+            state.judged = dict(zip([args.get("path")], call_paths(block.name, args, state.workdir)))
+        return None
+    state.denials += 1
+    return (f"Permission denied ({layer}): {reason}. Do not retry the same call; "
+            f"do something else, or ask the user.")
+
+
+def decide_batch(batch):
+    """Judge a parallel batch first, one question at a time, before any of it runs."""
+    if len(batch) > 1:
+        agent_state().approved.clear()
+        agent_state().decided.update({b.id: judge(b) for b in batch})
+
+
+# --- s07.2: the decision [core] ---
+# decide() is a pure function of (tool, input, the agent's mode and rules); the
+# first layer with an answer decides:
+#   blocklist (bash) -> protected path (writes, the agent's .env) -> deny rules
+#   -> plan mode (writes) -> outside the workspace -> sandboxed bash -> ask rules
+#   -> allow rules -> the mode's table -> ask the human
+# Only the last step talks to anyone.
+WRITE_TOOLS = ("write_file", "edit_file")
+PATH_TOOLS = ("read_file", "write_file", "edit_file", "glob", "grep")
+STATE_TOOLS = ("agent", "exit_plan_mode")  # judged elsewhere: a child's calls, the plan's approval
+
+
+def decide(name, args, state):
+    """(effect, layer, reason): effect is allow, deny or ask."""
+    rules, mode, ws = state.permissions["rules"], state.mode, state.workdir
+    if name == "bash" and (why := blocked_command(str(args.get("command", "")))):
+        return "deny", "blocklist", why
+    paths = call_paths(name, args, ws)
+    if name in WRITE_TOOLS:
+        for p in paths:
+            if why := protected(p, ws):
+                return "deny", "protected path", f"{p} is protected ({why}); no mode allows writing it"
+    if any(p == own_dotenv() for p in paths):
+        return "deny", "protected path", "that .env holds the agent's own credentials"
+    if state.write_roots is not None and (why := confined(name, args, paths, state)):  # s09
+        return "deny", "memory folders only", why  # s09
+    if rule := first_rule(rules, "deny", name, args, paths, ws):
+        return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
+    if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
+        return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
+                                     f"{rel(plan_file(state))}")
+    if outside := [p for p in paths if not inside(p, state, approved=False)  # asked every time
+                   and not (name == "read_file" and skill_file(str(p)))]:  # s05's skill files
+        if mode == "bypassPermissions":
+            return "deny", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
+        return "ask", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
+    if name == "bash" and sandboxed(state) and state.permissions["sandbox"]["auto_allow_bash"] \
+            and not first_rule(rules, "ask", name, args, paths, ws):
+        return "allow", "sandbox", "runs inside the OS sandbox"
+    if rule := first_rule(rules, "ask", name, args, paths, ws):
+        return "ask", "rule", f"{rule['text']} in {rule['file']} asks first"
+    if rule := first_rule(rules, "allow", name, args, paths, ws):
+        return "allow", "rule", f"allowed by {rule['text']} in {rule['file']}"
+    return mode_decision(name, args, paths, state)
+
+
+def mode_decision(name, args, paths, state):
+    """The mode's table: reads allowed; writes ask (acceptEdits: allowed; plan: only
+    the plan file); bash and everything else ask; bypassPermissions allows."""
+    mode = state.mode
+    if name in STATE_TOOLS or (TOOL_FLAGS.get(name, {}).get("read_only") and name != "bash"):
+        return "allow", "mode", "reads and the agent's own state are always allowed"
+    if name == "load_skill" and not skill_commands(args.get("name")):
+        return "allow", "mode", "the skill runs no command"
+    if mode == "bypassPermissions":
+        return "allow", "mode", "bypassPermissions"
+    if name in WRITE_TOOLS and mode == "acceptEdits":
+        return "allow", "mode", "acceptEdits allows edits in the workspace"
+    if name in WRITE_TOOLS and mode == "plan":
+        return "allow", "mode", "the plan file"
+    return "ask", "mode", f"{mode} mode asks before {name}"
+
+
+def call_paths(name, args, workdir):
+    """The resolved paths a file tool would touch ([] for other tools)."""
+    if name not in PATH_TOOLS:
+        return []
+    raw = args.get("path", ".")
+    if not isinstance(raw, str):
+        return []
+    try:
+        return [(workdir / os.path.expanduser(raw)).resolve()]
+    except (OSError, RuntimeError, ValueError):  # a loop, a NUL byte: the tool itself refuses it
+        return []
+
+
+def inside(path, state, approved=True):
+    """In the workspace or an additional directory; or, while its call runs, the
+    exact path the human allowed for that one call."""
+    roots = [state.workdir, *state.permissions["additional_directories"], *(state.write_roots or [])]  # s09
+    return any(path.is_relative_to(r) for r in roots) or (approved and path in state.approved)
+
+
+def is_plan_file(path, state):
+    return path == plan_file(state).resolve()
+
+
+def skill_commands(name):
+    """The !`command`s a skill would run when loaded ([] for unknown skills)."""
+    skill = discover_skills().get(name) if isinstance(name, str) else None
+    return DYNAMIC.findall(skill["body"]) if skill else []
+
+
+# --- s07.3: protected paths [core] ---
+# Protected paths are the rule "nothing the agent writes may later run outside
+# its control, or loosen its own limits": no mode lets a file tool write them.
+
+# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
+# counts too, so both layers protect the same files. All of .git counts: its
+# config, hooks, commondir, modules and the .git file of a worktree all steer
+# what git runs later, and no task needs a file tool inside .git. The session
+# files (s09) count: --continue restores their mode and state records (the mode,
+# once-hooks that ran, hook context not yet sent), so a planted record would
+# loosen the next run's limits.
+PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents", ".agent/sessions",
+                  ".claude/skills", ".claude/agents")
+PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
+HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
+
+
+def protected(path, workdir):
+    """Why the agent may never write `path` (resolved), or None."""
+    home = (Path.home() / ".agent").resolve()
+    if path.is_relative_to(home) and path.relative_to(home).parts[:1] not in [(p,) for p in HOME_WRITABLE]:
+        return "the agent's own user config, skills and agents"
+    if path.is_relative_to(Path(__file__).resolve().parent / "skills"):
+        return "the built-in skills"
+    if path.is_relative_to(workdir):  # casefold: on macOS .Agent/config.yaml is the same file
+        relpath = path.relative_to(workdir).as_posix().casefold()
+        names = [p.casefold() for p in (*PROTECTED_DIRS, *SANDBOX_PROTECTED)]
+        if any(relpath == n or relpath.startswith(n + "/") for n in names) \
+                or any(fnmatch.fnmatch(relpath, g.casefold()) for g in PROTECTED_GLOBS):
+            return "it configures the agent, git or an editor, or holds code they run"
+    if (hooks := hooks_path(workdir)) and path.is_relative_to(hooks):
+        return "git runs the hooks in core.hooksPath"
+    return None
+
+
+# --- s07.4: rules: tool(pattern) [core] ---
+# A rule is a tool name, or tool(pattern): bash(git *) matches the command line,
+# read_file(src/**) a resolved path as a gitignore-style glob. Deny rules are
+# checked first, then ask, then allow.
+RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
+RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
+TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
+                "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Task": "agent",
+                "TodoWrite": "todo_write"}  # Claude Code's names, so copied rules work
+
+
+RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
+
+
+def parse_rule(text):
+    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed,
+    or if it gives a pattern to tools with no input a pattern could match (it would never apply)."""
+    m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if not m or (m[2] is not None and not m[2].strip()):
+        raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
+    tool = TOOL_ALIASES.get(m[1], m[1])
+    if m[2] is not None and not any(fnmatch_tool(tool, t) for t in ("bash", *PATH_TOOLS, *RULE_FIELDS)):
+        raise ValueError(f"{text!r}: {tool} takes no pattern (only bash, the file tools, load_skill "
+                         f"and agent do); write {m[1]} alone for all its calls")
+    return {"tool": tool, "pattern": m[2] and m[2].strip(), "text": text.strip()}
+
+
+def first_rule(rules, effect, name, args, paths, workdir):
+    if effect == "allow" and name == "bash":
+        return bash_allow_rule(rules, str(args.get("command", "")))
+    for rule in rules:
+        if rule["effect"] != effect or not fnmatch_tool(rule["tool"], name):
+            continue
+        if effect != "allow" and name == "bash" and rule["pattern"] is not None:
+            hit = bash_rule_hits(rule["pattern"], args.get("command", ""))
+        elif effect != "allow" and paths and rule["pattern"] is not None:
+            hit = any(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
+        else:
+            hit = rule_matches(rule, name, args, paths, workdir)
+        if hit:
+            return rule
+    return None
+
+
+def rule_matches(rule, name, args, paths, workdir):
+    if not fnmatch_tool(rule["tool"], name):
+        return False
+    if rule["pattern"] is None:
+        return True
+    if paths:
+        return all(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
+    value = str(args.get(RULE_FIELDS.get(name, ""), ""))
+    return pattern_matches(rule["pattern"], value)
+
+
+def fnmatch_tool(pattern, name):
+    """'mcp__github__*' names a group of tools; other names are exact."""
+    return bool(re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), name))
+
+
+def pattern_matches(pattern, text):
+    """A rule pattern as Claude Code reads it: * is any text, and a trailing ' *'
+    (or ':*') is a word boundary, so 'git *' matches 'git' and 'git log' but not 'gitk'."""
+    head, bounded = re.subn(r"(?: |:)\*$", "", pattern)
+    if wildcard(head, text):
+        return True
+    return bool(bounded) and any(wildcard(head, text[:i]) for i, c in enumerate(text) if c == " ")
+
+
+def path_rule_matches(pattern, path, workdir):
+    """File rules are gitignore-style globs over the resolved path: relative to the
+    workspace, '//abs/...' absolute, '~/...' under the home directory."""
+    if pattern.startswith("//"):
+        base, pattern = Path("/"), pattern[2:]
+    elif pattern.startswith("~/"):
+        base, pattern = Path.home().resolve(), pattern[2:]
+    else:
+        base, pattern = workdir, pattern.removeprefix("./").removeprefix("/")
+    if not path.is_relative_to(base):
+        return False
+    rx = glob_regex(pattern if "/" in pattern.rstrip("/") else "**/" + pattern)
+    target = path.relative_to(base).as_posix()
+    return bool(rx.fullmatch(target) or rx.fullmatch(target + "/") or
+                (pattern.endswith("/**") and target == pattern[:-3].rstrip("/")))
+
+
+# --- s07.5: the config files and the start [core] ---
+# Rules come from three YAML files, lowest scope first: ~/.agent/config.yaml
+# (user), .agent/config.yaml (project, shared in git) and .agent/config.local.yaml
+# (local, git-ignored):
+#     permissions:
+#       allow: ["bash(git *)", "read_file(src/**)"]
+#       deny:  ["bash(git push --force*)", "read_file(**/.env)"]
+#       ask:   ["edit_file(**/*.lock)"]
+#       additional_directories: [~/notes]     # outside the workspace, but usable
+#       default_mode: acceptEdits
+#     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
+# start_permissions reads them once, at start-up, with the mode from
+# --permission-mode, AGENT_PERMISSION_MODE or the config.
+CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
+PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used. The agent refuses to start: a deny rule
+    dropped because its file was broken is worse than a refusal."""
+
+
+def config_files(workdir):
+    """Each scope's file. In the home directory the project's file is the user's own:
+    it is read once, as the user's (read twice, it would ask to be trusted, and its
+    hooks would run twice)."""
+    files = {"user": Path.home() / ".agent" / "config.yaml",
+             "project": workdir / ".agent" / "config.yaml",
+             "local": workdir / ".agent" / "config.local.yaml"}
+    return {scope: path for scope, path in files.items()
+            if scope == "user" or path.resolve() != files["user"].resolve()}
+
+
+def read_config(path):
+    """One config file as a dict ({} when there is none); ConfigError when broken."""
+    try:
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        data = yaml.safe_load(text) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot be read as YAML: {' '.join(str(e).split())[:200]}")
+    check_config(path, data)
+    return data
+
+
+def load_permissions(workdir, trust_all=False):
+    """The effective settings of every config file; ConfigError when one is broken."""
+    settings = {"rules": secret_rules(), "additional_directories": [], "default_mode": None,
+                "sandbox": dict(SANDBOX_DEFAULTS), "env": {}, "env_allow": []}
+    settings["hooks"] = []  # s08: each hook knows whether its file is trusted
+    settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
+    settings["auto_memory"] = True  # s09: any file may turn it off
+    for scope, path in config_files(workdir).items():
+        data = read_config(path)
+        if scope == "user":  # what the model's commands inherit: the human's own choice only
+            settings["env"] |= data.get("env") or {}
+            settings["env_allow"] += data.get("env_allow") or []
+        elif data.get("env") or data.get("env_allow"):
+            say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
+        full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
+        if not full:
+            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
+                f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
+        settings["hooks"] += read_hooks(path, data, scope, trusted=full)  # s08
+        settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
+        perms = data.get("permissions") or {}
+        for effect in RULE_EFFECTS if full else ("deny", "ask"):
+            settings["rules"] += [parse_rule(t) | {"effect": effect, "scope": scope, "file": str(path)}
+                                  for t in perms.get(effect) or []]
+        if full:
+            settings["additional_directories"] += [
+                Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
+            settings["sandbox"].update(data.get("sandbox") or {})
+        if perms.get("default_mode") and (full or perms["default_mode"] not in WIDENING_MODES):  # default
+            settings["default_mode"], settings["mode_file"] = perms["default_mode"], rel(path)  # and plan tighten
+    return settings
+
+
+def pop_flag(argv, name, takes_value):
+    """Remove --name [value] or --name=value from argv; return the value, True, or None."""
+    for i, arg in enumerate(argv):
+        if arg == name or arg.startswith(name + "="):
+            del argv[i]
+            if not takes_value:
+                return True
+            if "=" in arg:
+                return arg.split("=", 1)[1]
+            if i >= len(argv):
+                raise ValueError(f"{name} needs a value: one of {', '.join(PERMISSION_MODES)}")
+            return argv.pop(i)
+    return None
+
+
+def start_permissions(argv):
+    """At start-up: the flags, the config files (trust asked here), the sandbox check.
+    Returns argv without the flags; ValueError or ConfigError is one line and exit 2."""
+    argv = list(argv)
+    mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
+    state = agent_state()
+    state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
+    chosen = "" if mode or not state.permissions["default_mode"] else f" (from {state.permissions['mode_file']})"
+    mode = mode or state.permissions["default_mode"] or "default"
+    if mode not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
+    state.mode, state.mode_before_plan = mode, mode if mode != "plan" else "default"  # /plan leaves it
+    check_sandbox(state)
+    say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
+        f"{len(own_rules(state))} rule(s); /permissions lists them]")
+    warn_unguarded(state)
+    return argv
+
+
+# --- s07.6: asking the human [core] ---
+# y = this call, a = always (the narrowest allow rule, written to the local
+# config), n or any other text = no, and that text goes to the model as the
+# reason. End of input answers no.
+def ask_permission(name, args, reason, state):
+    """None when the human says yes, else the denial text."""
+    who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
+    say(printable(f"permission needed: {reason}", newlines=False))  # a path's newline makes no fake line
+    show_request(name, args)
+    answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
+    word = answer.strip()
+    if word.lower() in ("y", "yes"):
+        return None
+    if word.lower() in ("a", "always"):
+        if rules := narrow_rule(name, args, state):
+            try:
+                remember_rules(rules, state)
+            except (OSError, ConfigError) as e:
+                say(f"[could not save the rule: {e}; allowed this once]")
+        else:
+            say("[no rule can say exactly this call (a * in it); allowed this once]")
+        return None
+    if word.lower() in ("", "n", "no"):
+        return "the user said no"
+    return f"the user said no: {word}"
+
+
+def remember_rules(rules, state):
+    """Append allow rules to the local config and trust that one file's new hash."""
+    path = config_files(state.workdir)["local"]
+    data = read_config(path)
+    perms = data.setdefault("permissions", {})
+    perms["allow"] = list(dict.fromkeys((perms.get("allow") or []) + rules))
+    was_trusted = not path.exists() or not loosens(read_config(path)) or config_trusted(path)
+    write_inside(path, yaml.safe_dump(data, sort_keys=False).encode("utf-8"))  # s02's door: no link followed
+    ignore = path.parent / ".gitignore"  # the local file is personal: keep it out of git
+    kept = ignore.read_text() if ignore.is_file() and not ignore.is_symlink() else ""
+    if "config.local.yaml" not in kept:
+        write_inside(ignore, (kept + ("\n" if kept and not kept.endswith("\n") else "")
+                              + "config.local.yaml\n").encode("utf-8"))
+    if was_trusted:  # the human's own file: their new rule holds in the next process
+        trust_config(path)
+    else:  # a file the clone shipped: writing a rule into it must not make it trusted
+        say(f"[{rel(path)} holds settings you have not trusted: the next start asks about it]")
+    state.permissions["rules"] += [parse_rule(r) | {"effect": "allow", "scope": "local", "file": str(path)}
+                                   for r in rules]
+    say(f"[always allowed: {', '.join(rules)} (written to {rel(path)})]")
+
+
+# --- s07.7: switching modes [core] ---
+# The mode's table is mode_decision above; the mode lives on the agent
+# (state.mode) and set_mode switches it. Plan mode's own tools follow in the
+# extras: its plan file is the one file it lets the model write.
+def set_mode(mode, history=None):
+    """Switch the running agent's mode; entering plan mode tells the model the rules."""
+    state = agent_state()
+    if mode not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
+    if mode == "plan" and state.mode != "plan":
+        state.mode_before_plan = state.mode
+        if history is not None:
+            add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
+    elif mode != "plan" and state.mode == "plan" and history is not None:  # leaving it is news too
+        add_user_text(history, PLAN_MODE_ENDED.format(mode=mode))
+    was, state.mode = state.mode, mode
+    note_mode(mode)  # s09
+    say(f"[permission mode: {mode}]")
+    warn_unguarded(state, was)
+
+
+def plan_file(state):
+    if state.record is not None and state.record.get("fresh"):  # s09: a new session's name may still be
+        write_records([{"type": "mode", "mode": state.mode}])  # s09: redrawn: claim its file before naming it
+    return state.workdir / ".agent" / "plans" / f"{session_id(state)}.md"  # s09: the session's: a resume keeps it
+
+
+# --- s07.8: the blocklist, one simple command at a time [hardening: skip on first read] ---
+# Stops: s01's regexes missing `cd / && rm -rf *` and refusing `echo 'rm -rf /'`
+# Test: tests/test_s07_blocklist.py::test_run_bash_refuses_cd_then_glob_without_running_it
+# decide() asks blocked_command first. s01's blocklist matches regexes against
+# the raw text, so it refuses `echo 'never run rm -rf / here'` (that is only an
+# argument) and misses `cd / && rm -rf *` (no `/` after the rm). From s07 on a
+# command line is read the way the shell reads it (pipelines(), next), then
+# judged one simple command at a time, its working directory followed through cd.
+# It is a seatbelt: what a line computes at run time ($X, the output of a
+# $(...)) is unknown here, and reading errs toward refusing. Nor can it read
+# code: `python3 -c '...'`, `perl -e`, a script the model has just written run
+# whatever their text says, and guessing at another language's text would only
+# pretend. The wall is the OS sandbox (an extra below); without one,
+# bypassPermissions says so at start (warn_unguarded).
+
+# A function that pipes itself into itself, in the background: :(){ :|:& };:
+# It does not read as ordinary words, so it is matched on the raw text.
+FORK_BOMB = re.compile(r"(?<![\w.:-])(?:function\s+)?([\w.:-]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
+                       r"(?<![\w.:-])\1\s*\|&?\s*\1(?![\w.:-])")
+PRIVILEGE = {"sudo", "doas", "su", "pkexec"}      # never peeled off: refused themselves
+FORMATTERS = {"mkfs", "mke2fs", "mkswap", "wipefs"}  # and every mkfs.<type>
+POWER_COMMANDS = {"shutdown", "reboot", "halt", "poweroff"}
+POWER_VERBS = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
+               "soft-reboot"}                     # systemctl VERB, loginctl VERB
+RUNLEVELS = {"0", "6"}                            # init / telinit: halt, reboot
+OWNERSHIP = {"chmod", "chown", "chgrp"}           # refused with -R on / or ~
+GLOB = re.compile(r"[*?[{]")                      # a pattern (or brace list), not one name
+
+
+def blocked_command(command):
+    """Why the blocklist refuses a command line, or None when it may run.
+
+    Every simple command is judged by its command word and arguments, so text
+    that is only an argument (`echo "rm -rf /"`) runs. The working directory is
+    followed through cd, so `cd / && rm -rf *` is refused. A command xargs runs
+    gets what the command before it prints (`echo / | xargs rm -rf`); one find
+    -exec runs, the paths find reports. A line that cannot be read is refused
+    too: bash would reject it, and the judge must not guess.
+    """
+    if FORK_BOMB.search(command):
+        return "fork bomb"
+    try:
+        lines = pipelines(command)
+    except ValueError as e:
+        return f"cannot read it as shell: {e}"
+    cwd = None  # None: the workspace, or a place the judge cannot tell
+    for pipeline in lines:
+        for n, cmd in enumerate(pipeline):
+            if why := refusal(as_run(cmd, pipeline[:n]), cwd):
+                return why
+            cwd = next_cwd(cmd["words"], cwd)
+        if runs_download(pipeline):
+            return "piping a download into a shell or an interpreter"
+    return None
+
+
+def refusal(cmd, cwd):
+    """Why one simple command (from pipelines) is refused, or None."""
+    if any(map(onto_disk, cmd["redirects"])):
+        return "overwriting a disk device"
+    if not cmd["words"]:
+        return None
+    name, rest = program(cmd), cmd["words"][1:]
+    if name in PRIVILEGE:
+        return f"{name}: the agent never escalates privileges"
+    if name in FORMATTERS or name.startswith("mkfs."):
+        return "formatting a disk"
+    if powers_off(name, rest):
+        return "shutting down or rebooting the machine"
+    if name == "dd" and any(a.startswith("of=") and is_disk(a[3:]) for a in rest):
+        return "dd writing straight to a device"
+    if writes_disk(name, rest):
+        return "overwriting a disk device"
+    if name == "find" and (why := find_refusal(rest, cwd)):
+        return why
+    if name in OWNERSHIP:
+        options, targets = split_options(rest)
+        if has_option(options, "R", "--recursive") and any(root_or_home(t, cwd) for t in targets):
+            return f"{name} -R on / or a home directory"
+    return rm_refusal(rest, cwd) if name == "rm" else None
+
+
+def rm_refusal(args, cwd):
+    """rm --no-preserve-root, or a recursive rm of / or ~ (or a pattern right in them)."""
+    options, targets = split_options(args)
+    if has_option(options, "", "--no-preserve-root"):
+        return "rm --no-preserve-root"
+    if has_option(options, "rR", "--recursive") and any(root_or_home(t, cwd) for t in targets):
+        return "deleting / or a home directory" + (f" (run in {cwd})" if cwd else "")
+    return None
+
+
+def powers_off(name, args):
+    """shutdown, reboot, halt, poweroff; init/telinit 0 or 6; systemctl or loginctl poweroff ..."""
+    verbs = [a for a in args if not a.startswith("-")]
+    if name in ("init", "telinit"):
+        return bool(verbs) and verbs[0] in RUNLEVELS
+    if name in ("systemctl", "loginctl"):
+        return bool(verbs) and verbs[0] in POWER_VERBS
+    return name in POWER_COMMANDS
+
+
+def program(cmd):
+    """The command's program name: /usr/bin/sudo is sudo; "" for redirections only."""
+    return os.path.basename(cmd["words"][0]) if cmd["words"] else ""
+
+
+def split_options(args):
+    """(options, operands): words starting with - before a `--`. GNU tools take
+    options anywhere, so `rm / -rf` is recursive too."""
+    options, operands, ended = [], [], False
+    for a in args:
+        if a == "--" and not ended:
+            ended = True
+        elif a.startswith("-") and len(a) > 1 and not ended:
+            options.append(a)
+        else:
+            operands.append(a)
+    return options, operands
+
+
+def has_option(options, letters, long):
+    """A short cluster holding one of letters (-rf, -fR), or the long option or
+    any prefix of it (GNU takes any unambiguous prefix: --rec, --no-pres)."""
+    return any((len(o) > 2 and long.startswith(o)) if o.startswith("--")
+               else bool(set(o[1:]) & set(letters)) for o in options)
+
+
+def next_cwd(words, cwd):
+    """Where the shell stands after this command: cd and pushd move it (no
+    argument: home); to a place the judge cannot tell (`cd -`, `cd $X`): None."""
+    if not words or os.path.basename(words[0]) not in ("cd", "pushd"):
+        return cwd
+    _, operands = split_options(words[1:])
+    if not operands:
+        return "~"
+    return None if operands[0] == "-" else place(operands[0], cwd)
+
+
+def root_or_home(word, cwd):
+    """Does this path word name / or a home itself, or a pattern right inside
+    one (/*, ~/.*, $HOME/*, /home/*)? ${X:-/} may be its default, so that counts too."""
+    default = DEFAULTED.match(word)
+    for where in (place(word, cwd), default and place(default[1] + word[default.end():], cwd)):
+        parent, name = os.path.split(where or "")
+        if where and (is_home_or_root(where) or (is_home_or_root(parent) and GLOB.search(name))):
+            return True
+    return False
+
+
+def is_home_or_root(where):
+    """/, or a home: ~, the same by its path, /root, anyone's in /home, or all of them."""
+    home = os.path.normpath(os.path.expanduser("~"))
+    return where in ("/", "~", "/root", home, *HOME_PARENTS) or os.path.dirname(where) in HOME_PARENTS
+
+
+# --- s07.9: workspace trust [hardening: skip on first read] ---
+# Stops: a cloned repository's own config widening what the agent may do, unasked
+# Test: tests/test_s07_permissions.py::test_an_untrusted_project_config_can_only_tighten
+# A cloned repository ships the project file (and can ship a "local" one), so
+# both may only tighten until the human trusts them: their deny and ask rules
+# always apply, and so does a mode that widens nothing (default, plan); their
+# allow rules, directories, sandbox and wider modes count only once the file's
+# sha256 is recorded in ~/.agent/trusted.yaml for this workspace (s05's trust
+# file). A changed file has a new hash, so it asks again. load_permissions asks
+# file_trusted for each project-scope file that widens anything.
+WIDENING_MODES = ("acceptEdits", "bypassPermissions")  # a config's default or plan widens nothing
+
+
+def loosens(data):
+    """Does this file hold anything that widens what the agent may do?"""
+    perms = data.get("permissions") or {}
+    if data.get("hooks"):  # s08: hooks run code
+        return True  # s08
+    return bool(perms.get("allow") or perms.get("additional_directories")
+                or perms.get("default_mode") in WIDENING_MODES or data.get("sandbox"))
+
+
+def config_trusted(path):
+    """Is this exact content of a workspace config file trusted (s05's trust file)?"""
+    return path.is_file() and is_trusted(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def trust_config(path):
+    trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def rule_reach(text):
+    """How much an allow rule lets through, for the trust question's order: 0 a whole
+    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
+    ~/notes/**, ../x), 2 anything narrower."""
+    m = RULE.fullmatch(str(text).strip())
+    pattern = (m[2] or "").strip() if m else ""
+    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
+        return 0
+    return 1 if pattern.startswith(("//", "~", "..")) else 2
+
+
+def loosening(data):
+    """What a config file would widen, for the trust question: every allow rule, the
+    widest first (a long list must not hide a bare Bash at its end)."""
+    perms, parts = data.get("permissions") or {}, []
+    if perms.get("allow"):
+        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
+    if perms.get("additional_directories"):
+        parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
+    if perms.get("default_mode") in WIDENING_MODES:
+        parts.append(f"starts in {perms['default_mode']}")
+    if data.get("sandbox"):
+        parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
+    if data.get("hooks"):  # s08: the trust question shows what would run
+        parts.append(hooks_question(data))  # s08
+    return printable("; ".join(parts))
+
+
+def file_trusted(workdir, path, trust_all=False):
+    """A project-scope file counts in full only once the human said yes to this
+    exact content (its hash); --trust-workspace says yes for a run without a human."""
+    if config_trusted(path):
+        return True
+    if not trust_all:
+        answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions: "
+                           f"{loosening(read_config(path))}. Trust this file? [y/N] ")
+        trust_all = answer.strip().lower() in ("y", "yes")
+    if trust_all:
+        trust_config(path)
+        record_hook_files(read_hooks(path, read_config(path), "project", True), workdir)  # s08: what they run
+    return trust_all
+
+
+# --- s07.10: reading a command line as bash does [hardening: skip on first read] ---
+# Stops: a refused command hidden where a plain split misses it: a#b, $(...), `...`, here-documents, bash -c
+# Test: tests/test_s07_blocklist.py::test_subcommands
+# Python's shlex is close but not enough: it reads the `#` inside `a#b` as a
+# comment (hiding a `; sudo ...` after it), and it knows no $(...), backticks
+# or here-documents. So lex() reads the characters itself, by the same rules:
 #   lex()              characters -> words (quotes removed) and operators
 #   pipelines()        words -> simple commands, wrappers peeled off; the lines
 #                      inside $(...), `...`, <(...), here-documents, bash -c
 #                      and eval are read as command lines of their own
 #   blocked_command()  each command word judged with its arguments, the
-#                      working directory followed through cd
-#
-# Python's shlex is close but not enough: it reads the `#` inside `a#b` as a
-# comment (hiding a `; sudo ...` after it), and it knows no $(...), backticks
-# or here-documents. So lex() reads the characters itself, by the same rules.
-# It is still a seatbelt: what a line computes at run time ($X, the output of
-# a $(...)) is unknown here, and reading errs toward refusing. Nor can it read
-# code: `python3 -c '...'`, `perl -e`, a script the model has just written run
-# whatever their text says, and guessing at another language's text would only
-# pretend. The wall is the OS sandbox (s07.4); without one, bypassPermissions
-# says so at start (warn_unguarded).
+#                      working directory followed through cd (above)
 MAX_NESTING = 20            # levels of $(...), bash -c, eval read before giving up
 SPLIT_OPERATORS = ("&&", "||", ";;&", ";;", ";&", "|&", ";", "&", "|", "(", ")", "\n")  # longest first
 PIPES = ("|", "|&")         # the operators that keep a pipeline going
 REDIRECT_OPERATORS = ("&>>", "&>", "<<<", "<<-", "<<", "<>", ">>", ">|", ">&", "<&", ">", "<")
 METACHARS = " \t\r\n;&|()<>"  # characters that end an unquoted word
-# A redirection's parts: fd, operator, target. The lookahead reads `< <(cmd)`
-# ("<<(cmd)") as < from a process substitution, not as a here-document.
-REDIRECT = re.compile(r"(\d*)(&>>|&>|>>|>\||>&|<&|<>|<<<|<<-|<<|<|>)(?!\()(.*)", re.S)
-ASSIGNMENT = re.compile(r"[A-Za-z_]\w*\+?=")  # VAR=x before a command
-KEYWORDS = {"!", "{", "}", "if", "then", "elif", "else", "fi", "while", "until", "do", "done",
-            "esac"}                       # grammar words in front of a command: peeled off
-# Commands that run another command: name -> (their options that take the next
-# word as a value, how many words come between the options and the command).
-WRAPPERS = {
-    "env": ({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}, 0),
-    "timeout": ({"-s", "--signal", "-k", "--kill-after"}, 1),  # the 1: its duration
-    "nice": ({"-n", "--adjustment"}, 0),
-    "nohup": (set(), 0),
-    "xargs": ({"-a", "--arg-file", "-d", "--delimiter", "-E", "-I", "-L", "--max-lines",
-               "-n", "--max-args", "-P", "--max-procs", "-s", "--max-chars"}, 0),
-    "command": (set(), 0),
-    "exec": ({"-a"}, 0),
-    "time": ({"-f", "--format", "-o", "--output"}, 0),
-    "stdbuf": ({"-i", "-o", "-e", "--input", "--output", "--error"}, 0),
-    "ionice": ({"-c", "--class", "-n", "--classdata"}, 0),
-    "builtin": (set(), 0),
-    "setsid": (set(), 0),
-    "flock": ({"-w", "--wait", "--timeout", "-E", "--conflict-exit-code"}, 1),  # the 1: its lock file
-    "chroot": ({"--userspec", "--groups"}, 1),  # the 1: the new root
-    "busybox": (set(), 0),                      # busybox rm -rf / is rm -rf /
-    "toybox": (set(), 0),
-}
-# Option letters whose value, if any, is glued on (xargs -i{} -e_ -l1): they end a
-# cluster and never take the next word.
-GLUED_OPTIONAL = {"xargs": "eil"}
-SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
-RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument
-DOWNLOADERS = {"curl", "wget"}
-# Interpreters that read their program from stdin when given none, each with its
-# options that take a value (by letter, or long): "code" gives the program (or a
-# module, a file) on the command line instead (python -c CODE / -m MOD, perl -e,
-# node -e/-p, php -r/-f); "next" takes the rest of the word or else the next word
-# (python -W ignore, -Xdev, ruby -r json); "glued" only the rest of the word (perl
-# -Mstrict, ruby -W0). Such a value is no script: python3 -W ignore reads stdin.
-PYTHON_OPTIONS = {"c": "code", "m": "code", "W": "next", "X": "next", "--check-hash-based-pycs": "next"}
-NODE_OPTIONS = {"e": "code", "p": "code", "--eval": "code", "--print": "code", "r": "next", "C": "next",
-                "--require": "next", "--import": "next", "--loader": "next", "--experimental-loader": "next",
-                "--conditions": "next", "--title": "next"}
-INTERPRETERS = {"python": PYTHON_OPTIONS, "pypy": PYTHON_OPTIONS, "node": NODE_OPTIONS, "nodejs": NODE_OPTIONS,
-                "perl": {"e": "code", "E": "code", "I": "next", **dict.fromkeys("ixdDFmM", "glued")},
-                "ruby": {"e": "code", **dict.fromkeys("IrCE", "next"), **dict.fromkeys("xKWFi", "glued"),
-                         "--encoding": "next"},
-                "php": {"r": "code", "f": "code", "c": "next", "d": "next", "z": "next"},
-                "lua": {"e": "code", "l": "next"}}
-SUBSTITUTION = re.compile(r"\$\(|`|<\(")          # a word holding a command's output
-PRIVILEGE = {"sudo", "doas", "su", "pkexec"}      # never peeled off: refused themselves
-POWER_COMMANDS = {"shutdown", "reboot", "halt", "poweroff"}
-POWER_VERBS = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
-               "soft-reboot"}                     # systemctl VERB, loginctl VERB
-RUNLEVELS = {"0", "6"}                            # init / telinit: halt, reboot
-FORMATTERS = {"mkfs", "mke2fs", "mkswap", "wipefs"}  # and every mkfs.<type>
-OWNERSHIP = {"chmod", "chown", "chgrp"}           # refused with -R on / or ~
-HOME_SPELLINGS = ("~", "$HOME", "${HOME}")        # quotes are gone by now: "$HOME" too
-HOME_FORMS = re.compile(r"^\$\{HOME:?[-=?][^}]*\}")  # ${HOME:?}, ${HOME:-/}: HOME whenever it is set
-DEFAULTED = re.compile(r"\$\{\w+:?[-=]([^}]*)\}")     # ${X:-/}: the default when X is unset or empty
-HOME_PARENTS = ("/home", "/Users")                # every user's home is in one: /home/alice
-GLOB = re.compile(r"[*?[{]")                      # a pattern (or brace list), not one name
-# Block devices: writing to one destroys the filesystem on it. /dev/null, /dev/stderr ... are fine.
-DISK_DEVICE = re.compile(r"/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|loop|md|dm-|mapper/|root$)")
-DISK_WRITERS = {"tee", "truncate", "shred", "blkdiscard", "sgdisk", "sfdisk"}  # write what they name
-COPIERS = {"cp", "mv", "install", "rsync", "scp"}  # write their last operand
-OUTPUT_OPTION = re.compile(r"(?:-[oO]|--output(?:-document)?|of)=?(/.*)")  # -o/dev/x, of=/dev/x
-OUTPUT_WRITERS = {"curl", "wget", "dd", "sort", "cc", "gcc", "clang", "ld", "objcopy", "xz", "zstd",
-                  "gzip", "tar", "pv"}  # whose -o (of=) is a file they write: grep -o is not
-FIND_EXEC = {"-exec", "-execdir", "-ok", "-okdir"}  # find runs the words after them, up to ; or +
-FIND_TESTS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
-              "-iregex", "-lname", "-ilname"}  # tests that may leave the starting point out
-FIND_PROBES = ("a", ".a", "A.b", "1", "a b")  # names of each kind: a test that takes them all leaves none out
-# A function that pipes itself into itself, in the background: :(){ :|:& };:
-# It does not read as ordinary words, so it is matched on the raw text.
-FORK_BOMB = re.compile(r"(?<![\w.:-])(?:function\s+)?([\w.:-]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
-                       r"(?<![\w.:-])\1\s*\|&?\s*\1(?![\w.:-])")
 
 
 def starting(line, i, operators):
@@ -3268,51 +4030,6 @@ def split_pipelines(tokens):
     return found
 
 
-def unwrapped(words):
-    """The words of the command that really runs: keywords (if, then, !, {),
-    VAR=x assignments and wrappers (env, timeout, nohup, ...) peeled off."""
-    while words:
-        if words[0] in KEYWORDS or ASSIGNMENT.match(words[0]):
-            words = words[1:]
-        elif words[0] == "function":  # function NAME { body }: judge the body
-            words = words[2:]
-        elif os.path.basename(words[0]) in WRAPPERS and (inner := wrapped(words)):
-            words = inner
-        else:
-            break
-    return words
-
-
-def wrapped(words):
-    """The command a wrapper runs (what follows its options), or None if it runs none."""
-    name = os.path.basename(words[0])
-    takes_value, skip = WRAPPERS[name]
-    if name == "command" and words[1:2] in (["-v"], ["-V"]):
-        return None  # `command -v x` only looks x up
-    i = 1
-    while i < len(words) and words[i].startswith("-"):
-        if words[i] == "--":
-            i += 1
-            break
-        i += 2 if takes_next(name, words[i], takes_value) else 1
-    return words[i + skip:] or None
-
-
-def takes_next(name, word, takes_value):
-    """Does this option word of a wrapper take the next word as its value? One
-    that does (-a), a cluster whose value letter ends it (xargs -0a FILE, env -iu
-    X), a prefix of a long one (GNU reads --arg-fil as --arg-file). A wrong "no"
-    would judge the value as the command, and miss the command after it."""
-    if word.startswith("--"):
-        return "=" not in word and any(o.startswith(word) for o in takes_value if o.startswith("--"))
-    for n, letter in enumerate(word[1:], 2):
-        if letter in GLUED_OPTIONAL.get(name, ""):
-            return False       # xargs -i{}: the rest is its value, glued
-        if "-" + letter in takes_value:
-            return n == len(word)  # -s9: the rest is its value; -0a: the next word is
-    return False
-
-
 def scripts(words):
     """Command lines passed as arguments: bash -c SCRIPT (also -lc, -ec ...; sh,
     zsh, dash, ksh) and eval ARGS."""
@@ -3371,25 +4088,92 @@ def subcommands(command):
     return [cmd["words"] + cmd["redirects"] for pipeline in pipelines(command) for cmd in pipeline]
 
 
-def split_options(args):
-    """(options, operands): words starting with - before a `--`. GNU tools take
-    options anywhere, so `rm / -rf` is recursive too."""
-    options, operands, ended = [], [], False
-    for a in args:
-        if a == "--" and not ended:
-            ended = True
-        elif a.startswith("-") and len(a) > 1 and not ended:
-            options.append(a)
+# --- s07.11: wrappers peeled off [hardening: skip on first read] ---
+# Stops: a refused command run through env, timeout, nohup, xargs, busybox and the like
+# Test: tests/test_s07_bypass.py::test_what_got_past_the_blocklist_is_refused
+# pipelines() judges the command a wrapper runs, not the wrapper.
+KEYWORDS = {"!", "{", "}", "if", "then", "elif", "else", "fi", "while", "until", "do", "done",
+            "esac"}                       # grammar words in front of a command: peeled off
+ASSIGNMENT = re.compile(r"[A-Za-z_]\w*\+?=")  # VAR=x before a command
+# Commands that run another command: name -> (their options that take the next
+# word as a value, how many words come between the options and the command).
+WRAPPERS = {
+    "env": ({"-u", "--unset", "-C", "--chdir", "-S", "--split-string"}, 0),
+    "timeout": ({"-s", "--signal", "-k", "--kill-after"}, 1),  # the 1: its duration
+    "nice": ({"-n", "--adjustment"}, 0),
+    "nohup": (set(), 0),
+    "xargs": ({"-a", "--arg-file", "-d", "--delimiter", "-E", "-I", "-L", "--max-lines",
+               "-n", "--max-args", "-P", "--max-procs", "-s", "--max-chars"}, 0),
+    "command": (set(), 0),
+    "exec": ({"-a"}, 0),
+    "time": ({"-f", "--format", "-o", "--output"}, 0),
+    "stdbuf": ({"-i", "-o", "-e", "--input", "--output", "--error"}, 0),
+    "ionice": ({"-c", "--class", "-n", "--classdata"}, 0),
+    "builtin": (set(), 0),
+    "setsid": (set(), 0),
+    "flock": ({"-w", "--wait", "--timeout", "-E", "--conflict-exit-code"}, 1),  # the 1: its lock file
+    "chroot": ({"--userspec", "--groups"}, 1),  # the 1: the new root
+    "busybox": (set(), 0),                      # busybox rm -rf / is rm -rf /
+    "toybox": (set(), 0),
+}
+# Option letters whose value, if any, is glued on (xargs -i{} -e_ -l1): they end a
+# cluster and never take the next word.
+GLUED_OPTIONAL = {"xargs": "eil"}
+
+
+def unwrapped(words):
+    """The words of the command that really runs: keywords (if, then, !, {),
+    VAR=x assignments and wrappers (env, timeout, nohup, ...) peeled off."""
+    while words:
+        if words[0] in KEYWORDS or ASSIGNMENT.match(words[0]):
+            words = words[1:]
+        elif words[0] == "function":  # function NAME { body }: judge the body
+            words = words[2:]
+        elif os.path.basename(words[0]) in WRAPPERS and (inner := wrapped(words)):
+            words = inner
         else:
-            operands.append(a)
-    return options, operands
+            break
+    return words
 
 
-def has_option(options, letters, long):
-    """A short cluster holding one of letters (-rf, -fR), or the long option or
-    any prefix of it (GNU takes any unambiguous prefix: --rec, --no-pres)."""
-    return any((len(o) > 2 and long.startswith(o)) if o.startswith("--")
-               else bool(set(o[1:]) & set(letters)) for o in options)
+def wrapped(words):
+    """The command a wrapper runs (what follows its options), or None if it runs none."""
+    name = os.path.basename(words[0])
+    takes_value, skip = WRAPPERS[name]
+    if name == "command" and words[1:2] in (["-v"], ["-V"]):
+        return None  # `command -v x` only looks x up
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "--":
+            i += 1
+            break
+        i += 2 if takes_next(name, words[i], takes_value) else 1
+    return words[i + skip:] or None
+
+
+def takes_next(name, word, takes_value):
+    """Does this option word of a wrapper take the next word as its value? One
+    that does (-a), a cluster whose value letter ends it (xargs -0a FILE, env -iu
+    X), a prefix of a long one (GNU reads --arg-fil as --arg-file). A wrong "no"
+    would judge the value as the command, and miss the command after it."""
+    if word.startswith("--"):
+        return "=" not in word and any(o.startswith(word) for o in takes_value if o.startswith("--"))
+    for n, letter in enumerate(word[1:], 2):
+        if letter in GLUED_OPTIONAL.get(name, ""):
+            return False       # xargs -i{}: the rest is its value, glued
+        if "-" + letter in takes_value:
+            return n == len(word)  # -s9: the rest is its value; -0a: the next word is
+    return False
+
+
+# --- s07.12: homes by any spelling [hardening: skip on first read] ---
+# Stops: rm -rf of a home spelt by its path, another user's ~alice, or ${HOME:?}
+# Test: tests/test_s07_bypass.py::test_the_home_directory_by_its_absolute_path
+# root_or_home and next_cwd read a path word through place().
+HOME_SPELLINGS = ("~", "$HOME", "${HOME}")        # quotes are gone by now: "$HOME" too
+HOME_FORMS = re.compile(r"^\$\{HOME:?[-=?][^}]*\}")  # ${HOME:?}, ${HOME:-/}: HOME whenever it is set
+DEFAULTED = re.compile(r"\$\{\w+:?[-=]([^}]*)\}")     # ${X:-/}: the default when X is unset or empty
+HOME_PARENTS = ("/home", "/Users")                # every user's home is in one: /home/alice
 
 
 def place(word, cwd):
@@ -3426,37 +4210,20 @@ def user_home(word):
     return (f"/home/{user}" if home.startswith("~") else home) + "/" + rest
 
 
-def root_or_home(word, cwd):
-    """Does this path word name / or a home itself, or a pattern right inside
-    one (/*, ~/.*, $HOME/*, /home/*)? ${X:-/} may be its default, so that counts too."""
-    default = DEFAULTED.match(word)
-    for where in (place(word, cwd), default and place(default[1] + word[default.end():], cwd)):
-        parent, name = os.path.split(where or "")
-        if where and (is_home_or_root(where) or (is_home_or_root(parent) and GLOB.search(name))):
-            return True
-    return False
+# --- s07.13: a disk device written by any command [hardening: skip on first read] ---
+# Stops: tee, cp, shred, curl -o or a redirection overwriting a disk device
+# Test: tests/test_s07_bypass.py::test_what_got_past_the_blocklist_is_refused
 
-
-def is_home_or_root(where):
-    """/, or a home: ~, the same by its path, /root, anyone's in /home, or all of them."""
-    home = os.path.normpath(os.path.expanduser("~"))
-    return where in ("/", "~", "/root", home, *HOME_PARENTS) or os.path.dirname(where) in HOME_PARENTS
-
-
-def next_cwd(words, cwd):
-    """Where the shell stands after this command: cd and pushd move it (no
-    argument: home); to a place the judge cannot tell (`cd -`, `cd $X`): None."""
-    if not words or os.path.basename(words[0]) not in ("cd", "pushd"):
-        return cwd
-    _, operands = split_options(words[1:])
-    if not operands:
-        return "~"
-    return None if operands[0] == "-" else place(operands[0], cwd)
-
-
-def program(cmd):
-    """The command's program name: /usr/bin/sudo is sudo; "" for redirections only."""
-    return os.path.basename(cmd["words"][0]) if cmd["words"] else ""
+# A redirection's parts: fd, operator, target. The lookahead reads `< <(cmd)`
+# ("<<(cmd)") as < from a process substitution, not as a here-document.
+REDIRECT = re.compile(r"(\d*)(&>>|&>|>>|>\||>&|<&|<>|<<<|<<-|<<|<|>)(?!\()(.*)", re.S)
+# Block devices: writing to one destroys the filesystem on it. /dev/null, /dev/stderr ... are fine.
+DISK_DEVICE = re.compile(r"/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|loop|md|dm-|mapper/|root$)")
+DISK_WRITERS = {"tee", "truncate", "shred", "blkdiscard", "sgdisk", "sfdisk"}  # write what they name
+COPIERS = {"cp", "mv", "install", "rsync", "scp"}  # write their last operand
+OUTPUT_OPTION = re.compile(r"(?:-[oO]|--output(?:-document)?|of)=?(/.*)")  # -o/dev/x, of=/dev/x
+OUTPUT_WRITERS = {"curl", "wget", "dd", "sort", "cc", "gcc", "clang", "ld", "objcopy", "xz", "zstd",
+                  "gzip", "tar", "pv"}  # whose -o (of=) is a file they write: grep -o is not
 
 
 def onto_disk(redirect):
@@ -3469,52 +4236,6 @@ def onto_disk(redirect):
 def is_disk(path):
     """/dev/sda, /dev/nvme0n1p2, /dev/disk/by-id/...: a block device, not /dev/null."""
     return path.startswith("/") and bool(DISK_DEVICE.match(os.path.normpath(path)))
-
-
-def powers_off(name, args):
-    """shutdown, reboot, halt, poweroff; init/telinit 0 or 6; systemctl or loginctl poweroff ..."""
-    verbs = [a for a in args if not a.startswith("-")]
-    if name in ("init", "telinit"):
-        return bool(verbs) and verbs[0] in RUNLEVELS
-    if name in ("systemctl", "loginctl"):
-        return bool(verbs) and verbs[0] in POWER_VERBS
-    return name in POWER_COMMANDS
-
-
-def rm_refusal(args, cwd):
-    """rm --no-preserve-root, or a recursive rm of / or ~ (or a pattern right in them)."""
-    options, targets = split_options(args)
-    if has_option(options, "", "--no-preserve-root"):
-        return "rm --no-preserve-root"
-    if has_option(options, "rR", "--recursive") and any(root_or_home(t, cwd) for t in targets):
-        return "deleting / or a home directory" + (f" (run in {cwd})" if cwd else "")
-    return None
-
-
-def refusal(cmd, cwd):
-    """Why one simple command (from pipelines) is refused, or None."""
-    if any(map(onto_disk, cmd["redirects"])):
-        return "overwriting a disk device"
-    if not cmd["words"]:
-        return None
-    name, rest = program(cmd), cmd["words"][1:]
-    if name in PRIVILEGE:
-        return f"{name}: the agent never escalates privileges"
-    if name in FORMATTERS or name.startswith("mkfs."):
-        return "formatting a disk"
-    if powers_off(name, rest):
-        return "shutting down or rebooting the machine"
-    if name == "dd" and any(a.startswith("of=") and is_disk(a[3:]) for a in rest):
-        return "dd writing straight to a device"
-    if writes_disk(name, rest):
-        return "overwriting a disk device"
-    if name == "find" and (why := find_refusal(rest, cwd)):
-        return why
-    if name in OWNERSHIP:
-        options, targets = split_options(rest)
-        if has_option(options, "R", "--recursive") and any(root_or_home(t, cwd) for t in targets):
-            return f"{name} -R on / or a home directory"
-    return rm_refusal(rest, cwd) if name == "rm" else None
 
 
 def writes_disk(name, args):
@@ -3530,6 +4251,15 @@ def writes_disk(name, args):
     pairs = zip(args, args[1:])
     return any(is_disk(m[1]) for a in args if (m := OUTPUT_OPTION.fullmatch(a))) \
         or any(a in ("-o", "-O", "--output") and is_disk(b) for a, b in pairs)
+
+
+# --- s07.14: what find and xargs run [hardening: skip on first read] ---
+# Stops: rm -rf / run by find -exec, find -delete, or xargs fed / by echo or find
+# Test: tests/test_s07_bypass.py::test_what_got_past_the_blocklist_is_refused
+FIND_EXEC = {"-exec", "-execdir", "-ok", "-okdir"}  # find runs the words after them, up to ; or +
+FIND_TESTS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex",
+              "-iregex", "-lname", "-ilname"}  # tests that may leave the starting point out
+FIND_PROBES = ("a", ".a", "A.b", "1", "a b")  # names of each kind: a test that takes them all leaves none out
 
 
 def find_parts(args):
@@ -3631,6 +4361,31 @@ def xargs_replace(peeled):
     return None
 
 
+# --- s07.15: a download run as code [hardening: skip on first read] ---
+# Stops: a download piped into a shell or an interpreter in any form: bash <(curl), curl | python3 -W x
+# Test: tests/test_s07_bypass.py::test_what_got_past_the_blocklist_is_refused
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
+RUNS_CODE = SHELLS | {"eval", "source", "."}      # read commands from stdin or an argument
+DOWNLOADERS = {"curl", "wget"}
+# Interpreters that read their program from stdin when given none, each with its
+# options that take a value (by letter, or long): "code" gives the program (or a
+# module, a file) on the command line instead (python -c CODE / -m MOD, perl -e,
+# node -e/-p, php -r/-f); "next" takes the rest of the word or else the next word
+# (python -W ignore, -Xdev, ruby -r json); "glued" only the rest of the word (perl
+# -Mstrict, ruby -W0). Such a value is no script: python3 -W ignore reads stdin.
+PYTHON_OPTIONS = {"c": "code", "m": "code", "W": "next", "X": "next", "--check-hash-based-pycs": "next"}
+NODE_OPTIONS = {"e": "code", "p": "code", "--eval": "code", "--print": "code", "r": "next", "C": "next",
+                "--require": "next", "--import": "next", "--loader": "next", "--experimental-loader": "next",
+                "--conditions": "next", "--title": "next"}
+INTERPRETERS = {"python": PYTHON_OPTIONS, "pypy": PYTHON_OPTIONS, "node": NODE_OPTIONS, "nodejs": NODE_OPTIONS,
+                "perl": {"e": "code", "E": "code", "I": "next", **dict.fromkeys("ixdDFmM", "glued")},
+                "ruby": {"e": "code", **dict.fromkeys("IrCE", "next"), **dict.fromkeys("xKWFi", "glued"),
+                         "--encoding": "next"},
+                "php": {"r": "code", "f": "code", "c": "next", "d": "next", "z": "next"},
+                "lua": {"e": "code", "l": "next"}}
+SUBSTITUTION = re.compile(r"\$\(|`|<\(")          # a word holding a command's output
+
+
 def fetches(cmd):
     """Does this command download: it is curl or wget, or a $(...) or <(...) in it runs one?"""
     inside = [c for line in cmd["inner"] for p in pipelines(line) for c in p]
@@ -3690,89 +4445,208 @@ def option_value(options, word):
     return None, ""
 
 
-def blocked_command(command):
-    """Why the blocklist refuses a command line, or None when it may run.
+# --- s07.16: wildcards without backtracking [hardening: skip on first read] ---
+# Stops: a rule from an untrusted config stalling the agent with a backtracking pattern
+# Test: tests/test_s07_permissions.py::test_wildcards_match_without_backtracking
+# pattern_matches reads * through wildcard(), in linear scans.
+def wildcard(pattern, text):
+    """Does text match pattern, where * is any text? Linear scans, no regex: a
+    rule from an untrusted config cannot stall the agent with backtracking."""
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return text == pattern
+    head, tail = parts[0], parts[-1]
+    if len(text) < len(head) + len(tail) or not (text.startswith(head) and text.endswith(tail)):
+        return False
+    pos, end = len(head), len(text) - len(tail)
+    for part in parts[1:-1]:
+        found = text.find(part, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return True
 
-    Every simple command is judged by its command word and arguments, so text
-    that is only an argument (`echo "rm -rf /"`) runs. The working directory is
-    followed through cd, so `cd / && rm -rf *` is refused. A command xargs runs
-    gets what the command before it prints (`echo / | xargs rm -rf`); one find
-    -exec runs, the paths find reports. A line that cannot be read is refused
-    too: bash would reject it, and the judge must not guess.
-    """
-    if FORK_BOMB.search(command):
-        return "fork bomb"
+
+# --- s07.17: git's own hooks path [hardening: skip on first read] ---
+# Stops: a file tool writing a hook into the folder git's core.hooksPath names
+# Test: tests/test_s07_permissions.py::test_core_hooks_path_is_protected
+def hooks_path(workdir):
+    """The folder git's core.hooksPath names (it runs what is there), or None."""
     try:
-        lines = pipelines(command)
-    except ValueError as e:
-        return f"cannot read it as shell: {e}"
-    cwd = None  # None: the workspace, or a place the judge cannot tell
-    for pipeline in lines:
-        for n, cmd in enumerate(pipeline):
-            if why := refusal(as_run(cmd, pipeline[:n]), cwd):
-                return why
-            cwd = next_cwd(cmd["words"], cwd)
-        if runs_download(pipeline):
-            return "piping a download into a shell or an interpreter"
-    return None
-
-# --- s07.2: rules, config and workspace trust ---
-# Rules come from three YAML files, lowest scope first: ~/.agent/config.yaml
-# (user), .agent/config.yaml (project, shared in git) and .agent/config.local.yaml
-# (local, git-ignored):
-#     permissions:
-#       allow: ["bash(git *)", "read_file(src/**)"]
-#       deny:  ["bash(git push --force*)", "read_file(**/.env)"]
-#       ask:   ["edit_file(**/*.lock)"]
-#       additional_directories: [~/notes]     # outside the workspace, but usable
-#       default_mode: acceptEdits
-#     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
-# A cloned repository ships the project file (and can ship a "local" one), so
-# both may only tighten until the human trusts them: their deny and ask rules
-# always apply, and so does a mode that widens nothing (default, plan); their
-# allow rules, directories, sandbox and wider modes count only once the file's
-# sha256 is recorded in ~/.agent/trusted.yaml for this workspace. A changed
-# file has a new hash, so it asks again.
-CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
-RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
-PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
-PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
-WIDENING_MODES = ("acceptEdits", "bypassPermissions")  # a config's default or plan widens nothing
-RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
-TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
-                "MultiEdit": "edit_file", "Glob": "glob", "Grep": "grep", "Task": "agent",
-                "TodoWrite": "todo_write"}  # Claude Code's names, so copied rules work
+        out = subprocess.run(["git", "config", "--get", "core.hooksPath"], cwd=workdir,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (workdir / os.path.expanduser(out)).resolve() if out else None
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used. The agent refuses to start: a deny rule
-    dropped because its file was broken is worse than a refusal."""
+# --- s07.18: one list of secrets for every reader [hardening: skip on first read] ---
+# Stops: read_file, grep or glob reading a credential store or the agent's own .env
+# Test: tests/test_s07_secrets.py::test_read_file_refuses_every_credential_store
+# load_permissions starts from secret_rules(): read-deny rules for every store.
+HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
+    ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
+    ".azure", ".git-credentials", ".pypirc", ".npmrc", ".pgpass", ".my.cnf", ".s3cfg", ".vault-token",
+    ".claude/.credentials.json", ".cache/huggingface/token", ".huggingface/token", ".config/hub",
+    ".terraform.d/credentials.tfrc.json", ".bash_history", ".zsh_history", ".python_history",
+    ".psql_history", ".mysql_history", ".node_repl_history", ".lesshst", ".viminfo")
+SECRET_VARS = ("KUBECONFIG", "DOCKER_CONFIG", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "PGPASSFILE",
+               "GOOGLE_APPLICATION_CREDENTIALS", "HF_TOKEN_PATH", "NETRC", "HISTFILE")  # where tools move them
 
 
-def config_files(workdir):
-    """Each scope's file. In the home directory the project's file is the user's own:
-    it is read once, as the user's (read twice, it would ask to be trusted, and its
-    hooks would run twice)."""
-    files = {"user": Path.home() / ".agent" / "config.yaml",
-             "project": workdir / ".agent" / "config.yaml",
-             "local": workdir / ".agent" / "config.local.yaml"}
-    return {scope: path for scope, path in files.items()
-            if scope == "user" or path.resolve() != files["user"].resolve()}
+def secret_stores():
+    """Where credentials live here: HOME_SECRETS under HOME (the .config ones under
+    XDG_CONFIG_HOME too), and the files the tools' own variables point to."""
+    home = Path.home()
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    found = [home / p for p in HOME_SECRETS]
+    found += [config / p.removeprefix(".config/") for p in HOME_SECRETS if p.startswith(".config/")]
+    for var in SECRET_VARS:  # KUBECONFIG is a list, as PATH is
+        found += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if os.path.isabs(p)]
+    return list(dict.fromkeys(found))
 
 
-def parse_rule(text):
-    """'Bash(git *)' -> {"tool": "bash", "pattern": "git *", "text": ...}; ValueError if malformed,
-    or if it gives a pattern to tools with no input a pattern could match (it would never apply)."""
-    m = RULE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if not m or (m[2] is not None and not m[2].strip()):
-        raise ValueError(f"{text!r} is not a rule: write tool or tool(pattern), e.g. bash(git *)")
-    tool = TOOL_ALIASES.get(m[1], m[1])
-    if m[2] is not None and not any(fnmatch_tool(tool, t) for t in ("bash", *PATH_TOOLS, *RULE_FIELDS)):
-        raise ValueError(f"{text!r}: {tool} takes no pattern (only bash, the file tools, load_skill "
-                         f"and agent do); write {m[1]} alone for all its calls")
-    return {"tool": tool, "pattern": m[2] and m[2].strip(), "text": text.strip()}
+def secret_rules():
+    """secret_stores() as read-deny rules: every reader that consults the rules
+    (read_file, grep, glob, the @includes) refuses them, and /permissions lists them."""
+    return [parse_rule(f"read_file(/{p}/**)") | {"effect": "deny", "scope": "built-in", "file": "(built in)"}
+            for p in secret_stores()]
 
 
+def own_dotenv():
+    """The .env make_client reads (the agent's key), resolved; None when there is none."""
+    found = find_dotenv()
+    return Path(found).resolve() if found else None
+
+
+def read_denied(relpath, state):
+    """Would a read-deny rule (or the agent's own .env) hide this workspace file?
+    grep and glob drop such files from their output, as read_file refuses them."""
+    path = (state.workdir / relpath).resolve()
+    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
+            and r["tool"] == "read_file" and r["pattern"]]
+    return path == own_dotenv() or any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny)
+
+
+# --- s07.19: an always that stays narrow [hardening: skip on first read] ---
+# Stops: an always given to `python tests/run.py` allowing every python command
+# Test: tests/test_s07_permissions.py::test_always_rules_stay_narrow
+# ask_permission asks narrow_rule for the rule an always writes.
+RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
+
+
+PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
+
+
+def narrow_rule(name, args, state):
+    """The narrowest sensible allow rule for an "always": `npm run test -- -x` gives
+    bash(npm run test *); a command with a path or option argument early gets
+    itself, exactly (`python tests/run.py` never becomes bash(python *)). None
+    when no rule can say it exactly (a literal * in a command or a file name)."""
+    if name == "bash":
+        parts = command_parts(str(args.get("command", "")))
+        if not parts:
+            return None
+        rules = []
+        for part in parts:
+            words = part.split(" ")
+            keep = []
+            for w in words[:RULE_WORDS]:
+                if PATH_LIKE.search(w):
+                    break
+                keep.append(w)
+            if len(keep) >= 2 or len(keep) == len(words):
+                rules.append(f"bash({' '.join(keep)}{' *' if len(keep) < len(words) or len(keep) >= 2 else ''})")
+            elif "*" in part:
+                return None
+            else:
+                rules.append(f"bash({part})")
+        return list(dict.fromkeys(rules))
+    if paths := call_paths(name, args, state.workdir):
+        p = paths[0]
+        where = p.relative_to(state.workdir).as_posix() if p.is_relative_to(state.workdir) else f"/{p}"
+        return None if re.search(r"[*?\[]", where) else [f"{name}({where})"]
+    return [name]
+
+
+# --- s07.20: the model told the mode it is in [hardening: skip on first read] ---
+# Stops: a session started or resumed in plan mode whose model was never told the rules
+# Test: tests/test_s07_permissions.py::test_a_session_started_in_plan_mode_is_told_in_its_first_request
+# The loop calls announce_plan_mode before each request.
+PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
+                   "change files again, within that mode's rules.\n</system-reminder>")
+
+
+def plan_mode_said(messages):
+    """What the history last told the model of plan mode: True on, False off or never."""
+    for m in reversed(messages):
+        for b in reversed(as_blocks(m["content"])):
+            text = b.get("text") if b.get("type") == "text" else b.get("content")
+            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", PLAN_APPROVED)):
+                return text.startswith("<system-reminder>\nPlan mode is active")
+    return False
+
+
+def announce_plan_mode(messages):
+    """The model works in the mode it was last told of. A session that starts in plan mode
+    (the flag, the variable, the config) is told before its first call, as /plan tells it
+    later; a resumed one whose history says otherwise is told the mode it is in now.
+    Nothing when the history's last word is right. The note joins the latest user
+    message, after its tool results."""
+    state = agent_state()
+    if state.label or not messages or messages[-1]["role"] != "user":
+        return
+    if plan_mode_said(messages) == (state.mode == "plan"):
+        return
+    note = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))) if state.mode == "plan" \
+        else PLAN_MODE_ENDED.format(mode=state.mode)
+    blocks = as_blocks(messages[-1]["content"])
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    messages[-1]["content"] = results + [{"type": "text", "text": note}] + blocks[len(results):]
+
+
+# --- s07.21: a rule for every part of a compound command [hardening: skip on first read] ---
+# Stops: bash(git *) allowing `git status && rm -rf x`, or a redirection into ~/.bashrc
+# Test: tests/test_s07_permissions.py::test_decision_table
+# first_rule matches bash rules per simple command: one hit is enough for deny
+# and ask, every part must be allowed for allow.
+WRITE_REDIRECT = re.compile(r"^\d*(?:<>|>>?|&>>?|>\|)(?!&\d+$|/dev/null$)")  # into a file, not 2>&1
+
+
+def command_parts(command):
+    """Each simple command as one line of words, the program named without its
+    folder (/usr/bin/rm is rm); None when it cannot be read as shell."""
+    try:
+        parts = subcommands(command)
+    except ValueError:
+        return None
+    return [" ".join([os.path.basename(w[0]), *w[1:]]) for w in parts if w]
+
+
+def bash_rule_hits(pattern, command):
+    """For deny and ask rules: one matching subcommand is enough."""
+    return any(pattern_matches(pattern, p) for p in command_parts(command) or [])
+
+
+def bash_allow_rule(rules, command):
+    """A compound command is allowed only if every subcommand matches an allow rule:
+    bash(git *) does not allow `git status && rm -rf x`. Unreadable commands never
+    are, nor ones that redirect into a file (`git status > ~/.bashrc`): an allow
+    rule says which programs may run, not where their output may be written."""
+    allow = [r for r in rules if r["effect"] == "allow" and fnmatch_tool(r["tool"], "bash")]
+    parts = command_parts(command)
+    if not parts or any(WRITE_REDIRECT.match(w) for p in parts for w in p.split(" ")):
+        return None
+    hits = [next((r for r in allow if r["pattern"] is None or pattern_matches(r["pattern"], p)), None)
+            for p in parts]
+    return hits[0] if None not in hits else None
+
+
+# --- s07.22: a broken config stops the start [hardening: skip on first read] ---
+# Stops: a misspelt key or a malformed rule dropping a deny rule silently
+# Test: tests/test_s07_permissions.py::test_a_broken_config_is_refused_naming_file_and_key
+# read_config checks every file: a deny rule dropped because its file was broken
+# is worse than a refusal to start.
 def check_config(path, data):
     """Raise ConfigError naming the file and key of the first problem."""
     if not isinstance(data, dict):
@@ -3809,370 +4683,45 @@ def check_config(path, data):
     check_memory_config(path, data.get("memory"))  # s09
 
 
-def read_config(path):
-    """One config file as a dict ({} when there is none); ConfigError when broken."""
-    try:
-        text = path.read_text(encoding="utf-8") if path.is_file() else ""
-        data = yaml.safe_load(text) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot be read as YAML: {' '.join(str(e).split())[:200]}")
-    check_config(path, data)
-    return data
+# --- s07.23: the question shows the whole call [hardening: skip on first read] ---
+# Stops: a long input hiding its trick past a silent cut in the question
+# Test: tests/test_s07_permissions.py::test_the_question_cannot_be_hidden_or_cut
+# ask_permission shows the call first: a diff for an edit, the head of a new
+# file, any other input in full (a long one with its head and its end).
+ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
+ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
 
 
-def loosens(data):
-    """Does this file hold anything that widens what the agent may do?"""
-    perms = data.get("permissions") or {}
-    if data.get("hooks"):  # s08: hooks run code
-        return True  # s08
-    return bool(perms.get("allow") or perms.get("additional_directories")
-                or perms.get("default_mode") in WIDENING_MODES or data.get("sandbox"))
-
-
-def config_trusted(path):
-    """Is this exact content of a workspace config file trusted (s05's trust file)?"""
-    return path.is_file() and is_trusted(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
-
-
-def trust_config(path):
-    trust(rel(path), hashlib.sha256(path.read_bytes()).hexdigest())
-
-
-def rule_reach(text):
-    """How much an allow rule lets through, for the trust question's order: 0 a whole
-    tool (Bash, Edit(//**), Read(~/**)), 1 a path outside the workspace (//etc/x,
-    ~/notes/**, ../x), 2 anything narrower."""
-    m = RULE.fullmatch(str(text).strip())
-    pattern = (m[2] or "").strip() if m else ""
-    if not pattern.strip("*/~.: "):  # no pattern, or one of only wildcards and slashes
-        return 0
-    return 1 if pattern.startswith(("//", "~", "..")) else 2
-
-
-def loosening(data):
-    """What a config file would widen, for the trust question: every allow rule, the
-    widest first (a long list must not hide a bare Bash at its end)."""
-    perms, parts = data.get("permissions") or {}, []
-    if perms.get("allow"):
-        parts.append("allows " + ", ".join(sorted(map(str, perms["allow"]), key=rule_reach)))
-    if perms.get("additional_directories"):
-        parts.append("opens " + ", ".join(map(str, perms["additional_directories"])))
-    if perms.get("default_mode") in WIDENING_MODES:
-        parts.append(f"starts in {perms['default_mode']}")
-    if data.get("sandbox"):
-        parts.append("sets sandbox " + ", ".join(f"{k}: {v}" for k, v in data["sandbox"].items()))
-    if data.get("hooks"):  # s08: the trust question shows what would run
-        parts.append(hooks_question(data))  # s08
-    return printable("; ".join(parts))
-
-
-def file_trusted(workdir, path, trust_all=False):
-    """A project-scope file counts in full only once the human said yes to this
-    exact content (its hash); --trust-workspace says yes for a run without a human."""
-    if config_trusted(path):
-        return True
-    if not trust_all:
-        answer = ask_human(f"{rel(path)} (from this workspace) widens the agent's permissions: "
-                           f"{loosening(read_config(path))}. Trust this file? [y/N] ")
-        trust_all = answer.strip().lower() in ("y", "yes")
-    if trust_all:
-        trust_config(path)
-        record_hook_files(read_hooks(path, read_config(path), "project", True), workdir)  # s08: what they run
-    return trust_all
-
-
-def load_permissions(workdir, trust_all=False):
-    """The effective settings of every config file; ConfigError when one is broken."""
-    settings = {"rules": secret_rules(), "additional_directories": [], "default_mode": None,
-                "sandbox": dict(SANDBOX_DEFAULTS), "env": {}, "env_allow": []}
-    settings["hooks"] = []  # s08: each hook knows whether its file is trusted
-    settings["trust_all"] = trust_all  # s08: --trust-workspace answers for a hook's changed script too
-    settings["auto_memory"] = True  # s09: any file may turn it off
-    for scope, path in config_files(workdir).items():
-        data = read_config(path)
-        if scope == "user":  # what the model's commands inherit: the human's own choice only
-            settings["env"] |= data.get("env") or {}
-            settings["env_allow"] += data.get("env_allow") or []
-        elif data.get("env") or data.get("env_allow"):
-            say(f"[{rel(path)}: env and env_allow count only in your ~/.agent/config.yaml; ignored here]")
-        full = scope == "user" or not loosens(data) or file_trusted(workdir, path, trust_all)
-        if not full:
-            say(f"[{rel(path)} is not trusted: its allow rules, directories, sandbox and wider mode "
-                f"settings and its hooks are ignored; its deny and ask rules apply]")  # s08: hooks
-        settings["hooks"] += read_hooks(path, data, scope, trusted=full)  # s08
-        settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
-        perms = data.get("permissions") or {}
-        for effect in RULE_EFFECTS if full else ("deny", "ask"):
-            settings["rules"] += [parse_rule(t) | {"effect": effect, "scope": scope, "file": str(path)}
-                                  for t in perms.get(effect) or []]
-        if full:
-            settings["additional_directories"] += [
-                Path(os.path.expanduser(d)).resolve() for d in perms.get("additional_directories") or []]
-            settings["sandbox"].update(data.get("sandbox") or {})
-        if perms.get("default_mode") and (full or perms["default_mode"] not in WIDENING_MODES):  # default
-            settings["default_mode"], settings["mode_file"] = perms["default_mode"], rel(path)  # and plan tighten
-    return settings
-
-
-def wildcard(pattern, text):
-    """Does text match pattern, where * is any text? Linear scans, no regex: a
-    rule from an untrusted config cannot stall the agent with backtracking."""
-    parts = pattern.split("*")
-    if len(parts) == 1:
-        return text == pattern
-    head, tail = parts[0], parts[-1]
-    if len(text) < len(head) + len(tail) or not (text.startswith(head) and text.endswith(tail)):
-        return False
-    pos, end = len(head), len(text) - len(tail)
-    for part in parts[1:-1]:
-        found = text.find(part, pos, end)
-        if found < 0:
-            return False
-        pos = found + len(part)
-    return True
-
-
-def pattern_matches(pattern, text):
-    """A rule pattern as Claude Code reads it: * is any text, and a trailing ' *'
-    (or ':*') is a word boundary, so 'git *' matches 'git' and 'git log' but not 'gitk'."""
-    head, bounded = re.subn(r"(?: |:)\*$", "", pattern)
-    if wildcard(head, text):
-        return True
-    return bool(bounded) and any(wildcard(head, text[:i]) for i, c in enumerate(text) if c == " ")
-
-
-def path_rule_matches(pattern, path, workdir):
-    """File rules are gitignore-style globs over the resolved path: relative to the
-    workspace, '//abs/...' absolute, '~/...' under the home directory."""
-    if pattern.startswith("//"):
-        base, pattern = Path("/"), pattern[2:]
-    elif pattern.startswith("~/"):
-        base, pattern = Path.home().resolve(), pattern[2:]
+def show_request(name, args):
+    """What the human needs to judge the call: a diff for edits, the head of new
+    files, and every other input in full (a long one with its head and its end)."""
+    if name == "edit_file" and isinstance(args.get("old_string"), str):
+        diff = difflib.unified_diff(str(args["old_string"]).splitlines(),
+                                    str(args.get("new_string", "")).splitlines(),
+                                    f"a/{args.get('path')}", f"b/{args.get('path')}", lineterm="")
+        text = Text()
+        for line in diff:
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+            text.append(printable(line, newlines=False) + "\n", style=style)
+        Console(stderr=True, highlight=False).print(text, end="")
+        if args.get("replace_all"):
+            say("  replace_all: every occurrence in the file")
+    elif name == "write_file" and isinstance(args.get("content"), str):
+        lines = args["content"].splitlines()
+        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines",
+            newlines=False))
+        say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
+        if len(lines) > ASK_PREVIEW_LINES:
+            say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
     else:
-        base, pattern = workdir, pattern.removeprefix("./").removeprefix("/")
-    if not path.is_relative_to(base):
-        return False
-    rx = glob_regex(pattern if "/" in pattern.rstrip("/") else "**/" + pattern)
-    target = path.relative_to(base).as_posix()
-    return bool(rx.fullmatch(target) or rx.fullmatch(target + "/") or
-                (pattern.endswith("/**") and target == pattern[:-3].rstrip("/")))
+        shown = json.dumps(args, ensure_ascii=False)
+        if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
+            half = ASK_SHOW_CHARS // 2
+            shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
+        say(f"  {name} {shown}")
 
 
-def rule_matches(rule, name, args, paths, workdir):
-    if not fnmatch_tool(rule["tool"], name):
-        return False
-    if rule["pattern"] is None:
-        return True
-    if paths:
-        return all(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
-    value = str(args.get(RULE_FIELDS.get(name, ""), ""))
-    return pattern_matches(rule["pattern"], value)
-
-
-def fnmatch_tool(pattern, name):
-    """'mcp__github__*' names a group of tools; other names are exact."""
-    return bool(re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), name))
-
-
-RULE_FIELDS = {"load_skill": "name", "agent": "agent_type"}  # what other tools' patterns match
-
-
-WRITE_REDIRECT = re.compile(r"^\d*(?:<>|>>?|&>>?|>\|)(?!&\d+$|/dev/null$)")  # into a file, not 2>&1
-
-
-def command_parts(command):
-    """Each simple command as one line of words, the program named without its
-    folder (/usr/bin/rm is rm); None when it cannot be read as shell."""
-    try:
-        parts = subcommands(command)
-    except ValueError:
-        return None
-    return [" ".join([os.path.basename(w[0]), *w[1:]]) for w in parts if w]
-
-
-def bash_rule_hits(pattern, command):
-    """For deny and ask rules: one matching subcommand is enough."""
-    return any(pattern_matches(pattern, p) for p in command_parts(command) or [])
-
-
-def bash_allow_rule(rules, command):
-    """A compound command is allowed only if every subcommand matches an allow rule:
-    bash(git *) does not allow `git status && rm -rf x`. Unreadable commands never
-    are, nor ones that redirect into a file (`git status > ~/.bashrc`): an allow
-    rule says which programs may run, not where their output may be written."""
-    allow = [r for r in rules if r["effect"] == "allow" and fnmatch_tool(r["tool"], "bash")]
-    parts = command_parts(command)
-    if not parts or any(WRITE_REDIRECT.match(w) for p in parts for w in p.split(" ")):
-        return None
-    hits = [next((r for r in allow if r["pattern"] is None or pattern_matches(r["pattern"], p)), None)
-            for p in parts]
-    return hits[0] if None not in hits else None
-
-
-def first_rule(rules, effect, name, args, paths, workdir):
-    if effect == "allow" and name == "bash":
-        return bash_allow_rule(rules, str(args.get("command", "")))
-    for rule in rules:
-        if rule["effect"] != effect or not fnmatch_tool(rule["tool"], name):
-            continue
-        if effect != "allow" and name == "bash" and rule["pattern"] is not None:
-            hit = bash_rule_hits(rule["pattern"], args.get("command", ""))
-        elif effect != "allow" and paths and rule["pattern"] is not None:
-            hit = any(path_rule_matches(rule["pattern"], p, workdir) for p in paths)
-        else:
-            hit = rule_matches(rule, name, args, paths, workdir)
-        if hit:
-            return rule
-    return None
-
-# --- s07.3: the decision ---
-# decide() is a pure function of (tool, input, the agent's mode and rules):
-#   blocklist (bash) -> protected path (writes) -> deny rules -> outside the
-#   workspace -> plan mode (writes) -> sandboxed bash -> ask rules -> allow rules
-#   -> the mode's table -> ask the human
-# Only the last step talks to anyone. Protected paths are the rule "nothing the
-# agent writes may later run outside its control, or loosen its own limits".
-WRITE_TOOLS = ("write_file", "edit_file")
-PATH_TOOLS = ("read_file", "write_file", "edit_file", "glob", "grep")
-STATE_TOOLS = ("agent", "exit_plan_mode")  # judged elsewhere: a child's calls, the plan's approval
-MAX_DENIALS = 3             # denials in a row before the model is told to stop and ask
-# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
-# counts too, so both layers protect the same files. All of .git counts: its
-# config, hooks, commondir, modules and the .git file of a worktree all steer
-# what git runs later, and no task needs a file tool inside .git. The session
-# files (s09) count: --continue restores their mode and state records (the mode,
-# once-hooks that ran, hook context not yet sent), so a planted record would
-# loosen the next run's limits.
-PROTECTED_DIRS = (".git", ".agent/hooks", ".agent/skills", ".agent/agents", ".agent/sessions",
-                  ".claude/skills", ".claude/agents")
-PROTECTED_GLOBS = (".agent/config*.yaml", ".claude/settings*.json")
-HOME_WRITABLE = ("memory", "history")  # the only parts of ~/.agent the agent may write
-
-
-def hooks_path(workdir):
-    """The folder git's core.hooksPath names (it runs what is there), or None."""
-    try:
-        out = subprocess.run(["git", "config", "--get", "core.hooksPath"], cwd=workdir,
-                             capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (workdir / os.path.expanduser(out)).resolve() if out else None
-
-
-def protected(path, workdir):
-    """Why the agent may never write `path` (resolved), or None."""
-    home = (Path.home() / ".agent").resolve()
-    if path.is_relative_to(home) and path.relative_to(home).parts[:1] not in [(p,) for p in HOME_WRITABLE]:
-        return "the agent's own user config, skills and agents"
-    if path.is_relative_to(Path(__file__).resolve().parent / "skills"):
-        return "the built-in skills"
-    if path.is_relative_to(workdir):  # casefold: on macOS .Agent/config.yaml is the same file
-        relpath = path.relative_to(workdir).as_posix().casefold()
-        names = [p.casefold() for p in (*PROTECTED_DIRS, *SANDBOX_PROTECTED)]
-        if any(relpath == n or relpath.startswith(n + "/") for n in names) \
-                or any(fnmatch.fnmatch(relpath, g.casefold()) for g in PROTECTED_GLOBS):
-            return "it configures the agent, git or an editor, or holds code they run"
-    if (hooks := hooks_path(workdir)) and path.is_relative_to(hooks):
-        return "git runs the hooks in core.hooksPath"
-    return None
-
-
-def call_paths(name, args, workdir):
-    """The resolved paths a file tool would touch ([] for other tools)."""
-    if name not in PATH_TOOLS:
-        return []
-    raw = args.get("path", ".")
-    if not isinstance(raw, str):
-        return []
-    try:
-        return [(workdir / os.path.expanduser(raw)).resolve()]
-    except (OSError, RuntimeError, ValueError):  # a loop, a NUL byte: the tool itself refuses it
-        return []
-
-
-def inside(path, state, approved=True):
-    """In the workspace or an additional directory; or, while its call runs, the
-    exact path the human allowed for that one call."""
-    roots = [state.workdir, *state.permissions["additional_directories"], *(state.write_roots or [])]  # s09
-    return any(path.is_relative_to(r) for r in roots) or (approved and path in state.approved)
-
-
-def own_dotenv():
-    """The .env make_client reads (the agent's key), resolved; None when there is none."""
-    found = find_dotenv()
-    return Path(found).resolve() if found else None
-
-
-def read_denied(relpath, state):
-    """Would a read-deny rule (or the agent's own .env) hide this workspace file?
-    grep and glob drop such files from their output, as read_file refuses them."""
-    path = (state.workdir / relpath).resolve()
-    deny = [r for r in state.permissions["rules"] if r["effect"] == "deny"
-            and r["tool"] == "read_file" and r["pattern"]]
-    return path == own_dotenv() or any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny)
-
-
-def is_plan_file(path, state):
-    return path == plan_file(state).resolve()
-
-
-def decide(name, args, state):
-    """(effect, layer, reason): effect is allow, deny or ask."""
-    rules, mode, ws = state.permissions["rules"], state.mode, state.workdir
-    if name == "bash" and (why := blocked_command(str(args.get("command", "")))):
-        return "deny", "blocklist", why
-    paths = call_paths(name, args, ws)
-    if name in WRITE_TOOLS:
-        for p in paths:
-            if why := protected(p, ws):
-                return "deny", "protected path", f"{p} is protected ({why}); no mode allows writing it"
-    if any(p == own_dotenv() for p in paths):
-        return "deny", "protected path", "that .env holds the agent's own credentials"
-    if state.write_roots is not None and (why := confined(name, args, paths, state)):  # s09
-        return "deny", "memory folders only", why  # s09
-    if rule := first_rule(rules, "deny", name, args, paths, ws):
-        return "deny", "rule", f"denied by {rule['text']} in {rule['file']}"
-    if mode == "plan" and name in WRITE_TOOLS and not all(is_plan_file(p, state) for p in paths):
-        return "deny", "plan mode", ("plan mode: the only file you may write is the plan file "
-                                     f"{rel(plan_file(state))}")
-    if outside := [p for p in paths if not inside(p, state, approved=False)  # asked every time
-                   and not (name == "read_file" and skill_file(str(p)))]:  # s05's skill files
-        if mode == "bypassPermissions":
-            return "deny", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
-        return "ask", "path sandbox", f"{outside[0]} is outside the workspace ({ws})"
-    if name == "bash" and sandboxed(state) and state.permissions["sandbox"]["auto_allow_bash"] \
-            and not first_rule(rules, "ask", name, args, paths, ws):
-        return "allow", "sandbox", "runs inside the OS sandbox"
-    if rule := first_rule(rules, "ask", name, args, paths, ws):
-        return "ask", "rule", f"{rule['text']} in {rule['file']} asks first"
-    if rule := first_rule(rules, "allow", name, args, paths, ws):
-        return "allow", "rule", f"allowed by {rule['text']} in {rule['file']}"
-    return mode_decision(name, args, paths, state)
-
-
-def mode_decision(name, args, paths, state):
-    """The mode's table: reads allowed; writes ask (acceptEdits: allowed; plan: only
-    the plan file); bash and everything else ask; bypassPermissions allows."""
-    mode = state.mode
-    if name in STATE_TOOLS or (TOOL_FLAGS.get(name, {}).get("read_only") and name != "bash"):
-        return "allow", "mode", "reads and the agent's own state are always allowed"
-    if name == "load_skill" and not skill_commands(args.get("name")):
-        return "allow", "mode", "the skill runs no command"
-    if mode == "bypassPermissions":
-        return "allow", "mode", "bypassPermissions"
-    if name in WRITE_TOOLS and mode == "acceptEdits":
-        return "allow", "mode", "acceptEdits allows edits in the workspace"
-    if name in WRITE_TOOLS and mode == "plan":
-        return "allow", "mode", "the plan file"
-    return "ask", "mode", f"{mode} mode asks before {name}"
-
-
-def skill_commands(name):
-    """The !`command`s a skill would run when loaded ([] for unknown skills)."""
-    skill = discover_skills().get(name) if isinstance(name, str) else None
-    return DYNAMIC.findall(skill["body"]) if skill else []
-
-# --- s07.4: OS sandbox ---
+# --- s07.24: the OS sandbox [extra] ---
 # The blocklist and the rules read a command's text; the OS sandbox limits what
 # it can do however it is written. On Linux, bash runs inside bubblewrap: the
 # whole filesystem read-only (HOME too), the workspace and any extra
@@ -4180,47 +4729,14 @@ def skill_commands(name):
 # process tree, no capabilities. Inside the workspace the files that steer the
 # agent or that other programs execute (its config, hooks, skills, git hooks
 # and config, editor tasks) are bound read-only again, so a command cannot plant
-# instructions for the next session. One that does not exist yet cannot be
-# made either: an empty folder (a stub) is put at its first missing part and
-# mounted read-only, and taken away when the command ends; git and the agent's
-# readers take an empty folder for nothing there. Two differences from the plain
-# shell: the command runs under bash, not /bin/sh, and a background job
-# (`server &`) ends with the command, because its process tree ends with it.
+# instructions for the next session. decide() allows sandboxed bash without
+# asking (sandbox.auto_allow_bash). Two differences from the plain shell: the
+# command runs under bash, not /bin/sh, and a background job (`server &`) ends
+# with the command, because its process tree ends with it.
 BWRAP = "bwrap"               # bubblewrap; found on PATH
 SANDBOX_TRIAL_TIMEOUT = 10    # seconds for the trial run that decides if the sandbox works
 SANDBOX_DEFAULTS = {"enabled": True, "network": False, "auto_allow_bash": True,
                     "fail_if_unavailable": False}  # the config's sandbox: keys
-MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
-GIT_DATA = ("objects", "refs", "logs", "index", "sharedindex.*", "HEAD", "*_HEAD", "AUTO_MERGE",
-            "MERGE_*", "BISECT_*", "NOTES_MERGE_*", "*_EDITMSG", "SQUASH_MSG", "packed-refs", "shallow",
-            "*.lock", "gc.pid", "gc.log", "locked", "rebase-merge", "rebase-apply", "sequencer",
-            "rr-cache", "lfs", "annex")  # git's data: what a sandboxed command may change in a git folder
-GIT_NESTS = ("worktrees", "modules")  # folders of git folders: each worktree's, each submodule's
-GIT_BOUND = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info")  # bound read-only
-GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config keys; none runs a program
-    r"core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode"
-    r"|symlinks|autocrlf|eol|worktree)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
-    r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|submodule\..+\.(url|active|branch)")
-GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
-GIT_TODOS = ("rebase-merge/git-rebase-todo", "sequencer/todo")  # git's data, but their exec lines run
-GIT_INCLUDES = 20           # config files followed from one git folder's (git_reaches)
-GIT_ASIDE = ".agent/git-set-aside"  # what audit_git takes away, by run: never deleted
-GIT_STRATEGIES = ("rebase-merge/strategy", "sequencer/opts")  # git's data, but a strategy is a program
-GIT_OWN_STRATEGIES = {"ort", "recursive", "resolve", "octopus", "ours", "subtree"}  # built into git
-GIT_AUDIT_TIMEOUT = 10       # seconds for the git that reads a new repository's config
-HOME_SECRETS = (  # the one list of credential stores: read_file, grep, glob, @includes and bash all
-    ".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/gcloud",  # keep out
-    ".azure", ".git-credentials", ".pypirc", ".npmrc", ".pgpass", ".my.cnf", ".s3cfg", ".vault-token",
-    ".claude/.credentials.json", ".cache/huggingface/token", ".huggingface/token", ".config/hub",
-    ".terraform.d/credentials.tfrc.json", ".bash_history", ".zsh_history", ".python_history",
-    ".psql_history", ".mysql_history", ".node_repl_history", ".lesshst", ".viminfo")
-SECRET_VARS = ("KUBECONFIG", "DOCKER_CONFIG", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "PGPASSFILE",
-               "GOOGLE_APPLICATION_CREDENTIALS", "HF_TOKEN_PATH", "NETRC", "HISTFILE")  # where tools move them
-# Sockets a sandbox without network must not reach: connect() works on a read-only
-# mount, so they are masked by path (no seccomp filter needed): the SSH agent's and
-# the container daemons' that live under HOME (/run, with the rest, is hidden).
-SOCKET_VARS = ("SSH_AUTH_SOCK",)
-HOME_SOCKETS = (".docker/run", ".colima", ".lima", ".rd", ".orbstack", ".local/share/containers")
 HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".zshenv", ".zshrc",
                  ".zprofile", ".profile", ".gitconfig", ".config/git")  # read from HOME only
 SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
@@ -4233,11 +4749,6 @@ SANDBOX_PROTECTED = [         # workspace-relative; read-only inside the sandbox
 # Host daemons listen on sockets here (docker, dbus, databases), and connect()
 # works on a read-only mount, so --unshare-net alone would not keep them out.
 SANDBOX_HIDDEN = ["/run", "/var/run"]
-UNGUARDED_WARNING = ("[warning: bypassPermissions with no OS sandbox: the model's commands run "
-                     "unasked with your rights, and the only guard is the blocklist, which reads "
-                     "command lines, not code (python3 -c, scripts). For the sandbox: Linux with "
-                     "bubblewrap installed and user namespaces on, sandbox.enabled not false; or "
-                     "use the default mode, which asks first]")
 SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" (or, for a bound file such as git's "
                       "config, \"Device or resource busy\") means the path is outside the writable "
                       "area. Commands may write only in the workspace (not the agent's own .agent "
@@ -4245,6 +4756,11 @@ SANDBOX_WRITE_HINT = ("[sandbox: \"Read-only file system\" (or, for a bound file
                       "directories from the config, and in /tmp, which is private and discarded "
                       "after each command. Write inside the workspace, or ask the user (git config "
                       "is theirs to change).]")
+UNGUARDED_WARNING = ("[warning: bypassPermissions with no OS sandbox: the model's commands run "
+                     "unasked with your rights, and the only guard is the blocklist, which reads "
+                     "command lines, not code (python3 -c, scripts). For the sandbox: Linux with "
+                     "bubblewrap installed and user namespaces on, sandbox.enabled not false; or "
+                     "use the default mode, which asks first]")
 
 
 def sandbox_settings():
@@ -4283,72 +4799,6 @@ def warn_unguarded(state, was=None):
         say(UNGUARDED_WARNING)
 
 
-def secret_stores():
-    """Where credentials live here: HOME_SECRETS under HOME (the .config ones under
-    XDG_CONFIG_HOME too), and the files the tools' own variables point to."""
-    home = Path.home()
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
-    found = [home / p for p in HOME_SECRETS]
-    found += [config / p.removeprefix(".config/") for p in HOME_SECRETS if p.startswith(".config/")]
-    for var in SECRET_VARS:  # KUBECONFIG is a list, as PATH is
-        found += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if os.path.isabs(p)]
-    return list(dict.fromkeys(found))
-
-
-def secret_rules():
-    """secret_stores() as read-deny rules: every reader that consults the rules
-    (read_file, grep, glob, the @includes) refuses them, and /permissions lists them."""
-    return [parse_rule(f"read_file(/{p}/**)") | {"effect": "deny", "scope": "built-in", "file": "(built in)"}
-            for p in secret_stores()]
-
-
-def sockets():
-    """The daemon sockets the sandbox hides (SOCKET_VARS' paths, HOME_SOCKETS)."""
-    found = [Path(os.environ[v]) for v in SOCKET_VARS if os.path.isabs(os.environ.get(v, ""))]
-    return found + [Path.home() / p for p in HOME_SOCKETS]
-
-
-def masked_paths(state):
-    """Files that read-deny rules hide from read_file, hidden from bash too: the
-    model must not `cat` what it may not read. Found by a bounded walk. The
-    built-in rules are not walked for: bash_process masks their stores whole."""
-    deny = [r for r in own_rules(state) if r["effect"] == "deny" and r["tool"] == "read_file" and r["pattern"]]
-    found, seen = [], 0
-    for dirpath, dirnames, filenames in os.walk(state.workdir) if deny else ():  # no rule, no walk
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-        for name in filenames + dirnames:
-            seen += 1
-            path = Path(dirpath) / name
-            if any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny):
-                found.append(str(path))
-        if seen > MASK_SCAN_LIMIT:
-            break
-    for r in deny:  # a literal path outside the workspace: //etc/shadow, ~/.ssh/id_rsa
-        where = os.path.expanduser(r["pattern"])[1:] if r["pattern"].startswith("//") \
-            else os.path.expanduser(r["pattern"])
-        if not re.search(r"[*?\[]", where) and os.path.isabs(where) and os.path.exists(where):
-            found.append(where)
-    return found
-
-
-def sandbox_paths(workdir):
-    """(protected, masked) for a workspace: paths bound read-only, and paths
-    hidden from reads. The agent's own .env (the one make_client loads) is
-    masked: it holds the key that child_env keeps out of the environment.
-    All of .agent is read-only inside (file tools may still write its notes and
-    plans): a command could otherwise plant a link where the agent itself later
-    writes (transcripts, logs) and so write outside the sandbox through the agent.
-    It is made first, as a folder that does not exist cannot be bound."""
-    with contextlib.suppress(OSError):
-        (Path(workdir) / ".agent").mkdir(exist_ok=True)
-    protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
-    protected += [str(Path.home().resolve() / p) for p in [AGENT_DIR, *HOME_DOTFILES]]  # an added folder may hold them
-    protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
-    if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
-        protected.append(str(Path(workdir) / ".git"))
-    return protected, [p for p in [find_dotenv()] if p]
-
-
 @functools.cache  # a fact about the machine, not per-agent state: decided once per process
 def sandbox_available():
     """(True, "") when bwrap can build the sandbox here, else (False, why).
@@ -4370,17 +4820,22 @@ def sandbox_available():
     return True, ""
 
 
-def pinned_dirs(paths, roots):
-    """The directories between a writable root and each path, parents first.
-    Bound onto themselves they become mount points, which cannot be renamed
-    or removed: without that, `mv .git x && cp -r x .git` would swap a
-    protected .git/hooks for a writable copy."""
-    pinned = set()
-    for path in map(Path, paths):
-        for root in map(Path, roots):
-            if path != root and path.is_relative_to(root):
-                pinned |= {str(d) for d in path.parents if d != root and d.is_relative_to(root)}
-    return sorted(pinned, key=len)
+def sandbox_paths(workdir):
+    """(protected, masked) for a workspace: paths bound read-only, and paths
+    hidden from reads. The agent's own .env (the one make_client loads) is
+    masked: it holds the key that child_env keeps out of the environment.
+    All of .agent is read-only inside (file tools may still write its notes and
+    plans): a command could otherwise plant a link where the agent itself later
+    writes (transcripts, logs) and so write outside the sandbox through the agent.
+    It is made first, as a folder that does not exist cannot be bound."""
+    with contextlib.suppress(OSError):
+        (Path(workdir) / ".agent").mkdir(exist_ok=True)
+    protected = [str(Path(workdir) / p) for p in [AGENT_DIR, *SANDBOX_PROTECTED]]  # all of .agent
+    protected += [str(Path.home().resolve() / p) for p in [AGENT_DIR, *HOME_DOTFILES]]  # an added folder may hold them
+    protected += [str(p) for p in [hooks_path(Path(workdir))] if p]  # git runs what is there
+    if (Path(workdir) / ".git").is_file():  # a worktree's pointer to its repository
+        protected.append(str(Path(workdir) / ".git"))
+    return protected, [p for p in [find_dotenv()] if p]
 
 
 def sandbox_argv(command, workdir, protected=(), masked=(), network=False, writable=(), late=()):
@@ -4450,6 +4905,79 @@ def bash_process(command):
                         writable, late), False
 
 
+def sandbox_note(out, returncode):
+    """After a sandboxed command: a write the sandbox refused says why, not just
+    EROFS; what it changed in git folders is audited (audit_git); its stubs go."""
+    note = f"\n{SANDBOX_WRITE_HINT}" if returncode and ("Read-only file system" in out
+                                                      or "resource busy" in out) else ""  # a bound file: EBUSY
+    return note + audit_git(agent_state()) + drop_stubs(agent_state())
+
+
+# --- s07.25: what bash may not read [hardening: skip on first read] ---
+# Stops: a sandboxed cat reading a credential store, a denied file, or the SSH agent's socket
+# Test: tests/test_s07_secrets.py::test_a_sandboxed_cat_finds_the_credential_stores_masked
+# bash_process masks these inside the sandbox.
+MASK_SCAN_LIMIT = 20_000      # files looked at to find what read-deny rules hide from bash
+# Sockets a sandbox without network must not reach: connect() works on a read-only
+# mount, so they are masked by path (no seccomp filter needed): the SSH agent's and
+# the container daemons' that live under HOME (/run, with the rest, is hidden).
+SOCKET_VARS = ("SSH_AUTH_SOCK",)
+HOME_SOCKETS = (".docker/run", ".colima", ".lima", ".rd", ".orbstack", ".local/share/containers")
+
+
+def sockets():
+    """The daemon sockets the sandbox hides (SOCKET_VARS' paths, HOME_SOCKETS)."""
+    found = [Path(os.environ[v]) for v in SOCKET_VARS if os.path.isabs(os.environ.get(v, ""))]
+    return found + [Path.home() / p for p in HOME_SOCKETS]
+
+
+def masked_paths(state):
+    """Files that read-deny rules hide from read_file, hidden from bash too: the
+    model must not `cat` what it may not read. Found by a bounded walk. The
+    built-in rules are not walked for: bash_process masks their stores whole."""
+    deny = [r for r in own_rules(state) if r["effect"] == "deny" and r["tool"] == "read_file" and r["pattern"]]
+    found, seen = [], 0
+    for dirpath, dirnames, filenames in os.walk(state.workdir) if deny else ():  # no rule, no walk
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames + dirnames:
+            seen += 1
+            path = Path(dirpath) / name
+            if any(path_rule_matches(r["pattern"], path, state.workdir) for r in deny):
+                found.append(str(path))
+        if seen > MASK_SCAN_LIMIT:
+            break
+    for r in deny:  # a literal path outside the workspace: //etc/shadow, ~/.ssh/id_rsa
+        where = os.path.expanduser(r["pattern"])[1:] if r["pattern"].startswith("//") \
+            else os.path.expanduser(r["pattern"])
+        if not re.search(r"[*?\[]", where) and os.path.isabs(where) and os.path.exists(where):
+            found.append(where)
+    return found
+
+
+# --- s07.26: protected folders pinned [hardening: skip on first read] ---
+# Stops: `mv .git x && cp -r x .git` swapping a read-only .git/hooks for a writable copy
+# Test: tests/test_s07_sandbox.py::test_protected_paths_cannot_be_changed_or_swapped
+# sandbox_argv binds each folder above a protected path onto itself.
+def pinned_dirs(paths, roots):
+    """The directories between a writable root and each path, parents first.
+    Bound onto themselves they become mount points, which cannot be renamed
+    or removed: without that, `mv .git x && cp -r x .git` would swap a
+    protected .git/hooks for a writable copy."""
+    pinned = set()
+    for path in map(Path, paths):
+        for root in map(Path, roots):
+            if path != root and path.is_relative_to(root):
+                pinned |= {str(d) for d in path.parents if d != root and d.is_relative_to(root)}
+    return sorted(pinned, key=len)
+
+
+# --- s07.27: what is missing stays missing [hardening: skip on first read] ---
+# Stops: a sandboxed command making a protected file that did not exist (.mcp.json, a hook)
+# Test: tests/test_s07_review.py::test_a_sandboxed_command_cannot_make_a_missing_protected_file
+# One that does not exist yet cannot be made either: an empty folder (a stub)
+# is put at its first missing part and mounted read-only, and taken away when
+# the command ends; git and the agent's readers take an empty folder for
+# nothing there.
 def place_stubs(protected, state):
     """A stub (an empty folder) at the first missing part of each protected path in the
     workspace, for bwrap to mount read-only: a command cannot make a .mcp.json, a
@@ -4490,12 +5018,29 @@ def drop_stubs(state):
     return ""
 
 
-def sandbox_note(out, returncode):
-    """After a sandboxed command: a write the sandbox refused says why, not just
-    EROFS; what it changed in git folders is audited (audit_git); its stubs go."""
-    note = f"\n{SANDBOX_WRITE_HINT}" if returncode and ("Read-only file system" in out
-                                                      or "resource busy" in out) else ""  # a bound file: EBUSY
-    return note + audit_git(agent_state()) + drop_stubs(agent_state())
+# --- s07.28: the git audit [hardening: skip on first read] ---
+# Stops: a sandboxed command planting git config, a hook or a rebase exec line that git runs later, outside
+# Test: tests/test_s07_git_audit.py::test_a_new_repository_keeps_no_config_key_or_hook_that_runs_a_program
+# Rule 1 of the boundary: nothing a sandboxed command can write is run outside
+# the sandbox. bash_process snapshots the git folders before a command,
+# sandbox_note audits them after it.
+GIT_DATA = ("objects", "refs", "logs", "index", "sharedindex.*", "HEAD", "*_HEAD", "AUTO_MERGE",
+            "MERGE_*", "BISECT_*", "NOTES_MERGE_*", "*_EDITMSG", "SQUASH_MSG", "packed-refs", "shallow",
+            "*.lock", "gc.pid", "gc.log", "locked", "rebase-merge", "rebase-apply", "sequencer",
+            "rr-cache", "lfs", "annex")  # git's data: what a sandboxed command may change in a git folder
+GIT_NESTS = ("worktrees", "modules")  # folders of git folders: each worktree's, each submodule's
+GIT_BOUND = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info")  # bound read-only
+GIT_KEYS_KEPT = re.compile(  # a git folder a command made keeps these config keys; none runs a program
+    r"core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode"
+    r"|symlinks|autocrlf|eol|worktree)|extensions\.(objectformat|refstorage)|init\.defaultbranch|user\.\w+"
+    r"|remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|submodule\..+\.(url|active|branch)")
+GIT_KEEP_BYTES = 1_000_000   # a file in a git folder larger than this cannot be put back (audit_git)
+GIT_TODOS = ("rebase-merge/git-rebase-todo", "sequencer/todo")  # git's data, but their exec lines run
+GIT_INCLUDES = 20           # config files followed from one git folder's (git_reaches)
+GIT_ASIDE = ".agent/git-set-aside"  # what audit_git takes away, by run: never deleted
+GIT_STRATEGIES = ("rebase-merge/strategy", "sequencer/opts")  # git's data, but a strategy is a program
+GIT_OWN_STRATEGIES = {"ort", "recursive", "resolve", "octopus", "ours", "subtree"}  # built into git
+GIT_AUDIT_TIMEOUT = 10       # seconds for the git that reads a new repository's config
 
 
 def git_snapshot(roots, before=None):
@@ -4870,19 +5415,13 @@ def git_plain_env():
     """The agent's own git, reading one named file: no system or global config."""
     return child_env() | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
 
-# --- s07.5: the human, the verdict, plan mode ---
-# permit() is what run_tool calls: decide(), then, for "ask", one question to
-# the human. y = this call, a = always (the narrowest allow rule, written to the
-# local config), n or any other text = no, and that text goes to the model as
-# the reason. End of input answers no. A parallel batch is decided before any
-# of it runs, one question at a time (decide_batch).
-ASK_PREVIEW_LINES = 20      # lines of new content shown when write_file asks
-ASK_SHOW_CHARS = 4_000      # characters of another call's input shown in full; longer: head and end
-RULE_WORDS = 3              # an "always" bash rule keeps at most this many leading words
 
+# --- s07.29: plan mode: the plan and its approval [extra] ---
+# Plan mode allows reads and one write, the plan file. Entering it tells the
+# model the rules (PLAN_MODE_REMINDER); the model leaves it with
+# exit_plan_mode, which asks the human to approve the plan; /plan enters and
+# leaves it.
 PLAN_APPROVED = "The user approved the plan"  # exit_plan_mode's yes: plan mode's last word, off
-PLAN_MODE_ENDED = ("<system-reminder>\nPlan mode is off: the permission mode is now {mode}. You may "
-                   "change files again, within that mode's rules.\n</system-reminder>")
 PLAN_MODE_REMINDER = """<system-reminder>
 Plan mode is active. You must not make any change: do not edit files, do not commit, \
 do not change configuration. The only file you may write is the plan file: {plan_file}
@@ -4894,223 +5433,6 @@ Your workflow:
 4. Call exit_plan_mode with the plan and wait for the user's approval before you change anything.
 </system-reminder>"""
 
-DENIAL_REMINDER = """<system-reminder>
-{n} tool calls in a row were denied. Do not keep trying variations of the same action. \
-Ask the user what they want instead, or suggest switching to plan mode (/plan) to agree \
-on an approach first.
-</system-reminder>"""
-
-
-def show_request(name, args):
-    """What the human needs to judge the call: a diff for edits, the head of new
-    files, and every other input in full (a long one with its head and its end)."""
-    if name == "edit_file" and isinstance(args.get("old_string"), str):
-        diff = difflib.unified_diff(str(args["old_string"]).splitlines(),
-                                    str(args.get("new_string", "")).splitlines(),
-                                    f"a/{args.get('path')}", f"b/{args.get('path')}", lineterm="")
-        text = Text()
-        for line in diff:
-            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            text.append(printable(line, newlines=False) + "\n", style=style)
-        Console(stderr=True, highlight=False).print(text, end="")
-        if args.get("replace_all"):
-            say("  replace_all: every occurrence in the file")
-    elif name == "write_file" and isinstance(args.get("content"), str):
-        lines = args["content"].splitlines()
-        say(printable(f"  {args.get('path')}: {len(args['content'].encode())} bytes, {len(lines)} lines",
-            newlines=False))
-        say("\n".join("  | " + printable(line) for line in lines[:ASK_PREVIEW_LINES]))
-        if len(lines) > ASK_PREVIEW_LINES:
-            say(f"  | ... {len(lines) - ASK_PREVIEW_LINES} more lines")
-    else:
-        shown = json.dumps(args, ensure_ascii=False)
-        if len(shown) > ASK_SHOW_CHARS:  # never a silent cut: the end is where a trick hides
-            half = ASK_SHOW_CHARS // 2
-            shown = f"{shown[:half]} ... [{len(shown) - 2 * half} characters] ... {shown[-half:]}"
-        say(f"  {name} {shown}")
-
-
-PATH_LIKE = re.compile(r"[/.~*?\[$=]|^-")  # a word that names a file or an option
-
-
-def narrow_rule(name, args, state):
-    """The narrowest sensible allow rule for an "always": `npm run test -- -x` gives
-    bash(npm run test *); a command with a path or option argument early gets
-    itself, exactly (`python tests/run.py` never becomes bash(python *)). None
-    when no rule can say it exactly (a literal * in a command or a file name)."""
-    if name == "bash":
-        parts = command_parts(str(args.get("command", "")))
-        if not parts:
-            return None
-        rules = []
-        for part in parts:
-            words = part.split(" ")
-            keep = []
-            for w in words[:RULE_WORDS]:
-                if PATH_LIKE.search(w):
-                    break
-                keep.append(w)
-            if len(keep) >= 2 or len(keep) == len(words):
-                rules.append(f"bash({' '.join(keep)}{' *' if len(keep) < len(words) or len(keep) >= 2 else ''})")
-            elif "*" in part:
-                return None
-            else:
-                rules.append(f"bash({part})")
-        return list(dict.fromkeys(rules))
-    if paths := call_paths(name, args, state.workdir):
-        p = paths[0]
-        where = p.relative_to(state.workdir).as_posix() if p.is_relative_to(state.workdir) else f"/{p}"
-        return None if re.search(r"[*?\[]", where) else [f"{name}({where})"]
-    return [name]
-
-
-def remember_rules(rules, state):
-    """Append allow rules to the local config and trust that one file's new hash."""
-    path = config_files(state.workdir)["local"]
-    data = read_config(path)
-    perms = data.setdefault("permissions", {})
-    perms["allow"] = list(dict.fromkeys((perms.get("allow") or []) + rules))
-    was_trusted = not path.exists() or not loosens(read_config(path)) or config_trusted(path)
-    write_inside(path, yaml.safe_dump(data, sort_keys=False).encode("utf-8"))  # s02's door: no link followed
-    ignore = path.parent / ".gitignore"  # the local file is personal: keep it out of git
-    kept = ignore.read_text() if ignore.is_file() and not ignore.is_symlink() else ""
-    if "config.local.yaml" not in kept:
-        write_inside(ignore, (kept + ("\n" if kept and not kept.endswith("\n") else "")
-                              + "config.local.yaml\n").encode("utf-8"))
-    if was_trusted:  # the human's own file: their new rule holds in the next process
-        trust_config(path)
-    else:  # a file the clone shipped: writing a rule into it must not make it trusted
-        say(f"[{rel(path)} holds settings you have not trusted: the next start asks about it]")
-    state.permissions["rules"] += [parse_rule(r) | {"effect": "allow", "scope": "local", "file": str(path)}
-                                   for r in rules]
-    say(f"[always allowed: {', '.join(rules)} (written to {rel(path)})]")
-
-
-def ask_permission(name, args, reason, state):
-    """None when the human says yes, else the denial text."""
-    who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
-    say(printable(f"permission needed: {reason}", newlines=False))  # a path's newline makes no fake line
-    show_request(name, args)
-    answer = ask_human(f"{who}Allow {name}? [y]es / [n]o / [a]lways / or tell it what to do instead: ")
-    word = answer.strip()
-    if word.lower() in ("y", "yes"):
-        return None
-    if word.lower() in ("a", "always"):
-        if rules := narrow_rule(name, args, state):
-            try:
-                remember_rules(rules, state)
-            except (OSError, ConfigError) as e:
-                say(f"[could not save the rule: {e}; allowed this once]")
-        else:
-            say("[no rule can say exactly this call (a * in it); allowed this once]")
-        return None
-    if word.lower() in ("", "n", "no"):
-        return "the user said no"
-    return f"the user said no: {word}"
-
-
-def judge(block):
-    """None when the call may run, else the denial the model gets."""
-    hooked = pre_tool_hooks(block)  # s08: hooks first: they may block, rewrite the input, decide
-    state, args = agent_state(), block.input if isinstance(block.input, dict) else {}
-    effect, layer, reason = decide(block.name, args, state)
-    effect, layer, reason = hook_effect(block, hooked, (effect, layer, reason))  # s08: deny > ask > allow
-    if effect == "ask" and state.write_roots is not None:  # s09: the consolidator runs in the background
-        effect, reason = "deny", f"{reason}; nobody can be asked during a memory consolidation"  # s09
-    if effect == "ask":
-        refusal = ask_permission(block.name, args, reason, state)
-        if refusal is None:  # exactly these paths, for this call (or batch) only
-            approve(block.name, args, state)  # s08: shared with a hook's allow
-            effect, layer, reason = "allow", "the user", "the user said yes"
-        else:
-            layer, reason = "the user", refusal
-    if effect == "allow":
-        state.denials = 0
-        say(f"  allowed ({layer}): {printable(reason, newlines=False)}")  # the layer that let it through
-        if block.name in WRITE_TOOLS:  # what the write may touch: this resolution, not a later one
-            state.judged = dict(zip([args.get("path")], call_paths(block.name, args, state.workdir)))
-        return None
-    state.denials += 1
-    return (f"Permission denied ({layer}): {reason}. Do not retry the same call; "
-            f"do something else, or ask the user.")
-
-
-def permit(block):
-    """run_tool's gate: a batch's verdicts were taken before it ran (decide_batch)."""
-    state = agent_state()
-    state.judged = {}  # a write's judged path holds for its own run only
-    if block.id in state.decided:
-        return state.decided.pop(block.id)
-    state.approved.clear()  # the previous call's yes to an outside path ends here
-    return judge(block)
-
-
-def decide_batch(batch):
-    """Judge a parallel batch first, one question at a time, before any of it runs."""
-    if len(batch) > 1:
-        agent_state().approved.clear()
-        agent_state().decided.update({b.id: judge(b) for b in batch})
-
-
-def denial_reminder():
-    """After MAX_DENIALS denials in a row, one nudge to stop and ask."""
-    n = agent_state().denials
-    if n < MAX_DENIALS or n % MAX_DENIALS:
-        return []
-    say(f"[{n} denials in a row: reminding the model to ask the user]")
-    return [{"type": "text", "text": DENIAL_REMINDER.format(n=n)}]
-
-
-def plan_file(state):
-    if state.record is not None and state.record.get("fresh"):  # s09: a new session's name may still be
-        write_records([{"type": "mode", "mode": state.mode}])  # s09: redrawn: claim its file before naming it
-    return state.workdir / ".agent" / "plans" / f"{session_id(state)}.md"  # s09: the session's: a resume keeps it
-
-
-def plan_mode_said(messages):
-    """What the history last told the model of plan mode: True on, False off or never."""
-    for m in reversed(messages):
-        for b in reversed(as_blocks(m["content"])):
-            text = b.get("text") if b.get("type") == "text" else b.get("content")
-            if isinstance(text, str) and text.startswith(("<system-reminder>\nPlan mode is ", PLAN_APPROVED)):
-                return text.startswith("<system-reminder>\nPlan mode is active")
-    return False
-
-
-def announce_plan_mode(messages):
-    """The model works in the mode it was last told of. A session that starts in plan mode
-    (the flag, the variable, the config) is told before its first call, as /plan tells it
-    later; a resumed one whose history says otherwise is told the mode it is in now.
-    Nothing when the history's last word is right. The note joins the latest user
-    message, after its tool results."""
-    state = agent_state()
-    if state.label or not messages or messages[-1]["role"] != "user":
-        return
-    if plan_mode_said(messages) == (state.mode == "plan"):
-        return
-    note = PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))) if state.mode == "plan" \
-        else PLAN_MODE_ENDED.format(mode=state.mode)
-    blocks = as_blocks(messages[-1]["content"])
-    results = [b for b in blocks if b.get("type") == "tool_result"]
-    messages[-1]["content"] = results + [{"type": "text", "text": note}] + blocks[len(results):]
-
-
-def set_mode(mode, history=None):
-    """Switch the running agent's mode; entering plan mode tells the model the rules."""
-    state = agent_state()
-    if mode not in PERMISSION_MODES:
-        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
-    if mode == "plan" and state.mode != "plan":
-        state.mode_before_plan = state.mode
-        if history is not None:
-            add_user_text(history, PLAN_MODE_REMINDER.format(plan_file=rel(plan_file(state))))
-    elif mode != "plan" and state.mode == "plan" and history is not None:  # leaving it is news too
-        add_user_text(history, PLAN_MODE_ENDED.format(mode=mode))
-    was, state.mode = state.mode, mode
-    note_mode(mode)  # s09
-    say(f"[permission mode: {mode}]")
-    warn_unguarded(state, was)
-
 
 def toggle_plan(args, ctx):
     """/plan: enter plan mode, or leave it for the mode before."""
@@ -5120,38 +5442,6 @@ def toggle_plan(args, ctx):
         return
     state = agent_state()
     set_mode(state.mode_before_plan if state.mode == "plan" else "plan", ctx.get("history"))
-
-
-def mode_command(args, ctx):
-    """/mode [MODE]: show or set the permission mode."""
-    if not args:
-        print(f"permission mode: {agent_state().mode} (one of {', '.join(PERMISSION_MODES)})")
-        return
-    try:
-        set_mode(args.strip(), ctx.get("history"))
-    except ValueError as e:
-        ctx["error"] = str(e)
-        say(str(e))
-
-
-def own_rules(state):
-    """The rules of the config files, without the built-in ones (secret_rules)."""
-    return [r for r in state.permissions["rules"] if r["scope"] != "built-in"]
-
-
-def show_permissions(args, ctx):
-    """/permissions: the effective rules, each with the file it came from."""
-    state = agent_state()
-    print(f"mode: {state.mode}; sandbox: {sandbox_summary(state)}")
-    rules = own_rules(state)
-    for effect in RULE_EFFECTS:
-        for r in (r for r in rules if r["effect"] == effect):
-            print(printable(f"  {effect:<5}  {r['text']:<40}  {r['file']}"))
-    if not rules:
-        print("  no rules: every call follows the mode")
-    print(f"  deny   read_file of the {len(secret_stores())} credential stores (built in: HOME_SECRETS)")
-    for d in state.permissions["additional_directories"]:
-        print(f"  additional directory: {d}")
 
 
 def exit_plan_mode(plan):
@@ -5177,43 +5467,68 @@ register("exit_plan_mode", (
     "and you carry out the plan; if not, you get their feedback and stay in plan mode."),
     params(["plan"], plan=("string", "The plan, in Markdown, as you wrote it to the plan file.")),
     exit_plan_mode)
-def pop_flag(argv, name, takes_value):
-    """Remove --name [value] or --name=value from argv; return the value, True, or None."""
-    for i, arg in enumerate(argv):
-        if arg == name or arg.startswith(name + "="):
-            del argv[i]
-            if not takes_value:
-                return True
-            if "=" in arg:
-                return arg.split("=", 1)[1]
-            if i >= len(argv):
-                raise ValueError(f"{name} needs a value: one of {', '.join(PERMISSION_MODES)}")
-            return argv.pop(i)
-    return None
-
-
-def start_permissions(argv):
-    """At start-up: the flags, the config files (trust asked here), the sandbox check.
-    Returns argv without the flags; ValueError or ConfigError is one line and exit 2."""
-    argv = list(argv)
-    mode = pop_flag(argv, "--permission-mode", True) or os.getenv("AGENT_PERMISSION_MODE")
-    state = agent_state()
-    state.permissions = load_permissions(state.workdir, bool(pop_flag(argv, "--trust-workspace", False)))
-    chosen = "" if mode or not state.permissions["default_mode"] else f" (from {state.permissions['mode_file']})"
-    mode = mode or state.permissions["default_mode"] or "default"
-    if mode not in PERMISSION_MODES:
-        raise ValueError(f"unknown permission mode {mode!r}: use one of {', '.join(PERMISSION_MODES)}")
-    state.mode, state.mode_before_plan = mode, mode if mode != "plan" else "default"  # /plan leaves it
-    check_sandbox(state)
-    say(f"[permission mode: {mode}{chosen} | sandbox: {sandbox_summary(state)} | "
-        f"{len(own_rules(state))} rule(s); /permissions lists them]")
-    warn_unguarded(state)
-    return argv
 
 
 command("plan", "Enter plan mode (read-only, the model writes a plan), or leave it", toggle_plan)
+
+
+# --- s07.30: the denial reminder [extra] ---
+# After MAX_DENIALS denials in a row the loop adds one nudge to stop and ask.
+MAX_DENIALS = 3             # denials in a row before the model is told to stop and ask
+
+DENIAL_REMINDER = """<system-reminder>
+{n} tool calls in a row were denied. Do not keep trying variations of the same action. \
+Ask the user what they want instead, or suggest switching to plan mode (/plan) to agree \
+on an approach first.
+</system-reminder>"""
+
+
+def denial_reminder():
+    """After MAX_DENIALS denials in a row, one nudge to stop and ask."""
+    n = agent_state().denials
+    if n < MAX_DENIALS or n % MAX_DENIALS:
+        return []
+    say(f"[{n} denials in a row: reminding the model to ask the user]")
+    return [{"type": "text", "text": DENIAL_REMINDER.format(n=n)}]
+
+
+# --- s07.31: /mode and /permissions [extra] ---
+def mode_command(args, ctx):
+    """/mode [MODE]: show or set the permission mode."""
+    if not args:
+        print(f"permission mode: {agent_state().mode} (one of {', '.join(PERMISSION_MODES)})")
+        return
+    try:
+        set_mode(args.strip(), ctx.get("history"))
+    except ValueError as e:
+        ctx["error"] = str(e)
+        say(str(e))
+
+
 command("mode", "Show or set the permission mode (default, acceptEdits, plan, bypassPermissions)",
         mode_command, arg_hint="[mode]")
+
+
+def own_rules(state):
+    """The rules of the config files, without the built-in ones (secret_rules)."""
+    return [r for r in state.permissions["rules"] if r["scope"] != "built-in"]
+
+
+def show_permissions(args, ctx):
+    """/permissions: the effective rules, each with the file it came from."""
+    state = agent_state()
+    print(f"mode: {state.mode}; sandbox: {sandbox_summary(state)}")
+    rules = own_rules(state)
+    for effect in RULE_EFFECTS:
+        for r in (r for r in rules if r["effect"] == effect):
+            print(printable(f"  {effect:<5}  {r['text']:<40}  {r['file']}"))
+    if not rules:
+        print("  no rules: every call follows the mode")
+    print(f"  deny   read_file of the {len(secret_stores())} credential stores (built in: HOME_SECRETS)")
+    for d in state.permissions["additional_directories"]:
+        print(f"  additional directory: {d}")
+
+
 command("permissions", "List the effective permission rules and where each comes from",
         show_permissions)
 
@@ -5243,21 +5558,12 @@ command("permissions", "List the effective permission rules and where each comes
 # sandboxed command can write runs outside it), and the human's own hooks run as
 # the human. Where no sandbox works, a project hook whose script (`sh x.sh`,
 # `./check.sh`) changed since the yes asks before it runs (hook_files_trusted).
+
+# --- s08.1: a hook in the config [core] ---
+# A hook as loaded: its fields, checked, plus where it came from. read_config
+# (s07) reads the hooks: key of each file; the lists add up, user hooks first.
 HOOK_TIMEOUT = 60           # seconds, default for one hook action (the seed's and Claude Code's)
 HOOK_MAX_TIMEOUT = 600      # seconds: the most a config may set
-HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
-HOOK_JSON_CHARS = 1_000_000  # characters of stdout read to parse its JSON (a long reason is still a decision)
-HOOK_ENV_CHARS = 32_000     # characters per variable: Linux refuses one over 128 KiB (E2BIG)
-HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old copy is kept)
-HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
-STOP_BLOCK_CAP = 8          # stop-hook blocks in a row one turn honours (Claude Code's default cap):
-                            # each is a model call, and a hook that never lets go would spend them all
-HOOK_EXIT_WAIT = 5          # seconds the session's end waits for async hooks, then kills them
-HOOK_LOCK = threading.Lock()  # parallel tool calls fire hooks from several threads
-HOOK_FILES_LOCK = threading.Lock()  # one question at a time about a hook's changed files
-HOOK_FILE_ABSENT = "absent"  # the trust file's record of a file a hook names that is not there yet
-PATH_WORD = re.compile(r"[\w.~/+@%,:-]+")  # a command word that can name a file (no quotes, spaces, $)
-INTERPRETER = re.compile(r"(?:ba|da|k|z)?sh|python[\d.]*|node|deno|bun|ruby|perl|php|tsx|source|\.")  # run a file
 
 # Our event names, and Claude Code's, which its scripts read in hook_event_name.
 HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
@@ -5268,86 +5574,11 @@ HOOK_EVENTS = {"session_start": "SessionStart", "session_end": "SessionEnd",
                "pre_compact": "PreCompact", "post_compact": "PostCompact", "error": "Error"}
 DECISION_EVENTS = ("pre_tool_use", "permission_request")  # the loop waits for their answer: never async
 CONTEXT_EVENTS = ("user_prompt_submit", "session_start")  # plain stdout becomes context (Claude Code)
-HOOK_KEYS = {"event", "if", "action", "reject", "once", "async", "timeout"}
 SESSION_EVENTS = ("session_start", "session_end")  # their payload has no permission_mode (Claude Code's)
+HOOK_KEYS = {"event", "if", "action", "reject", "once", "async", "timeout"}
 ACTION_KEYS = {"command": ({"command"}, set()), "prompt": ({"message"}, set()),
                "agent": ({"prompt"}, set()),
                "http": ({"url"}, {"method", "headers", "body", "allowed_env_vars"})}
-HOOK_VARS = ("EVENT", "TOOL_NAME", "FILE_PATH", "MESSAGE", "ERROR")  # the seed's, plus TOOL_ARGS_<KEY>
-QUOTED_VARS = HOOK_VARS + ("CLAUDE_PROJECT_DIR",)  # put in double quotes where a command leaves them bare
-HOOK_TOOL_NAMES = TOOL_ALIASES | {"WriteFile": "write_file", "ReadFile": "read_file",
-                                  "EditFile": "edit_file"}  # the seed's names, so its examples work
-CLAUSE = re.compile(r"\s*(tool|event|prompt|args\.\w+)\s*(==|!=|=~|~=)\s*"
-                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|\"'][^\s&|]*)\s*(&&|\|\||$)")  # a bare word opens no quote
-VAR_REF = re.compile(r"\$(?:TOOL_ARGS\.(\w+)|\{(\w+)\}|(\w+))")  # $TOOL_ARGS.key, ${X}, $X
-HEADER_VAR = re.compile(r"\$\{(\w+)\}")
-PATH_FIELDS = ("args.path", "args.file_path")  # ~= on these also sees the workspace-relative path
-AGENT_HOOK_SYSTEM = (
-    "You are a hook: an automatic check the user configured, run on one event of a coding "
-    "agent. Read what you need with read_file, glob and grep (you cannot change anything). "
-    "If the event must not go ahead, reply with one line starting BLOCK: and the reason; "
-    "otherwise reply OK and a one-line note.")
-
-# --- s08.1: the config ---
-# A hook as loaded: its fields, checked, plus where it came from. A broken hook
-# stops the start with the file and the key (s07's ConfigError): a check that
-# silently does not run is worse than a refusal.
-def parse_condition(text):
-    """'tool == "x" && args.path ~= "*.lock"' -> (joiner, [(field, op, value)]).
-    ValueError says what is wrong; mixing && and || is, as in the seed."""
-    clauses, joiners, pos = [], set(), 0
-    while pos < len(text):
-        m = CLAUSE.match(text, pos)
-        if not m or m.end() == pos:
-            raise ValueError(f"cannot read {text[pos:]!r}: write field op \"value\", field one of "
-                             f"tool, event, prompt, args.<key>; op one of == != =~ ~=")
-        field, op, raw, join = m.groups()
-        try:
-            value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
-        except json.JSONDecodeError:  # "\.py$": JSON knows no \.
-            raise ValueError(f"cannot read {raw}: inside \"...\" double each backslash, or use '...'")
-        if op == "=~":
-            try:
-                value = re.compile(value)
-            except re.error as e:  # not a ValueError: say it as one
-                raise ValueError(f"has a bad regular expression {raw}: {e}")
-        elif op == "~=":
-            value = (glob_regex(value), "/" in value)
-        elif field == "tool":
-            value = HOOK_TOOL_NAMES.get(value, value)
-        clauses.append((field, op, value))
-        joiners |= {join} - {""}
-        pos = m.end()
-    if len(joiners) > 1:
-        raise ValueError("mixes && and ||: split it into two hooks")
-    if not clauses:
-        raise ValueError("is empty")
-    if join:  # `a &&` with nothing after it
-        raise ValueError(f"ends with {join}: add a clause after it, or drop it")
-    return (joiners.pop() if joiners else "&&"), clauses
-
-
-def check_action(action, where):
-    """The action mapping's problem, or None."""
-    if not isinstance(action, dict) or str(action.get("type")) not in ACTION_KEYS:
-        return f"{where}.action must be a mapping with type: {', '.join(ACTION_KEYS)}"
-    required, optional = ACTION_KEYS[action["type"]]
-    if unknown := sorted(set(map(str, action)) - required - optional - {"type"}):
-        return f"{where}.action.{unknown[0]} is not a field of a {action['type']} action"
-    if missing := [k for k in sorted(required) if not isinstance(action.get(k), str) or not action[k].strip()]:
-        return f"{where}.action.{missing[0]} must be a non-empty string"
-    if action["type"] == "http":
-        if not re.match(r"https?://", action["url"]):
-            return f"{where}.action.url must start with http:// or https://"
-        headers = action.get("headers") or {}
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            return f"{where}.action.headers must map names to strings"
-        names = action.get("allowed_env_vars") or []
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            return f"{where}.action.allowed_env_vars must be a list of variable names"
-        if not isinstance(action.get("body", ""), str) or action.get("method", "POST") not in ("POST", "PUT"):
-            return f"{where}.action: body must be a string and method POST or PUT"
-    return None
 
 
 def parse_hook(item, where):
@@ -5385,17 +5616,6 @@ def parse_hook(item, where):
             "async": item.get("async", False), "timeout": timeout}
 
 
-def check_hooks(path, hooks):
-    """read_config's check of the hooks: key: ConfigError naming the file and the key."""
-    if hooks is not None and not isinstance(hooks, list):
-        raise ConfigError(f"{path}: hooks must be a list of hooks (- event: ...)")
-    for i, item in enumerate(hooks or []):
-        try:
-            parse_hook(item, f"hooks[{i}]")
-        except ValueError as e:
-            raise ConfigError(f"{path}: {e}")
-
-
 def read_hooks(path, data, scope, trusted):
     """The hooks of one config file, in order, each knowing its file and trust."""
     return [parse_hook(item, f"hooks[{i}]") | {"name": f"{scope}#{i + 1}", "scope": scope,
@@ -5403,521 +5623,14 @@ def read_hooks(path, data, scope, trusted):
             for i, item in enumerate(data.get("hooks") or [])]
 
 
-def describe_hook(hook):
-    """Event, condition and the whole action: the trust question and /hooks show
-    everything it would run or send, never a cut command."""
-    action = hook["action"]
-    what = {"command": "command", "prompt": "message", "http": "url", "agent": "prompt"}[action["type"]]
-    flags = [k for k in ("reject", "once", "async") if hook[k]]
-    cond = f" if {hook['if']}" if hook["if"] else ""
-    extra = "".join(f"; {k}: {json.dumps(action[k], ensure_ascii=False)}"
-                    for k in ("method", "headers", "allowed_env_vars", "body") if k in action)
-    return printable(f"{hook['event']}{cond} -> {action['type']}: {action[what]}{extra}"
-                     f"{' (' + ', '.join(flags) + ')' if flags else ''}")
-
-
-def hooks_question(data):
-    """What a file's hooks would run, for s07's trust question."""
-    hooks = data.get("hooks") or []
-    lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
-    return f"runs {len(hooks)} hook(s) on your machine (inside the OS sandbox where it works):{lines}\n"
-
-
-def hook_files(hook, workdir):
-    """The workspace files a command hook runs, relative to the workspace: a program
-    given by its path (./check.sh, "$CLAUDE_PROJECT_DIR"/.claude/hooks/x.sh) and the
-    script an interpreter runs (sh scripts/fmt.sh, python3 lint.py), there or not yet:
-    a script made later is as much a change as one rewritten. What it only reads or
-    writes (echo x >> log) is not, nor a program found by name (npx prettier)."""
-    if hook["action"]["type"] != "command":
-        return []
-    here = re.sub(r'[\\"$`]', r"\\\g<0>", str(workdir))  # inside "...", where quote_vars puts the variable
-    try:  # s07's reading of a command line: simple commands, wrappers peeled, bash -c too
-        commands = [cmd["words"] for p in pipelines(quote_vars(hook["action"]["command"]).replace(
-            "${CLAUDE_PROJECT_DIR}", here)) for cmd in p if cmd["words"]]
-    except ValueError:  # bash cannot read it either: the hook runs nothing
-        return []
-    found = []
-    for words in commands:
-        runs = [words[0]] if "/" in words[0] else []  # a bare name is looked up on PATH
-        if INTERPRETER.fullmatch(os.path.basename(words[0])):
-            for word in words[1:]:
-                if word in ("-c", "-m", "-e", "--eval"):  # code or a module follows, not a file
-                    break
-                if not word.startswith("-") and ("/" in word or "." in word):
-                    runs.append(word)
-                    break
-        for word in runs:
-            path = Path(os.path.normpath(workdir / os.path.expanduser(word)))  # a link is followed when hashed
-            if PATH_WORD.fullmatch(word) and path.is_relative_to(workdir) and not path.is_dir():
-                found.append(path.relative_to(workdir).as_posix())
-    return list(dict.fromkeys(found))
-
-
-def hook_file_key(file):
-    """A hook's workspace file in s07's trust file, beside the config files."""
-    return f"{file} (run by a hook)"
-
-
-def file_digest(path):
-    """sha256 of a file, read in chunks (a hook or a server may name a big one); None when unreadable."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(READ_CHUNK):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
-def record_hook_files(hooks, workdir):
-    """The human trusted a config file (s07's yes): the files its hooks run are
-    trusted as they are now, a missing one as missing."""
-    for hook in hooks:
-        for file in hook_files(hook, workdir):
-            trust(hook_file_key(file), file_digest(workdir / file) or HOOK_FILE_ABSENT)
-
-# --- s08.2: conditions and the event's values ---
-def payload_value(field, payload):
-    """What a condition's field names, as text ("" when the event has none)."""
-    if field.startswith("args."):
-        value = (payload.get("tool_input") or {}).get(field[5:], "")
-        return value if isinstance(value, str) else json.dumps(value)
-    return str(payload.get({"tool": "tool_name", "event": "event", "prompt": "prompt"}[field], ""))
-
-
-def glob_hit(pattern, text, field, state):
-    """~=: a glob over the text. For a path field, over the path the tool will use
-    (relative to the workspace when inside it), and a pattern without a / matches
-    the file name at any depth (.gitignore's rule). Other fields: the text only."""
-    regex, has_slash = pattern
-    candidates = {text}
-    if field in PATH_FIELDS and (p := tool_path(text, state)):
-        if p.is_relative_to(state.workdir):
-            candidates.add(p.relative_to(state.workdir).as_posix())
-        candidates |= {str(p)} | ({p.name} if not has_slash else set())
-    return any(regex.fullmatch(c) for c in candidates)
-
-
-def tool_path(raw, state):
-    """The path a file tool would use for `raw` (~ expanded, links followed), or None."""
-    if not isinstance(raw, str) or not raw or "\0" in raw:
-        return None
-    try:
-        return (state.workdir / os.path.expanduser(raw)).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
-
-
-def hook_applies(hook, payload, state):
-    if hook["cond"] is None:
-        return True
-    joiner, clauses = hook["cond"]
-    hits = []
-    for field, op, value in clauses:
-        text = payload_value(field, payload)
-        hits.append(text == value if op == "==" else text != value if op == "!="
-                    else bool(value.search(text)) if op == "=~" else glob_hit(value, text, field, state))
-    return all(hits) if joiner == "&&" else any(hits)
-
-
-def env_name(key):
-    """A tool argument's variable: TOOL_ARGS_ + the key, upper case, [A-Z0-9_] only."""
-    return "TOOL_ARGS_" + re.sub(r"\W", "_", str(key), flags=re.A).upper()
-
-
-def env_value(value):
-    """Text for the environment: NUL cannot be passed, and one variable stays small
-    (the whole input is on stdin)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\0", "")
-    return text if len(text) <= HOOK_ENV_CHARS else text[:HOOK_ENV_CHARS] + "...[cut: the full value is on stdin]"
-
-
-def hook_env(payload, state, hook=None):
-    """The hook's environment: the event's values as variables, so `lint $FILE_PATH`
-    works without splicing anything, over the agent's environment less its own
-    configuration. Your own hooks (~/.agent's) keep your tokens; a project's hooks
-    are the repository's code and get what the model's commands get (child_env)."""
-    args = payload.get("tool_input") or {}
-    raw = args.get("path", args.get("file_path")) if isinstance(args, dict) else None
-    file_path = str(tool_path(raw, state) or "")  # the file the tool touches, as the tool resolves it
-    ours = {"EVENT": payload["event"], "TOOL_NAME": payload.get("tool_name", ""), "FILE_PATH": file_path,
-            "MESSAGE": payload.get("prompt", payload.get("last_assistant_message", "")),
-            "ERROR": payload.get("error", ""), "CLAUDE_PROJECT_DIR": str(state.workdir)}
-    ours |= {env_name(k): v for k, v in args.items()}
-    base = user_env() if (hook or {}).get("scope", "user") == "user" else child_env()
-    env = {k: v for k, v in base.items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
-    return env | {k: env_value(v) for k, v in ours.items()}
-
-
-def quote_vars(command):
-    """The command with the seed's $TOOL_ARGS.key rewritten to ${TOOL_ARGS_KEY}, and
-    each hook variable outside quotes put in double quotes: the shell expands a
-    variable into data, never into code, and quoted it stays one word (a file
-    called `a b` is one argument). A small scanner keeps sh's quoting contexts:
-    '...' and $'...' are left alone, "..." is quoted already, $( ) and backticks
-    start a fresh unquoted context, a # comment runs to the end of its line."""
-    out, stack, i = [], [None], 0  # stack: None (unquoted), '"', "$(", "`"
-    while i < len(command):
-        c, top = command[i], stack[-1]
-        if c == "\\":
-            out.append(command[i:i + 2])
-            i += 2
-            continue
-        m = VAR_REF.match(command, i) if c == "$" else None
-        name = m and (env_name(m[1]) if m[1] else m[2] or m[3])
-        if m and (m[1] or name in QUOTED_VARS or name.startswith("TOOL_ARGS_")):
-            out.append("${%s}" % name if top == '"' else '"${%s}"' % name)
-            i = m.end()
-            continue
-        if top != '"' and (c == "'" or command.startswith("$'", i)):  # single quotes: copied as they are
-            j = i + (2 if c == "$" else 1)
-            while j < len(command) and command[j] != "'":
-                j += 2 if c == "$" and command[j] == "\\" else 1
-            out.append(command[i:j + 1])
-            i = j + 1
-            continue
-        if top != '"' and c == "#" and (i == 0 or command[i - 1] in " \t\n;&|("):
-            j = command.find("\n", i)
-            j = len(command) if j < 0 else j
-            out.append(command[i:j])
-            i = j
-            continue
-        if command.startswith("$(", i):
-            stack.append("$(")
-            out.append("$(")
-            i += 2
-            continue
-        if c == ")" and top == "$(" or c == '"' and top == '"' or c == "`" and top == "`":
-            stack.pop()
-        elif c == '"' or c == "`":
-            stack.append(c)
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def expand_text(template, env, escape=str):
-    """A prompt, message or http body with the hook variables filled in, as text
-    (escape=json_escape for a JSON body). Only hook variables: nothing else of the
-    environment reaches a template."""
-    def value(m):
-        name = env_name(m[1]) if m[1] else m[2] or m[3]
-        known = name in HOOK_VARS or name.startswith("TOOL_ARGS_")
-        return escape(env.get(name, "")) if known else m[0]
-    return VAR_REF.sub(value, template)
-
-
-def json_escape(text):
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-# --- s08.3: the actions ---
-# Every action returns one shape, a verdict (seed 2.2: one return protocol, not a
-# string today and a number tomorrow); fire() merges them. block: a reason (the
-# thing must not happen); decision: allow or ask (pre_tool_use, permission_request);
-# input: a rewritten tool input; context: text for the model; stop: end the turn.
-class HookFailed(Exception):
-    """A hook did not work (exit code, bad JSON, timeout): logged, and it changes nothing."""
-
-
-def verdict(**fields):
-    return {"block": None, "decision": None, "reason": "", "input": None, "context": [],
-            "stop": None, "messages": []} | fields
-
-
-def read_reply(data, event):
-    """Claude Code's JSON output -> a verdict; HookFailed when it is not that shape."""
-    if not isinstance(data, dict):
-        raise HookFailed("the JSON output must be an object")
-    spec = data.get("hookSpecificOutput") or {}
-    if not isinstance(spec, dict):
-        raise HookFailed("hookSpecificOutput must be an object")
-    v = verdict(messages=[str(data["systemMessage"])] if data.get("systemMessage") else [])
-    for key in ("decision", "reason", "stopReason", "systemMessage"):
-        if data.get(key) is not None and not isinstance(data[key], (str, dict) if key == "decision" else str):
-            raise HookFailed(f"{key} must be a string")
-    if data.get("decision") == "block":
-        v["block"] = str(data.get("reason") or "a hook blocked it")[:HOOK_OUTPUT_CHARS]
-    asked = spec.get("decision") if isinstance(spec.get("decision"), dict) else {}
-    decision = spec.get("permissionDecision") or ("allow" if data.get("decision") == "approve" else None)
-    decision = decision or asked.get("behavior")  # permission_request: {"decision": {"behavior": "allow"}}
-    if decision is not None and not isinstance(decision, str):
-        raise HookFailed("permissionDecision must be allow, deny or ask")
-    reason = str(spec.get("permissionDecisionReason") or asked.get("message") or data.get("reason") or "")
-    reason = reason[:HOOK_OUTPUT_CHARS]
-    if decision == "deny":
-        v["block"] = v["block"] or reason or "a hook denied it"
-    elif decision in ("allow", "ask"):
-        v["decision"], v["reason"] = decision, reason
-    elif decision is not None:
-        raise HookFailed(f"permissionDecision {decision!r}: use allow, deny or ask")
-    updated = spec.get("updatedInput")
-    if updated is not None and not isinstance(updated, dict):
-        raise HookFailed("updatedInput must be an object")
-    v["input"] = updated
-    if spec.get("additionalContext"):
-        v["context"].append(str(spec["additionalContext"])[:HOOK_OUTPUT_CHARS])
-    if data.get("continue") is False:
-        v["stop"] = str(data.get("stopReason") or "a hook ended the turn")
-    return v
-
-
-def read_output(text, event):
-    """A successful action's output: JSON in the protocol, or plain text (context
-    for the model on the context events, otherwise only logged)."""
-    if text.lstrip().startswith("{"):
-        try:
-            return read_reply(json.loads(text), event)
-        except json.JSONDecodeError as e:
-            raise HookFailed(f"the output starts with {{ but is not JSON ({e})")
-    return verdict(context=[clip(text.strip(), HOOK_OUTPUT_CHARS)] if event in CONTEXT_EVENTS and text.strip() else [])
-
-
-def watch_hook(p, sinks, timeout):
-    """watch_command for a hook: two output files, its own timeout. None when it
-    ended by itself, else why it was killed. Either way its process group goes
-    after it: a hook's `daemon &` must not outlive the hook."""
-    deadline = time.monotonic() + timeout
-    try:
-        while p.poll() is None:
-            if sum(os.fstat(s.fileno()).st_size for s in sinks) > BASH_OUTPUT_CAP:
-                return f"killed: its output passed {BASH_OUTPUT_CAP / 1e6:g} MB"
-            if time.monotonic() >= deadline:
-                return f"killed: still running after its timeout of {timeout:g}s"
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=BASH_POLL)
-        return None
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # its children, and itself
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-
-
-def run_command_hook(hook, payload, env, state):
-    """Claude Code's protocol: payload on stdin; exit 2 blocks with stderr; exit 0
-    with JSON decides; anything else is a failure."""
-    argv, boxed = hook_argv(hook, quote_vars(hook["action"]["command"]), state)
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
-            tempfile.TemporaryFile() as err:
-        stdin.write(json.dumps(hook_input(payload), ensure_ascii=False, default=str).encode("utf-8", "replace"))
-        stdin.seek(0)  # a file, not a pipe: a hook that never reads stdin cannot block us
-        p = None
-        try:  # a hook that cannot even start is audited too
-            p = subprocess.Popen(argv, cwd=state.workdir, stdin=stdin, stdout=out, stderr=err, env=env,
-                                 start_new_session=True)
-            state.hooks["procs"].add(p)
-            stopped = watch_hook(p, (out, err), hook["timeout"])
-        finally:
-            state.hooks["procs"].discard(p)
-            if boxed and (note := sandbox_note("", 0).strip()):  # s07's audit, as after bash
-                say(f"[hook {hook['name']}] {note}")
-        text, errors = read_head(out, HOOK_JSON_CHARS), read_head(err, HOOK_OUTPUT_CHARS).strip()
-    if stopped:
-        raise HookFailed(stopped)
-    if hook["reject"]:  # the seed's reject: reaching the action refuses the call
-        return verdict(block=(errors or clip(text.strip(), HOOK_OUTPUT_CHARS) or f"rejected by hook {hook['name']}"))
-    if p.returncode == 2:
-        return verdict(block=errors or f"hook {hook['name']} exited with status 2")
-    if p.returncode != 0:
-        raise HookFailed(f"exit status {p.returncode}" + (f": {errors[:300]}" if errors else ""))
-    return read_output(text, payload["event"])
-
-
-def hook_argv(hook, command, state):
-    """(argv, sandboxed). A project's command hook runs inside s07's OS sandbox when
-    bash does: it is the repository's code, which the model's commands can change.
-    The human's own hooks run as the human, under bash where there is one."""
-    if hook.get("scope", "user") != "user" and sandboxed(state):
-        return bash_process(command)[0], True
-    return [shutil.which("bash") or "/bin/sh", "-c", command], False
-
-
-def header_value(text, allowed, env):
-    """${VAR} in a header, only for variables the hook names in allowed_env_vars:
-    a config cannot send the user's secrets anywhere unasked. Others become "".
-    `env` is the hook's own (hook_env): a project's hook has no token to name."""
-    return HEADER_VAR.sub(lambda m: env.get(m[1], "") if m[1] in allowed else "", text)
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is a failure: following it would send the headers to another origin."""
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
-
-
-def read_reply_body(reply, deadline):
-    """The reply's body up to HOOK_JSON_CHARS bytes, by HOOK's deadline: a server that
-    drips a byte a second cannot hold the loop past the timeout."""
-    data = b""
-    while len(data) < HOOK_JSON_CHARS:
-        if time.monotonic() > deadline:
-            raise HookFailed("the reply did not arrive within the timeout")
-        chunk = reply.read1(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode("utf-8", "replace")
-
-
-def run_http_hook(hook, payload, env, state):
-    """POST the payload (or the action's body, variables JSON-escaped); a 2xx reply
-    may carry the protocol's JSON, anything else is a failure."""
-    action = hook["action"]
-    allowed = set(action.get("allowed_env_vars") or [])
-    headers = {"Content-Type": "application/json", "User-Agent": "agent-hooks"}
-    headers |= {k: header_value(v, allowed, env) for k, v in (action.get("headers") or {}).items()}
-    body = (expand_text(action["body"], env, json_escape) if action.get("body")
-            else json.dumps(hook_input(payload), ensure_ascii=False, default=str))
-    request = urllib.request.Request(action["url"], data=body.encode("utf-8", "replace"),
-                                     headers=headers, method=action.get("method", "POST"))
-    deadline = time.monotonic() + hook["timeout"]
-    try:
-        with urllib.request.build_opener(NoRedirect).open(request, timeout=hook["timeout"]) as reply:
-            text = read_reply_body(reply, deadline)
-    except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPError, URLError, timeouts
-        raise HookFailed(f"{action['url']}: {e}")
-    if hook["reject"]:
-        return verdict(block=text.strip()[:HOOK_OUTPUT_CHARS] or f"rejected by hook {hook['name']}")
-    return read_output(text, payload["event"]) if text.lstrip().startswith("{") else verdict()
-
-
-def run_prompt_hook(hook, payload, env, state):
-    """The seed's prompt action: a <system-reminder> for the model's next request."""
-    message = expand_text(hook["action"]["message"], env)
-    return verdict(block=message) if hook["reject"] else verdict(context=[message])
-
-
-def run_agent_hook(hook, payload, env, state):
-    """A read-only subagent judges the event; a reply starting BLOCK: blocks. It
-    has no hooks of its own (a hook cannot fire itself), and each model call is
-    bounded by the hook's timeout, the run by HOOK_AGENT_TURNS."""
-    if state.client is None:
-        raise HookFailed("an agent hook needs a running agent loop")
-    spec = {"name": "hook", "tools": ["read_file", "glob", "grep"], "system": AGENT_HOOK_SYSTEM}
-    settings = child_settings(spec, False, None) | {"max_turns": HOOK_AGENT_TURNS}
-    task = (f"{expand_text(hook['action']['prompt'], env)}\n\nThe event, as JSON:\n"
-            f"{clip(json.dumps(hook_input(payload), ensure_ascii=False, default=str), HOOK_OUTPUT_CHARS)}")
-    history, child = [{"role": "user", "content": task}], child_state(False, f"hook {hook['name']}")
-    child.permissions, child.mode = dict(state.permissions, hooks=[]), "bypassPermissions"  # reads only; never asks
-    client = state.client.with_options(timeout=hook["timeout"], max_retries=0)
-    if (reason := run_child(client, history, child, settings)) != "end_turn":
-        raise HookFailed(f"the agent stopped early ({reason})")
-    answer = last_text(history)
-    if hook["reject"] or answer.upper().startswith("BLOCK:"):
-        return verdict(block=answer.split(":", 1)[-1].strip() if ":" in answer else answer)
-    return verdict()
-
-
-ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_prompt_hook,
-           "agent": run_agent_hook}
-
-# --- s08.4: the engine ---
+# --- s08.2: the engine: fire an event [core] ---
 # fire(event, **values) runs the hooks for one event in order and merges their
 # verdicts: deny (block) beats ask beats allow; the first block ends the run
 # (seed: a reject stops the hooks after it); an updatedInput is what the next
-# hook sees. Async hooks run in a thread and can only be logged.
-def hook_payload(event, fields, state):
-    """The event as a hook gets it: Claude Code's keys for it, no more and no fewer
-    (prompt_id from the first prompt on, no permission_mode at the session's two
-    ends), plus our event name, which hook_input leaves out of what is sent."""
-    payload = {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
-               "cwd": str(state.workdir)}
-    payload |= {"prompt_id": state.hooks["prompt_id"]} if state.hooks.get("prompt_id") else {}
-    payload |= {"permission_mode": state.mode} if event not in SESSION_EVENTS else {}
-    return payload | {"hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
-        | ({"agent_name": state.label} if state.label else {})
-
-
-def hook_input(payload):
-    """What a hook is sent: the payload less our own event name (hook_event_name says it)."""
-    return {k: v for k, v in payload.items() if k != "event"}
-
-
-def transcript_file(state):
-    if state.record is not None:  # s09: the session file is the transcript
-        return state.record["path"]  # s09
-    return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
-
-
-def write_transcript(state):
-    """The session's history as JSONL for hooks that read transcript_path: the main
-    agent's, rewritten before a hook runs when it grew since the last one."""
-    if state.record is not None:  # s09: already on disk, in the session file
-        return sync_session(state.messages or [])  # s09
-    path = transcript_file(state)
-    messages = state.messages if not state.label else None
-    mark = messages and (len(messages), len(json.dumps(messages[-1], default=str)))
-    if messages and state.hooks.get("transcript") != mark:
-        with HOOK_LOCK, contextlib.suppress(OSError):  # s02's door: a link a clone plants is not followed
-            keep_out_of_git(path.parent)  # the conversation stays out of git
-            data = "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages)
-            write_inside(path, data.encode("utf-8"), 0o600)
-            state.hooks["transcript"] = mark
-
-
-def log_hook(hook, event, outcome, seconds):
-    """One line per hook run in .agent/hooks.log."""
-    log_line(f"{event} {hook['name']} {hook['action']['type']} {seconds:.2f}s "
-             f"{' '.join(str(outcome).split())[:500]}")
-
-
-def log_line(text):
-    """A line of .agent/hooks.log, timed; one old copy is kept past HOOK_LOG_BYTES."""
-    path = agent_state().workdir / ".agent" / "hooks.log"
-    line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-    with HOOK_LOCK, contextlib.suppress(OSError):  # s06's open_inside, s02's door: a link planted
-        fd = open_inside(path, agent_state().workdir, flags)  # at .agent or hooks.log is not followed
-        if os.fstat(fd).st_size > HOOK_LOG_BYTES:  # rename moves a link, never what it points to
-            os.close(fd)
-            os.replace(path, path.with_name("hooks.log.1"))
-            fd = open_inside(path, agent_state().workdir, flags)
-        with open(fd, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-
-
-def run_hook(hook, payload, state):
-    """One action; never raises (but Ctrl+C): a failure is logged and changes nothing."""
-    start = time.monotonic()
-    if hook["action"]["type"] != "prompt":
-        write_transcript(state)
-    try:
-        v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state, hook), state)
-    except Exception as e:  # HookFailed, or a bug in a hook we must survive
-        log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
-        warn_once(f"[hook {hook['name']} ({payload['event']}) failed and was skipped: "
-                  f"{' '.join(str(e).split())[:200]}; .agent/hooks.log has each run]")
-        if hook["reject"]:  # a reject hook fails closed: reaching its action refuses the call
-            return verdict(block=f"rejected by hook {hook['name']} (its action failed: {e})")
-        return verdict()
-    outcome = f"blocked: {v['block']}" if v["block"] else v["decision"] or "ok"
-    log_hook(hook, payload["event"], outcome, time.monotonic() - start)
-    for text in v["messages"]:
-        say(f"[hook {hook['name']}: {text}]")
-    return v
-
-
-def start_async(hook, payload, state):
-    """An async hook runs beside the loop, in a copy of this context; end_session reaps it."""
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(run_hook, hook, payload, state),
-                              daemon=True)
-    state.hooks["jobs"].append(thread)
-    thread.start()
-
-
-def merge(total, v, hook):
-    """Fold one hook's verdict into the event's: deny beats ask beats allow."""
-    if v["block"] is not None:
-        total["block"], total["by"] = v["block"], hook["name"]
-    if v["decision"] == "ask" or (v["decision"] == "allow" and total["decision"] is None):
-        total["decision"], total["reason"], total["by"] = v["decision"], v["reason"], hook["name"]
-    total["context"] += v["context"]
-    if v["stop"] and not total["stop"]:
-        total["stop"], total["by"] = v["stop"], total["by"] or hook["name"]
-    if v["input"] is not None:
-        total["input"] = v["input"]
+# hook sees. Every action returns one shape, a verdict (seed 2.2: one return
+# protocol, not a string today and a number tomorrow). A hook that fails is
+# logged in .agent/hooks.log and changes nothing.
+HOOK_LOCK = threading.Lock()  # parallel tool calls fire hooks from several threads
 
 
 def fire(event, **fields):
@@ -5954,74 +5667,230 @@ def fire(event, **fields):
     return total
 
 
-def hook_files_trusted(hook, state):
-    """May a project hook run the workspace files its command names as they are now?
-    Each was hashed when its file was trusted (record_hook_files); one changed since
-    (the model, or a command it ran, may have rewritten it) asks before it runs outside
-    the sandbox: --trust-workspace says yes; no human, no; a no holds for the session.
-    Asked here, in the thread that fires: never from an async hook's thread. The user's
-    own hooks are not asked about, nor one that runs inside the sandbox (hook_argv)."""
-    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command" or sandboxed(state):
-        return True
-    with HOOK_FILES_LOCK:  # parallel calls fire hooks at once: one question
-        now = {f: file_digest(state.workdir / f) or HOOK_FILE_ABSENT for f in hook_files(hook, state.workdir)}
-        changed = {f: d for f, d in now.items() if not is_trusted(hook_file_key(f), d)}
-        refused = state.hooks.setdefault("refused", set())
-        if not changed or tuple(changed.items()) in refused:
-            return not changed
-        yes = state.permissions.get("trust_all", False)  # --trust-workspace
-        if not yes:
-            try:
-                yes = ask_human(printable(
-                    f"hook {hook['name']} ({rel(hook['file'])}) runs {', '.join(changed)} from this "
-                    f"workspace, which changed since you trusted it (the agent, or a command it ran, "
-                    f"may have rewritten it). It runs outside the sandbox. Run it? [y/N] "
-                )).strip().lower() in ("y", "yes")
-            except ToolError:  # an agent that may not ask (a background one): no
-                yes = False
-        for file, digest in changed.items() if yes else ():
-            trust(hook_file_key(file), digest)
-        if not yes:
-            refused.add(tuple(changed.items()))
-        return yes
+def verdict(**fields):
+    return {"block": None, "decision": None, "reason": "", "input": None, "context": [],
+            "stop": None, "messages": []} | fields
 
 
-def skipped_hook(hook, event):
-    """A hook not run because a file it runs changed and was not trusted again: logged
-    and named once; a reject hook still refuses its call (it fails closed)."""
-    log_hook(hook, event, "not run: a file it runs changed since it was trusted", 0)
-    warn_once(f"[hook {hook['name']} ({event}) was not run: a file it runs changed since you "
-              f"trusted it; .agent/hooks.log has each run]")
-    return verdict(block=f"rejected by hook {hook['name']} (a file it runs changed, so it was not run)"
-                   if hook["reject"] else None)
+def merge(total, v, hook):
+    """Fold one hook's verdict into the event's: deny beats ask beats allow."""
+    if v["block"] is not None:
+        total["block"], total["by"] = v["block"], hook["name"]
+    if v["decision"] == "ask" or (v["decision"] == "allow" and total["decision"] is None):
+        total["decision"], total["reason"], total["by"] = v["decision"], v["reason"], hook["name"]
+    total["context"] += v["context"]
+    if v["stop"] and not total["stop"]:
+        total["stop"], total["by"] = v["stop"], total["by"] or hook["name"]
+    if v["input"] is not None:
+        total["input"] = v["input"]
 
 
-def checked_input(v, tool, hook):
-    """An updatedInput must still fit the tool's schema; if not, the call is blocked."""
-    if problem := check_input(tool, v["input"]):
-        log_hook(hook, "pre_tool_use", f"updatedInput refused: {problem}", 0)
-        return v | {"input": None, "block": f"hook {hook['name']} rewrote the input badly ({problem})"}
+def run_hook(hook, payload, state):
+    """One action; never raises (but Ctrl+C): a failure is logged and changes nothing."""
+    start = time.monotonic()
+    if hook["action"]["type"] != "prompt":
+        write_transcript(state)
+    try:
+        v = ACTIONS[hook["action"]["type"]](hook, payload, hook_env(payload, state, hook), state)
+    except Exception as e:  # HookFailed, or a bug in a hook we must survive
+        log_hook(hook, payload["event"], f"failed: {e}", time.monotonic() - start)
+        warn_once(f"[hook {hook['name']} ({payload['event']}) failed and was skipped: "
+                  f"{' '.join(str(e).split())[:200]}; .agent/hooks.log has each run]")
+        if hook["reject"]:  # a reject hook fails closed: reaching its action refuses the call
+            return verdict(block=f"rejected by hook {hook['name']} (its action failed: {e})")
+        return verdict()
+    outcome = f"blocked: {v['block']}" if v["block"] else v["decision"] or "ok"
+    log_hook(hook, payload["event"], outcome, time.monotonic() - start)
+    for text in v["messages"]:
+        say(f"[hook {hook['name']}: {text}]")
     return v
 
 
-def hook_reminder(texts, event):
-    """Hook context as text blocks the model reads as system reminders."""
-    return [{"type": "text", "text": f"<system-reminder>\n{event} hook: {t}\n</system-reminder>"}
-            for t in texts if t.strip()]
+def hook_payload(event, fields, state):
+    """The event as a hook gets it: Claude Code's keys for it, no more and no fewer
+    (prompt_id from the first prompt on, no permission_mode at the session's two
+    ends), plus our event name, which hook_input leaves out of what is sent."""
+    payload = {"session_id": session_id(state), "transcript_path": str(transcript_file(state)),  # s09: --resume's id
+               "cwd": str(state.workdir)}
+    payload |= {"prompt_id": state.hooks["prompt_id"]} if state.hooks.get("prompt_id") else {}
+    payload |= {"permission_mode": state.mode} if event not in SESSION_EVENTS else {}
+    return payload | {"hook_event_name": HOOK_EVENTS[event], "event": event} | fields \
+        | ({"agent_name": state.label} if state.label else {})
 
 
-def note(texts, event):
-    """Keep hook context for the agent's next user message (hook_notes delivers it)."""
-    agent_state().hook_notes += hook_reminder(texts, event)
+def hook_input(payload):
+    """What a hook is sent: the payload less our own event name (hook_event_name says it)."""
+    return {k: v for k, v in payload.items() if k != "event"}
 
 
-def hook_notes():
-    """The context hooks left since the last user message, taken once."""
-    state = agent_state()
-    notes, state.hook_notes = state.hook_notes, []
-    return notes
+def log_hook(hook, event, outcome, seconds):
+    """One line per hook run in .agent/hooks.log."""
+    log_line(f"{event} {hook['name']} {hook['action']['type']} {seconds:.2f}s "
+             f"{' '.join(str(outcome).split())[:500]}")
 
-# --- s08.5: where the loop fires them ---
+
+# --- s08.3: conditions [core] ---
+# if: clauses on tool, event, prompt and args.<key>, joined by && or ||:
+# == and != compare text, =~ searches a regex, ~= matches a glob.
+HOOK_TOOL_NAMES = TOOL_ALIASES | {"WriteFile": "write_file", "ReadFile": "read_file",
+                                  "EditFile": "edit_file"}  # the seed's names, so its examples work
+CLAUSE = re.compile(r"\s*(tool|event|prompt|args\.\w+)\s*(==|!=|=~|~=)\s*"
+                    r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s&|\"'][^\s&|]*)\s*(&&|\|\||$)")  # a bare word opens no quote
+PATH_FIELDS = ("args.path", "args.file_path")  # ~= on these also sees the workspace-relative path
+
+
+def parse_condition(text):
+    """'tool == "x" && args.path ~= "*.lock"' -> (joiner, [(field, op, value)]).
+    ValueError says what is wrong; mixing && and || is, as in the seed."""
+    clauses, joiners, pos = [], set(), 0
+    while pos < len(text):
+        m = CLAUSE.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"cannot read {text[pos:]!r}: write field op \"value\", field one of "
+                             f"tool, event, prompt, args.<key>; op one of == != =~ ~=")
+        field, op, raw, join = m.groups()
+        try:
+            value = json.loads(raw) if raw[0] == '"' else raw[1:-1] if raw[0] == "'" else raw
+        except json.JSONDecodeError:  # "\.py$": JSON knows no \.
+            raise ValueError(f"cannot read {raw}: inside \"...\" double each backslash, or use '...'")
+        if op == "=~":
+            try:
+                value = re.compile(value)
+            except re.error as e:  # not a ValueError: say it as one
+                raise ValueError(f"has a bad regular expression {raw}: {e}")
+        elif op == "~=":
+            value = (glob_regex(value), "/" in value)
+        elif field == "tool":
+            value = HOOK_TOOL_NAMES.get(value, value)
+        clauses.append((field, op, value))
+        joiners |= {join} - {""}
+        pos = m.end()
+    if len(joiners) > 1:
+        raise ValueError("mixes && and ||: split it into two hooks")
+    if not clauses:
+        raise ValueError("is empty")
+    if join:  # `a &&` with nothing after it
+        raise ValueError(f"ends with {join}: add a clause after it, or drop it")
+    return (joiners.pop() if joiners else "&&"), clauses
+
+
+def hook_applies(hook, payload, state):
+    if hook["cond"] is None:
+        return True
+    joiner, clauses = hook["cond"]
+    hits = []
+    for field, op, value in clauses:
+        text = payload_value(field, payload)
+        hits.append(text == value if op == "==" else text != value if op == "!="
+                    else bool(value.search(text)) if op == "=~" else glob_hit(value, text, field, state))
+    return all(hits) if joiner == "&&" else any(hits)
+
+
+def payload_value(field, payload):
+    """What a condition's field names, as text ("" when the event has none)."""
+    if field.startswith("args."):
+        value = (payload.get("tool_input") or {}).get(field[5:], "")
+        return value if isinstance(value, str) else json.dumps(value)
+    return str(payload.get({"tool": "tool_name", "event": "event", "prompt": "prompt"}[field], ""))
+
+
+def glob_hit(pattern, text, field, state):
+    """~=: a glob over the text. For a path field, over the path the tool will use
+    (relative to the workspace when inside it), and a pattern without a / matches
+    the file name at any depth (.gitignore's rule). Other fields: the text only."""
+    regex, has_slash = pattern
+    candidates = {text}
+    if field in PATH_FIELDS and (p := tool_path(text, state)):
+        if p.is_relative_to(state.workdir):
+            candidates.add(p.relative_to(state.workdir).as_posix())
+        candidates |= {str(p)} | ({p.name} if not has_slash else set())
+    return any(regex.fullmatch(c) for c in candidates)
+
+
+# --- s08.4: the command action [core] ---
+# A verdict: block, a reason (the thing must not happen); decision, allow or ask
+# (pre_tool_use, permission_request); input, a rewritten tool input; context,
+# text for the model; stop, end the turn. A command hook gets the event as JSON
+# on stdin; exit 2 blocks with stderr as the reason; any other ending but 0 is
+# logged and changes nothing. Event values reach it as environment variables
+# ($FILE_PATH, $TOOL_ARGS_<KEY>), never spliced into its text.
+HOOK_OUTPUT_CHARS = 10_000  # characters of a hook's stdout or stderr kept (Claude Code's cap)
+HOOK_JSON_CHARS = 1_000_000  # characters of stdout read to parse its JSON (a long reason is still a decision)
+HOOK_ENV_CHARS = 32_000     # characters per variable: Linux refuses one over 128 KiB (E2BIG)
+HOOK_VARS = ("EVENT", "TOOL_NAME", "FILE_PATH", "MESSAGE", "ERROR")  # the seed's, plus TOOL_ARGS_<KEY>
+VAR_REF = re.compile(r"\$(?:TOOL_ARGS\.(\w+)|\{(\w+)\}|(\w+))")  # $TOOL_ARGS.key, ${X}, $X
+
+
+class HookFailed(Exception):
+    """A hook did not work (exit code, bad JSON, timeout): logged, and it changes nothing."""
+
+
+def run_command_hook(hook, payload, env, state):
+    """Claude Code's protocol: payload on stdin; exit 2 blocks with stderr; exit 0
+    with JSON decides; anything else is a failure."""
+    argv, boxed = hook_argv(hook, quote_vars(hook["action"]["command"]), state)
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
+            tempfile.TemporaryFile() as err:
+        stdin.write(json.dumps(hook_input(payload), ensure_ascii=False, default=str).encode("utf-8", "replace"))
+        stdin.seek(0)  # a file, not a pipe: a hook that never reads stdin cannot block us
+        p = None
+        try:  # a hook that cannot even start is audited too
+            p = subprocess.Popen(argv, cwd=state.workdir, stdin=stdin, stdout=out, stderr=err, env=env,
+                                 start_new_session=True)
+            state.hooks["procs"].add(p)
+            stopped = watch_hook(p, (out, err), hook["timeout"])
+        finally:
+            state.hooks["procs"].discard(p)
+            if boxed and (note := sandbox_note("", 0).strip()):  # s07's audit, as after bash
+                say(f"[hook {hook['name']}] {note}")
+        text, errors = read_head(out, HOOK_JSON_CHARS), read_head(err, HOOK_OUTPUT_CHARS).strip()
+    if stopped:
+        raise HookFailed(stopped)
+    if hook["reject"]:  # the seed's reject: reaching the action refuses the call
+        return verdict(block=(errors or clip(text.strip(), HOOK_OUTPUT_CHARS) or f"rejected by hook {hook['name']}"))
+    if p.returncode == 2:
+        return verdict(block=errors or f"hook {hook['name']} exited with status 2")
+    if p.returncode != 0:
+        raise HookFailed(f"exit status {p.returncode}" + (f": {errors[:300]}" if errors else ""))
+    return read_output(text, payload["event"])
+
+
+def read_output(text, event):
+    """A successful action's output: JSON in the protocol, or plain text (context
+    for the model on the context events, otherwise only logged)."""
+    if text.lstrip().startswith("{"):
+        try:
+            return read_reply(json.loads(text), event)
+        except json.JSONDecodeError as e:
+            raise HookFailed(f"the output starts with {{ but is not JSON ({e})")
+    return verdict(context=[clip(text.strip(), HOOK_OUTPUT_CHARS)] if event in CONTEXT_EVENTS and text.strip() else [])
+
+
+def hook_env(payload, state, hook=None):
+    """The hook's environment: the event's values as variables, so `lint $FILE_PATH`
+    works without splicing anything, over the agent's environment less its own
+    configuration. Your own hooks (~/.agent's) keep your tokens; a project's hooks
+    are the repository's code and get what the model's commands get (child_env)."""
+    args = payload.get("tool_input") or {}
+    raw = args.get("path", args.get("file_path")) if isinstance(args, dict) else None
+    file_path = str(tool_path(raw, state) or "")  # the file the tool touches, as the tool resolves it
+    ours = {"EVENT": payload["event"], "TOOL_NAME": payload.get("tool_name", ""), "FILE_PATH": file_path,
+            "MESSAGE": payload.get("prompt", payload.get("last_assistant_message", "")),
+            "ERROR": payload.get("error", ""), "CLAUDE_PROJECT_DIR": str(state.workdir)}
+    ours |= {env_name(k): v for k, v in args.items()}
+    base = user_env() if (hook or {}).get("scope", "user") == "user" else child_env()
+    env = {k: v for k, v in base.items() if k not in HOOK_VARS and not k.startswith("TOOL_ARGS_")}
+    return env | {k: env_value(v) for k, v in ours.items()}
+
+
+def env_name(key):
+    """A tool argument's variable: TOOL_ARGS_ + the key, upper case, [A-Z0-9_] only."""
+    return "TOOL_ARGS_" + re.sub(r"\W", "_", str(key), flags=re.A).upper()
+
+
+# --- s08.5: where the loop fires them [core] ---
+# The hook lines tagged `# s08:` in the loop and in judge call these. Hook
+# context reaches the model as a <system-reminder> in its next user message.
 def pre_tool_hooks(block):
     """pre_tool_use for one call (judge runs it first): a block, a decision, or an
     input rewritten in place, checked against the schema (permit's layers follow)."""
@@ -6060,19 +5929,6 @@ def hook_effect(block, hooked, decided):
     if effect == "allow" and decided[0] == "ask":
         approve(block.name, block.input, agent_state())
     return effect, layer, reason
-
-
-def may_allow(decided, state):
-    """Can a hook's allow stand in for the human here? For the mode's question and an
-    outside path, yes; an ask rule is the human's own "ask me", and plan mode is
-    read-only by their choice, so those still ask (Claude Code: same for ask rules)."""
-    return decided[0] != "ask" or (decided[1] in ("mode", "path sandbox") and state.mode != "plan")
-
-
-def approve(name, args, state):
-    """A yes to a call that asked: the paths outside the workspace it names, for this call only."""
-    state.approved.update(p for p in call_paths(name, args, state.workdir)
-                          if not inside(p, state, approved=False))
 
 
 def after_tool(block, result, started):
@@ -6131,6 +5987,460 @@ def start_hooks(messages):
     return None
 
 
+def hook_reminder(texts, event):
+    """Hook context as text blocks the model reads as system reminders."""
+    return [{"type": "text", "text": f"<system-reminder>\n{event} hook: {t}\n</system-reminder>"}
+            for t in texts if t.strip()]
+
+
+def note(texts, event):
+    """Keep hook context for the agent's next user message (hook_notes delivers it)."""
+    agent_state().hook_notes += hook_reminder(texts, event)
+
+
+def hook_notes():
+    """The context hooks left since the last user message, taken once."""
+    state = agent_state()
+    notes, state.hook_notes = state.hook_notes, []
+    return notes
+
+
+# --- s08.6: a broken hook stops the start [hardening: skip on first read] ---
+# Stops: a misspelt key or a bad action making a check silently not run
+# Test: tests/test_s08_hooks.py::test_a_broken_hook_is_refused_naming_file_and_key
+# A broken hook stops the start with the file and the key (s07's ConfigError):
+# a check that silently does not run is worse than a refusal. parse_hook checks
+# the action; read_config checks every hook of a file.
+def check_action(action, where):
+    """The action mapping's problem, or None."""
+    if not isinstance(action, dict) or str(action.get("type")) not in ACTION_KEYS:
+        return f"{where}.action must be a mapping with type: {', '.join(ACTION_KEYS)}"
+    required, optional = ACTION_KEYS[action["type"]]
+    if unknown := sorted(set(map(str, action)) - required - optional - {"type"}):
+        return f"{where}.action.{unknown[0]} is not a field of a {action['type']} action"
+    if missing := [k for k in sorted(required) if not isinstance(action.get(k), str) or not action[k].strip()]:
+        return f"{where}.action.{missing[0]} must be a non-empty string"
+    if action["type"] == "http":
+        if not re.match(r"https?://", action["url"]):
+            return f"{where}.action.url must start with http:// or https://"
+        headers = action.get("headers") or {}
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            return f"{where}.action.headers must map names to strings"
+        names = action.get("allowed_env_vars") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f"{where}.action.allowed_env_vars must be a list of variable names"
+        if not isinstance(action.get("body", ""), str) or action.get("method", "POST") not in ("POST", "PUT"):
+            return f"{where}.action: body must be a string and method POST or PUT"
+    return None
+
+
+def check_hooks(path, hooks):
+    """read_config's check of the hooks: key: ConfigError naming the file and the key."""
+    if hooks is not None and not isinstance(hooks, list):
+        raise ConfigError(f"{path}: hooks must be a list of hooks (- event: ...)")
+    for i, item in enumerate(hooks or []):
+        try:
+            parse_hook(item, f"hooks[{i}]")
+        except ValueError as e:
+            raise ConfigError(f"{path}: {e}")
+
+
+# --- s08.7: values stay data in a command [hardening: skip on first read] ---
+# Stops: a file name such as `a b; rm -rf ~` split into words or run as code in a hook's command
+# Test: tests/test_s08_review.py::test_variables_stay_one_word_in_every_quoting_context
+# run_command_hook puts each hook variable a command leaves bare in double quotes.
+QUOTED_VARS = HOOK_VARS + ("CLAUDE_PROJECT_DIR",)  # put in double quotes where a command leaves them bare
+
+
+def quote_vars(command):
+    """The command with the seed's $TOOL_ARGS.key rewritten to ${TOOL_ARGS_KEY}, and
+    each hook variable outside quotes put in double quotes: the shell expands a
+    variable into data, never into code, and quoted it stays one word (a file
+    called `a b` is one argument). A small scanner keeps sh's quoting contexts:
+    '...' and $'...' are left alone, "..." is quoted already, $( ) and backticks
+    start a fresh unquoted context, a # comment runs to the end of its line."""
+    out, stack, i = [], [None], 0  # stack: None (unquoted), '"', "$(", "`"
+    while i < len(command):
+        c, top = command[i], stack[-1]
+        if c == "\\":
+            out.append(command[i:i + 2])
+            i += 2
+            continue
+        m = VAR_REF.match(command, i) if c == "$" else None
+        name = m and (env_name(m[1]) if m[1] else m[2] or m[3])
+        if m and (m[1] or name in QUOTED_VARS or name.startswith("TOOL_ARGS_")):
+            out.append("${%s}" % name if top == '"' else '"${%s}"' % name)
+            i = m.end()
+            continue
+        if top != '"' and (c == "'" or command.startswith("$'", i)):  # single quotes: copied as they are
+            j = i + (2 if c == "$" else 1)
+            while j < len(command) and command[j] != "'":
+                j += 2 if c == "$" and command[j] == "\\" else 1
+            out.append(command[i:j + 1])
+            i = j + 1
+            continue
+        if top != '"' and c == "#" and (i == 0 or command[i - 1] in " \t\n;&|("):
+            j = command.find("\n", i)
+            j = len(command) if j < 0 else j
+            out.append(command[i:j])
+            i = j
+            continue
+        if command.startswith("$(", i):
+            stack.append("$(")
+            out.append("$(")
+            i += 2
+            continue
+        if c == ")" and top == "$(" or c == '"' and top == '"' or c == "`" and top == "`":
+            stack.pop()
+        elif c == '"' or c == "`":
+            stack.append(c)
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+# --- s08.8: the path the tool will use [hardening: skip on first read] ---
+# Stops: $FILE_PATH or a ~= on a path naming another file than the one the tool touches (~, a link)
+# Test: tests/test_s08_review.py::test_file_path_is_the_path_the_tool_uses
+# hook_env and glob_hit resolve a path argument as the file tools do.
+def tool_path(raw, state):
+    """The path a file tool would use for `raw` (~ expanded, links followed), or None."""
+    if not isinstance(raw, str) or not raw or "\0" in raw:
+        return None
+    try:
+        return (state.workdir / os.path.expanduser(raw)).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+# --- s08.9: a value too big for the environment [hardening: skip on first read] ---
+# Stops: a huge argument (or a NUL in it) making the hook fail to start (E2BIG)
+# Test: tests/test_s08_hooks.py::test_a_huge_argument_still_reaches_the_hook
+def env_value(value):
+    """Text for the environment: NUL cannot be passed, and one variable stays small
+    (the whole input is on stdin)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\0", "")
+    return text if len(text) <= HOOK_ENV_CHARS else text[:HOOK_ENV_CHARS] + "...[cut: the full value is on stdin]"
+
+
+# --- s08.10: a hook that hangs or floods [hardening: skip on first read] ---
+# Stops: a hook that never ends, prints without end, or leaves a daemon behind holding the loop
+# Test: tests/test_s08_hooks.py::test_a_hook_past_its_timeout_is_killed_with_its_children
+def watch_hook(p, sinks, timeout):
+    """watch_command for a hook: two output files, its own timeout. None when it
+    ended by itself, else why it was killed. Either way its process group goes
+    after it: a hook's `daemon &` must not outlive the hook."""
+    deadline = time.monotonic() + timeout
+    try:
+        while p.poll() is None:
+            if sum(os.fstat(s.fileno()).st_size for s in sinks) > BASH_OUTPUT_CAP:
+                return f"killed: its output passed {BASH_OUTPUT_CAP / 1e6:g} MB"
+            if time.monotonic() >= deadline:
+                return f"killed: still running after its timeout of {timeout:g}s"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=BASH_POLL)
+        return None
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # its children, and itself
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+# --- s08.11: a rewritten input is checked [hardening: skip on first read] ---
+# Stops: a hook's updatedInput that the tool's schema refuses reaching the tool
+# Test: tests/test_s08_hooks.py::test_an_updated_input_that_breaks_the_schema_blocks_the_call
+def checked_input(v, tool, hook):
+    """An updatedInput must still fit the tool's schema; if not, the call is blocked."""
+    if problem := check_input(tool, v["input"]):
+        log_hook(hook, "pre_tool_use", f"updatedInput refused: {problem}", 0)
+        return v | {"input": None, "block": f"hook {hook['name']} rewrote the input badly ({problem})"}
+    return v
+
+
+# --- s08.12: a hook's yes is not the human's [hardening: skip on first read] ---
+# Stops: a hook's allow answering an ask rule or plan mode, which the human kept for themselves
+# Test: tests/test_s08_review.py::test_a_hooks_allow_does_not_answer_an_ask_rule_or_plan_mode
+def may_allow(decided, state):
+    """Can a hook's allow stand in for the human here? For the mode's question and an
+    outside path, yes; an ask rule is the human's own "ask me", and plan mode is
+    read-only by their choice, so those still ask (Claude Code: same for ask rules)."""
+    return decided[0] != "ask" or (decided[1] in ("mode", "path sandbox") and state.mode != "plan")
+
+
+# --- s08.13: a hook's yes to an outside path [hardening: skip on first read] ---
+# Stops: a call outside the workspace that a hook allowed failing as if nobody had said yes
+# Test: tests/test_s08_review.py::test_an_allowed_write_outside_the_workspace_reports_success
+# hook_effect records the paths, for this call only, as judge does for the human's yes.
+def approve(name, args, state):
+    """A yes to a call that asked: the paths outside the workspace it names, for this call only."""
+    state.approved.update(p for p in call_paths(name, args, state.workdir)
+                          if not inside(p, state, approved=False))
+
+
+# --- s08.14: a project's hooks need a yes [hardening: skip on first read] ---
+# Stops: a cloned repository's hooks running on the human's machine unasked
+# Test: tests/test_s08_hooks.py::test_an_untrusted_project_hook_does_not_run
+# A project's hooks run only once the human trusts the file they are in (s07's
+# gate); the question shows everything each hook would run or send.
+def describe_hook(hook):
+    """Event, condition and the whole action: the trust question and /hooks show
+    everything it would run or send, never a cut command."""
+    action = hook["action"]
+    what = {"command": "command", "prompt": "message", "http": "url", "agent": "prompt"}[action["type"]]
+    flags = [k for k in ("reject", "once", "async") if hook[k]]
+    cond = f" if {hook['if']}" if hook["if"] else ""
+    extra = "".join(f"; {k}: {json.dumps(action[k], ensure_ascii=False)}"
+                    for k in ("method", "headers", "allowed_env_vars", "body") if k in action)
+    return printable(f"{hook['event']}{cond} -> {action['type']}: {action[what]}{extra}"
+                     f"{' (' + ', '.join(flags) + ')' if flags else ''}")
+
+
+def hooks_question(data):
+    """What a file's hooks would run, for s07's trust question."""
+    hooks = data.get("hooks") or []
+    lines = "".join(f"\n    {describe_hook(parse_hook(h, 'hook'))}" for h in hooks)
+    return f"runs {len(hooks)} hook(s) on your machine (inside the OS sandbox where it works):{lines}\n"
+
+
+# --- s08.15: a project's hook runs in the sandbox [hardening: skip on first read] ---
+# Stops: a trusted hook line running workspace code the model changed since, outside the sandbox
+# Test: tests/test_s08_hook_files_review.py::test_a_project_hook_runs_inside_the_sandbox_whatever_code_it_reaches
+# The trust covers the hook's line, not the workspace code it runs (`make`,
+# `npm run`, `sh x.sh` that sources more), which the model's commands may have
+# changed since: so a project's command hooks run inside s07's OS sandbox, as
+# those commands do (rule 1: nothing a sandboxed command can write runs outside
+# it), and the human's own hooks run as the human.
+def hook_argv(hook, command, state):
+    """(argv, sandboxed). A project's command hook runs inside s07's OS sandbox when
+    bash does: it is the repository's code, which the model's commands can change.
+    The human's own hooks run as the human, under bash where there is one."""
+    if hook.get("scope", "user") != "user" and sandboxed(state):
+        return bash_process(command)[0], True
+    return [shutil.which("bash") or "/bin/sh", "-c", command], False
+
+
+# --- s08.16: a hook's script changed since the yes [hardening: skip on first read] ---
+# Stops: a project hook running a script the model rewrote, outside the sandbox
+# Test: tests/test_s08_hook_files_review.py::test_a_hook_script_the_model_rewrote_asks_before_it_runs
+# Where no sandbox works, a project hook whose script (`sh x.sh`, `./check.sh`)
+# changed since the yes asks before it runs (hook_files_trusted).
+PATH_WORD = re.compile(r"[\w.~/+@%,:-]+")  # a command word that can name a file (no quotes, spaces, $)
+INTERPRETER = re.compile(r"(?:ba|da|k|z)?sh|python[\d.]*|node|deno|bun|ruby|perl|php|tsx|source|\.")  # run a file
+HOOK_FILE_ABSENT = "absent"  # the trust file's record of a file a hook names that is not there yet
+HOOK_FILES_LOCK = threading.Lock()  # one question at a time about a hook's changed files
+
+
+def hook_files(hook, workdir):
+    """The workspace files a command hook runs, relative to the workspace: a program
+    given by its path (./check.sh, "$CLAUDE_PROJECT_DIR"/.claude/hooks/x.sh) and the
+    script an interpreter runs (sh scripts/fmt.sh, python3 lint.py), there or not yet:
+    a script made later is as much a change as one rewritten. What it only reads or
+    writes (echo x >> log) is not, nor a program found by name (npx prettier)."""
+    if hook["action"]["type"] != "command":
+        return []
+    here = re.sub(r'[\\"$`]', r"\\\g<0>", str(workdir))  # inside "...", where quote_vars puts the variable
+    try:  # s07's reading of a command line: simple commands, wrappers peeled, bash -c too
+        commands = [cmd["words"] for p in pipelines(quote_vars(hook["action"]["command"]).replace(
+            "${CLAUDE_PROJECT_DIR}", here)) for cmd in p if cmd["words"]]
+    except ValueError:  # bash cannot read it either: the hook runs nothing
+        return []
+    found = []
+    for words in commands:
+        runs = [words[0]] if "/" in words[0] else []  # a bare name is looked up on PATH
+        if INTERPRETER.fullmatch(os.path.basename(words[0])):
+            for word in words[1:]:
+                if word in ("-c", "-m", "-e", "--eval"):  # code or a module follows, not a file
+                    break
+                if not word.startswith("-") and ("/" in word or "." in word):
+                    runs.append(word)
+                    break
+        for word in runs:
+            path = Path(os.path.normpath(workdir / os.path.expanduser(word)))  # a link is followed when hashed
+            if PATH_WORD.fullmatch(word) and path.is_relative_to(workdir) and not path.is_dir():
+                found.append(path.relative_to(workdir).as_posix())
+    return list(dict.fromkeys(found))
+
+
+def hook_file_key(file):
+    """A hook's workspace file in s07's trust file, beside the config files."""
+    return f"{file} (run by a hook)"
+
+
+def file_digest(path):
+    """sha256 of a file, read in chunks (a hook or a server may name a big one); None when unreadable."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def record_hook_files(hooks, workdir):
+    """The human trusted a config file (s07's yes): the files its hooks run are
+    trusted as they are now, a missing one as missing."""
+    for hook in hooks:
+        for file in hook_files(hook, workdir):
+            trust(hook_file_key(file), file_digest(workdir / file) or HOOK_FILE_ABSENT)
+
+
+def hook_files_trusted(hook, state):
+    """May a project hook run the workspace files its command names as they are now?
+    Each was hashed when its file was trusted (record_hook_files); one changed since
+    (the model, or a command it ran, may have rewritten it) asks before it runs outside
+    the sandbox: --trust-workspace says yes; no human, no; a no holds for the session.
+    Asked here, in the thread that fires: never from an async hook's thread. The user's
+    own hooks are not asked about, nor one that runs inside the sandbox (hook_argv)."""
+    if hook.get("scope", "user") == "user" or hook["action"]["type"] != "command" or sandboxed(state):
+        return True
+    with HOOK_FILES_LOCK:  # parallel calls fire hooks at once: one question
+        now = {f: file_digest(state.workdir / f) or HOOK_FILE_ABSENT for f in hook_files(hook, state.workdir)}
+        changed = {f: d for f, d in now.items() if not is_trusted(hook_file_key(f), d)}
+        refused = state.hooks.setdefault("refused", set())
+        if not changed or tuple(changed.items()) in refused:
+            return not changed
+        yes = state.permissions.get("trust_all", False)  # --trust-workspace
+        if not yes:
+            try:
+                yes = ask_human(printable(
+                    f"hook {hook['name']} ({rel(hook['file'])}) runs {', '.join(changed)} from this "
+                    f"workspace, which changed since you trusted it (the agent, or a command it ran, "
+                    f"may have rewritten it). It runs outside the sandbox. Run it? [y/N] "
+                )).strip().lower() in ("y", "yes")
+            except ToolError:  # an agent that may not ask (a background one): no
+                yes = False
+        for file, digest in changed.items() if yes else ():
+            trust(hook_file_key(file), digest)
+        if not yes:
+            refused.add(tuple(changed.items()))
+        return yes
+
+
+def skipped_hook(hook, event):
+    """A hook not run because a file it runs changed and was not trusted again: logged
+    and named once; a reject hook still refuses its call (it fails closed)."""
+    log_hook(hook, event, "not run: a file it runs changed since it was trusted", 0)
+    warn_once(f"[hook {hook['name']} ({event}) was not run: a file it runs changed since you "
+              f"trusted it; .agent/hooks.log has each run]")
+    return verdict(block=f"rejected by hook {hook['name']} (a file it runs changed, so it was not run)"
+                   if hook["reject"] else None)
+
+
+# --- s08.17: the log: bounded, through the door [hardening: skip on first read] ---
+# Stops: a link planted at .agent/hooks.log written through, or a log that grows without end
+# Test: tests/test_s08_review.py::test_a_link_planted_at_hooks_log_is_not_followed
+# log_hook writes each run through log_line.
+HOOK_LOG_BYTES = 1_000_000  # hooks.log past this becomes hooks.log.1 (one old copy is kept)
+
+
+def log_line(text):
+    """A line of .agent/hooks.log, timed; one old copy is kept past HOOK_LOG_BYTES."""
+    path = agent_state().workdir / ".agent" / "hooks.log"
+    line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with HOOK_LOCK, contextlib.suppress(OSError):  # s06's open_inside, s02's door: a link planted
+        fd = open_inside(path, agent_state().workdir, flags)  # at .agent or hooks.log is not followed
+        if os.fstat(fd).st_size > HOOK_LOG_BYTES:  # rename moves a link, never what it points to
+            os.close(fd)
+            os.replace(path, path.with_name("hooks.log.1"))
+            fd = open_inside(path, agent_state().workdir, flags)
+        with open(fd, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+# --- s08.18: an http hook sends only what it names [hardening: skip on first read] ---
+# Stops: an http hook's headers carrying the agent's key, or a redirect sending them elsewhere
+# Test: tests/test_s08_review.py::test_an_http_hook_follows_no_redirect_and_never_expands_the_agents_key
+HEADER_VAR = re.compile(r"\$\{(\w+)\}")
+
+
+def header_value(text, allowed, env):
+    """${VAR} in a header, only for variables the hook names in allowed_env_vars:
+    a config cannot send the user's secrets anywhere unasked. Others become "".
+    `env` is the hook's own (hook_env): a project's hook has no token to name."""
+    return HEADER_VAR.sub(lambda m: env.get(m[1], "") if m[1] in allowed else "", text)
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failure: following it would send the headers to another origin."""
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
+
+
+def read_reply_body(reply, deadline):
+    """The reply's body up to HOOK_JSON_CHARS bytes, by HOOK's deadline: a server that
+    drips a byte a second cannot hold the loop past the timeout."""
+    data = b""
+    while len(data) < HOOK_JSON_CHARS:
+        if time.monotonic() > deadline:
+            raise HookFailed("the reply did not arrive within the timeout")
+        chunk = reply.read1(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8", "replace")
+
+
+# --- s08.19: Claude Code's JSON output [extra] ---
+# A command hook that exits 0 may print Claude Code's JSON: decision,
+# continue, stopReason, systemMessage, hookSpecificOutput (permissionDecision,
+# updatedInput, additionalContext). read_output hands it to read_reply;
+# continue: false ends the turn (hook_halt).
+def read_reply(data, event):
+    """Claude Code's JSON output -> a verdict; HookFailed when it is not that shape."""
+    if not isinstance(data, dict):
+        raise HookFailed("the JSON output must be an object")
+    spec = data.get("hookSpecificOutput") or {}
+    if not isinstance(spec, dict):
+        raise HookFailed("hookSpecificOutput must be an object")
+    v = verdict(messages=[str(data["systemMessage"])] if data.get("systemMessage") else [])
+    for key in ("decision", "reason", "stopReason", "systemMessage"):
+        if data.get(key) is not None and not isinstance(data[key], (str, dict) if key == "decision" else str):
+            raise HookFailed(f"{key} must be a string")
+    if data.get("decision") == "block":
+        v["block"] = str(data.get("reason") or "a hook blocked it")[:HOOK_OUTPUT_CHARS]
+    asked = spec.get("decision") if isinstance(spec.get("decision"), dict) else {}
+    decision = spec.get("permissionDecision") or ("allow" if data.get("decision") == "approve" else None)
+    decision = decision or asked.get("behavior")  # permission_request: {"decision": {"behavior": "allow"}}
+    if decision is not None and not isinstance(decision, str):
+        raise HookFailed("permissionDecision must be allow, deny or ask")
+    reason = str(spec.get("permissionDecisionReason") or asked.get("message") or data.get("reason") or "")
+    reason = reason[:HOOK_OUTPUT_CHARS]
+    if decision == "deny":
+        v["block"] = v["block"] or reason or "a hook denied it"
+    elif decision in ("allow", "ask"):
+        v["decision"], v["reason"] = decision, reason
+    elif decision is not None:
+        raise HookFailed(f"permissionDecision {decision!r}: use allow, deny or ask")
+    updated = spec.get("updatedInput")
+    if updated is not None and not isinstance(updated, dict):
+        raise HookFailed("updatedInput must be an object")
+    v["input"] = updated
+    if spec.get("additionalContext"):
+        v["context"].append(str(spec["additionalContext"])[:HOOK_OUTPUT_CHARS])
+    if data.get("continue") is False:
+        v["stop"] = str(data.get("stopReason") or "a hook ended the turn")
+    return v
+
+
+def hook_halt():
+    """A hook's continue: false ends the turn after the current round."""
+    state = agent_state()
+    if state.halt:
+        say(f"[turn ended by a hook: {state.halt}]")
+        return True
+    return False
+
+
+# --- s08.20: the stop event: not done yet [extra] ---
+# When the model is done, a stop hook may send it back to work.
+STOP_BLOCK_CAP = 8          # stop-hook blocks in a row one turn honours (Claude Code's default cap):
+                            # each is a model call, and a hook that never lets go would spend them all
+
+
 def stop_hooks(messages):
     """stop (a subagent: subagent_stop) when the model is done. A block sends it
     back to work, the reason as a reminder, and every stop hook after it in this
@@ -6156,13 +6466,10 @@ def stop_hooks(messages):
     return True
 
 
-def hook_halt():
-    """A hook's continue: false ends the turn after the current round."""
-    state = agent_state()
-    if state.halt:
-        say(f"[turn ended by a hook: {state.halt}]")
-        return True
-    return False
+# --- s08.21: the session's two ends [extra] ---
+# main() runs the session inside hook_session: session_start, then
+# session_end, which also reaps the async hooks.
+HOOK_EXIT_WAIT = 5          # seconds the session's end waits for async hooks, then kills them
 
 
 def begin_session():
@@ -6210,6 +6517,125 @@ def hook_session():
             say("\n[session_end hooks cancelled]")
 
 
+# --- s08.22: the prompt action [extra] ---
+# The seed's prompt action: a message for the model's next request.
+def run_prompt_hook(hook, payload, env, state):
+    """The seed's prompt action: a <system-reminder> for the model's next request."""
+    message = expand_text(hook["action"]["message"], env)
+    return verdict(block=message) if hook["reject"] else verdict(context=[message])
+
+
+def expand_text(template, env, escape=str):
+    """A prompt, message or http body with the hook variables filled in, as text
+    (escape=json_escape for a JSON body). Only hook variables: nothing else of the
+    environment reaches a template."""
+    def value(m):
+        name = env_name(m[1]) if m[1] else m[2] or m[3]
+        known = name in HOOK_VARS or name.startswith("TOOL_ARGS_")
+        return escape(env.get(name, "")) if known else m[0]
+    return VAR_REF.sub(value, template)
+
+
+# --- s08.23: the http action [extra] ---
+# POST the event (or the action's body, variables JSON-escaped) to a URL.
+def run_http_hook(hook, payload, env, state):
+    """POST the payload (or the action's body, variables JSON-escaped); a 2xx reply
+    may carry the protocol's JSON, anything else is a failure."""
+    action = hook["action"]
+    allowed = set(action.get("allowed_env_vars") or [])
+    headers = {"Content-Type": "application/json", "User-Agent": "agent-hooks"}
+    headers |= {k: header_value(v, allowed, env) for k, v in (action.get("headers") or {}).items()}
+    body = (expand_text(action["body"], env, json_escape) if action.get("body")
+            else json.dumps(hook_input(payload), ensure_ascii=False, default=str))
+    request = urllib.request.Request(action["url"], data=body.encode("utf-8", "replace"),
+                                     headers=headers, method=action.get("method", "POST"))
+    deadline = time.monotonic() + hook["timeout"]
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=hook["timeout"]) as reply:
+            text = read_reply_body(reply, deadline)
+    except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPError, URLError, timeouts
+        raise HookFailed(f"{action['url']}: {e}")
+    if hook["reject"]:
+        return verdict(block=text.strip()[:HOOK_OUTPUT_CHARS] or f"rejected by hook {hook['name']}")
+    return read_output(text, payload["event"]) if text.lstrip().startswith("{") else verdict()
+
+
+def json_escape(text):
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+# --- s08.24: the agent action [extra] ---
+# A read-only subagent judges the event. ACTIONS, every action by type, closes
+# the list: run_hook looks an action up there.
+HOOK_AGENT_TURNS = 10       # model calls an agent hook may make
+AGENT_HOOK_SYSTEM = (
+    "You are a hook: an automatic check the user configured, run on one event of a coding "
+    "agent. Read what you need with read_file, glob and grep (you cannot change anything). "
+    "If the event must not go ahead, reply with one line starting BLOCK: and the reason; "
+    "otherwise reply OK and a one-line note.")
+
+
+def run_agent_hook(hook, payload, env, state):
+    """A read-only subagent judges the event; a reply starting BLOCK: blocks. It
+    has no hooks of its own (a hook cannot fire itself), and each model call is
+    bounded by the hook's timeout, the run by HOOK_AGENT_TURNS."""
+    if state.client is None:
+        raise HookFailed("an agent hook needs a running agent loop")
+    spec = {"name": "hook", "tools": ["read_file", "glob", "grep"], "system": AGENT_HOOK_SYSTEM}
+    settings = child_settings(spec, False, None) | {"max_turns": HOOK_AGENT_TURNS}
+    task = (f"{expand_text(hook['action']['prompt'], env)}\n\nThe event, as JSON:\n"
+            f"{clip(json.dumps(hook_input(payload), ensure_ascii=False, default=str), HOOK_OUTPUT_CHARS)}")
+    history, child = [{"role": "user", "content": task}], child_state(False, f"hook {hook['name']}")
+    child.permissions, child.mode = dict(state.permissions, hooks=[]), "bypassPermissions"  # reads only; never asks
+    client = state.client.with_options(timeout=hook["timeout"], max_retries=0)
+    if (reason := run_child(client, history, child, settings)) != "end_turn":
+        raise HookFailed(f"the agent stopped early ({reason})")
+    answer = last_text(history)
+    if hook["reject"] or answer.upper().startswith("BLOCK:"):
+        return verdict(block=answer.split(":", 1)[-1].strip() if ":" in answer else answer)
+    return verdict()
+
+
+ACTIONS = {"command": run_command_hook, "http": run_http_hook, "prompt": run_prompt_hook,
+           "agent": run_agent_hook}
+
+
+# --- s08.25: async hooks [extra] ---
+# async: true runs the hook beside the loop, in a thread: it can only be logged,
+# never decide. end_session waits HOOK_EXIT_WAIT seconds for it.
+def start_async(hook, payload, state):
+    """An async hook runs beside the loop, in a copy of this context; end_session reaps it."""
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(run_hook, hook, payload, state),
+                              daemon=True)
+    state.hooks["jobs"].append(thread)
+    thread.start()
+
+
+# --- s08.26: the transcript a hook reads [extra] ---
+# Claude Code's hooks read the session from transcript_path.
+def transcript_file(state):
+    if state.record is not None:  # s09: the session file is the transcript
+        return state.record["path"]  # s09
+    return state.workdir / ".agent" / "transcripts" / f"session-{state.run_id}.jsonl"
+
+
+def write_transcript(state):
+    """The session's history as JSONL for hooks that read transcript_path: the main
+    agent's, rewritten before a hook runs when it grew since the last one."""
+    if state.record is not None:  # s09: already on disk, in the session file
+        return sync_session(state.messages or [])  # s09
+    path = transcript_file(state)
+    messages = state.messages if not state.label else None
+    mark = messages and (len(messages), len(json.dumps(messages[-1], default=str)))
+    if messages and state.hooks.get("transcript") != mark:
+        with HOOK_LOCK, contextlib.suppress(OSError):  # s02's door: a link a clone plants is not followed
+            keep_out_of_git(path.parent)  # the conversation stays out of git
+            data = "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n" for m in messages)
+            write_inside(path, data.encode("utf-8"), 0o600)
+            state.hooks["transcript"] = mark
+
+
+# --- s08.27: /hooks [extra] ---
 def show_hooks(args, ctx):
     """/hooks: every hook loaded, in run order, with its file and trust state."""
     hooks = agent_state().permissions.get("hooks", [])
@@ -6235,37 +6661,10 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 # the environment at start), so the prompt cache keeps hitting; instructions and
 # memory go into the messages, as <system-reminder> blocks at the start of the
 # conversation: they can be long, they change, and there compaction can handle them.
-INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
-INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
-INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
-SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never included, wherever it lies
-    r"^(\.env([._-](?!(example|sample|template)$)[\w.-]+)?|[\w.-]+\.env|\.envrc|\.secrets?|secrets?\.\w+"
-    r"|_netrc|\.htpasswd"  # s07's HOME_SECRETS names the rest (.netrc, .pgpass, .npmrc ...), by place
-    r"|credentials(\.\w+)?|token\.json|service-account[\w.-]*\.json|id_(rsa|ecdsa|ed25519|dsa)(?!.*\.pub$)[\w.-]*"
-    r"|.*\.(pem|key|p12|p8|pfx|ppk|jks|keystore|tfvars|tfstate|asc|gpg))$", re.I)
-MEMORY_TYPES = ("user", "feedback", "project", "reference")
-USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
-INDEX_LINES = 200           # lines of one MEMORY.md (seed)
-INDEX_BYTES = 25_000        # bytes of one MEMORY.md (seed)
-RELEVANT_MAX = 5            # memory files attached to one prompt (seed)
-MEMORY_BODY_CHARS = 4_000   # characters of one memory's body
-MEMORY_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # a memory's name is its file name
-SIDE_MAX_TOKENS = 2_000     # output tokens of a memory side call
-MEMORY_EXIT_WAIT = 10       # seconds the session's end waits for a memory extraction still running
-DREAM_EVERY_HOURS = 24      # consolidation gates (seed): hours since the last run...
-DREAM_SESSIONS = 5          # ...sessions since then...
-DREAM_SCAN_EVERY = 600      # ...and seconds between two looks at the gates
-LOCK_STALE = 3600           # seconds: a consolidation lock this old is taken over, live PID or not
-DREAM_TURNS = 30            # model calls the consolidating child may make
-GAP_HOURS = 24              # a resumed session older than this gets a reminder
-OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>" per session started
-SESSION_LIST = 20           # sessions /resume lists, newest first
-MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
-MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
-SESSION_LOCK = threading.Lock()  # one writer at a time appends to a session file
-MAX_OPERATIONS = 50         # extractor operations applied from one reply
-RECALL_LIST = 200           # memories offered to one recall call, newest first
 
+# --- s09.1: the system prompt, in sections [core] ---
+# What is stable for the whole session, in a fixed order: the same bytes every
+# turn, so the prompt cache keeps hitting.
 PROMPT_RULES = """Rules, in this order of priority:
 - The user's requests in this conversation come first. Then the project instructions \
 (AGENTS.md, in <system-reminder> blocks; a nearer folder's file over a farther one's). \
@@ -6278,37 +6677,8 @@ PROMPT_TOOLS = """Tool guidance:
 - Read files with read_file and search with grep and glob, not bash cat, grep or find.
 - Change files with edit_file (read them first) or write_file for new ones.
 - Use bash to build, test and run things; independent reads can go in one reply."""
-GAP_REMINDER = ("<system-reminder>\nThis session is resumed: its last message was {age} "
-                "ago ({when}). Files may have changed since; read them again before you rely "
-                "on what the history says about them.\n</system-reminder>")
-EXTRACT_SYSTEM = """You maintain the long-term memory of a coding agent. You get the \
-memory index and the latest turn of a conversation. Decide whether the turn holds \
-something worth knowing in a later session: the user's preferences (type user), a \
-correction or confirmation of how to work (feedback), a fact about the project that the \
-code does not show (project), or where to find something outside it (reference). Not \
-code structure, not what git or the files already say, not what only mattered today.
 
-Reply with JSON only: {"operations": [{"op": "create" | "update" | "delete", "name": \
-"kebab-case-name", "type": "user" | "feedback" | "project" | "reference", "description": \
-"one line", "body": "the memory; for feedback add **Why:** and **How to apply:** lines"}]}
-Update a memory whose meaning already exists instead of creating it again; delete one \
-the turn proves wrong. Never save secrets (passwords, tokens, keys, URLs with \
-credentials). Nothing worth keeping: {"operations": []}."""
-RECALL_SYSTEM = """Pick the memories that would help with the user's next request. \
-Reply with JSON only: {"names": ["name", ...]}, at most 5, most useful first; \
-{"names": []} when none clearly helps."""
-DREAM_PROMPT = """Consolidate the agent's memory folders: {folders}.
-1. Orient: list the folders, read each MEMORY.md and the memory files.
-2. Gather signal: grep the recent session records in .agent/sessions/ for facts that \
-confirm or contradict memories (search for specific words, do not read them whole).
-3. Consolidate: merge memories that say the same thing into one file; delete ones that \
-are proven wrong; fix contradictions; turn relative dates ("yesterday") into absolute ones. \
-Keep each file's frontmatter (name, description, type).
-4. Prune: each MEMORY.md is rebuilt from the files when you finish, so just keep the \
-descriptions short. You may write only inside the memory folders.
-Finish with a one-paragraph report of what you changed."""
 
-# --- s09.1: the system prompt, in sections ---
 def session_environment(state):
     """The environment as it was at session start, computed once (shared with subagents)."""
     if "environment" not in state.session:
@@ -6346,10 +6716,20 @@ def prompt_sections(state):
 def assemble_prompt():
     return "\n\n".join(text for _, text in prompt_sections(agent_state()) if text)
 
-# --- s09.2: project instructions ---
+
+# --- s09.2: project instructions [core] ---
 # The chain (seed, after Codex): ~/.agent, then each folder from the git root
 # down to the working directory, at most one file per folder. Root first, so a
-# nearer file comes later and weighs more. @path includes the file's text.
+# nearer file comes later and weighs more. @path includes the file's text (an
+# extra below). attach_context puts the chain, with the memory indexes, in front
+# of the conversation's first prompt.
+INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
+INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
+
+
+CONTEXT_MARK = "<system-reminder>\n# Project context"
+
+
 def instruction_files(state):
     """The instruction files that apply, farthest first."""
     root = repo_root(state.workdir)
@@ -6364,97 +6744,6 @@ def instruction_files(state):
         if path := next((folder / n for n in INSTRUCTION_NAMES if (folder / n).is_file()), None):
             found.append(path)
     return found
-
-
-def include_allowed(path, state, root=None):
-    """Why `path` (resolved) may not be read, or None: inside the workspace (or
-    `root`, the git root the chain walked from) or ~/.agent only, never a file that
-    looks like a secret, and s07's read rules apply (a denied path stays unread,
-    whether its rule is read from the workspace or from that root). The chain's
-    files and their includes pass the same check with the same root: a cloned
-    AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
-    root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
-    if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
-        return "outside the repository and ~/.agent"
-    here = f"/{path.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
-    if SECRET_FILE.match(path.name) or any(f"/{d}/" in here for d in (*HOME_SECRETS, ".git")):  # s07's list
-        return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
-    rules = state.permissions["rules"]
-    if path == own_dotenv() or any(first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], base)
-                                   for base in {state.workdir, root}):
-        return "a read rule denies it"
-    return None if path.is_file() else "no such file"
-
-
-def user_agent_dir():
-    return (Path.home() / ".agent").resolve()
-
-
-FENCE = re.compile(r"^\s*(```|~~~)")
-INCLUDE = re.compile(r"(?<![\w`@/])@((?:~/|\.{0,2}/)?[\w.-][\w./-]*)")
-CODE_SPAN = re.compile(r"`[^`\n]*`")
-HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
-FENCED = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)", re.S | re.M)  # a fenced block, to its end
-
-
-def strip_comments(text):
-    """HTML comments go, except inside fenced code (an example stays an example)."""
-    out, pos = [], 0
-    for m in FENCED.finditer(text):
-        out += [HTML_COMMENT.sub("", text[pos:m.start()]), m[0]]
-        pos = m.end()
-    return "".join(out + [HTML_COMMENT.sub("", text[pos:])])
-
-
-def expand_includes(text, path, state, depth=0, chain=(), budget=None):
-    """The file's text with HTML comments gone and each @path outside code replaced
-    by that file's text (depth at most INCLUDE_DEPTH; a cycle is noted, not followed).
-    `budget` holds the bytes still to be read: shared by every include of the
-    chain, so a file included ten times at each of five levels cannot expand
-    into gigabytes before the cap applies."""
-    budget = [2 * INSTRUCTIONS_CAP] if budget is None else budget
-    out, fenced = [], False
-    for line in strip_comments(text).split("\n"):
-        if FENCE.match(line):
-            fenced = not fenced
-        if fenced or FENCE.match(line) or "@" not in line:
-            out.append(line)
-            continue
-        spans = [m.span() for m in CODE_SPAN.finditer(line)]
-        def include(m):
-            if any(a <= m.start() < b for a, b in spans):
-                return m[0]
-            ref, tail = m[1], ""
-            while ref[-1:] in ".,;:!?" and not (path.parent / os.path.expanduser(ref)).exists():
-                ref, tail = ref[:-1], ref[-1] + tail  # "see @docs/style.md." ends a sentence
-            found = included(ref, path, state, depth, chain, budget) if ref else None
-            return m[0] if found is None else found + tail
-        out.append(INCLUDE.sub(include, line))
-    return "\n".join(out)
-
-
-def included(ref, path, state, depth, chain, budget):
-    """One @ref's replacement text, or None to leave it as written (not a file)."""
-    try:
-        target = (path.parent / os.path.expanduser(ref)).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
-    if target in chain or target == path.resolve():
-        return f"(@{ref} skipped: it includes itself)"
-    if target in {p.resolve() for p in instruction_files(state)}:  # read on its own: once is enough
-        return f"(@{ref}: read on its own, under its # From heading)"
-    if depth >= INCLUDE_DEPTH:
-        return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
-    if why := include_allowed(target, state, repo_root(state.workdir)):  # the chain's repository
-        return None if why == "no such file" else f"(@{ref} not read: {why})"
-    if target.is_relative_to(user_agent_dir()) and not path.resolve().is_relative_to(user_agent_dir()):
-        return f"(@{ref} not read: a project file cannot include your ~/.agent files)"
-    if budget[0] <= 0:
-        return f"(@{ref} skipped: the instructions are over their size cap)"
-    with open(target, "rb") as fh:
-        text = fh.read(min(budget[0], INSTRUCTIONS_CAP) + 1).decode("utf-8", "replace")
-    budget[0] -= len(text)
-    return expand_includes(text, target, state, depth + 1, chain + (path.resolve(),), budget)
 
 
 def load_instructions(state):
@@ -6481,9 +6770,6 @@ def load_instructions(state):
                    f"left out, from {kept.rsplit('# From ', 1)[-1].split(chr(10))[0]} on]")
 
 
-CONTEXT_MARK = "<system-reminder>\n# Project context"
-
-
 def context_blocks(state):
     """The conversation's opening reminders: instructions, then the memory indexes."""
     parts = []
@@ -6508,7 +6794,8 @@ def attach_context(messages):
     if blocks := context_blocks(state):
         messages[0]["content"] = blocks + first
 
-# --- s09.3: sessions ---
+
+# --- s09.3: sessions: append, read, resume [core] ---
 # One JSONL file per session, appended (seed: O(1) per message, and a crash
 # leaves at most a torn last line). A resumed session must send, request for
 # request, what the live one would have sent next, so the file records as the
@@ -6519,21 +6806,18 @@ def attach_context(messages):
 #   boundary  {"n"}: the history starts again (a compaction, a resume), once the
 #             n messages it announces have followed it
 #   mode      {"mode"}: the permission mode
-#   context   s06's marks, private "_" keys beside the messages (saved() leaves
-#             them out): "usage" [[i, size anchor], ...] (a call answered the
-#             messages up to i, so their results were sent), "cleared" result ids
-#             (shown as placeholders), after a boundary "sent" n (the first n)
-#   state     {key: value} of session_state that changed: the plan and its
-#             reminder count, the compaction breaker, denials in a row, the
-#             once-hooks that ran, hook context not yet sent, memories attached
-#   files     {path: [mtime_ns, size] or null}: file-read records that changed
-# Without the last three a resume re-sent every stored result in full (the
-# first request after --continue was 4.5x the last one before it, soon over the
-# compaction threshold), forgot the plan, and refused an edit of a file read
-# before. Not recorded: the system prompt's environment (each process states
-# its own: the date, the branch). Each record is flushed before the loop acts
-# on it: the reply (and the marks its call made) before its tools run, the
-# prompt and the results before the next model call.
+#   context, state, files: the context state beside the messages (a sub-section
+#             below, "the context state, kept for a resume")
+# Each record is flushed before the loop acts on it: the reply (and the marks its
+# call made) before its tools run, the prompt and the results before the next
+# model call.
+SESSION_LOCK = threading.Lock()  # one writer at a time appends to a session file
+GAP_HOURS = 24              # a resumed session older than this gets a reminder
+GAP_REMINDER = ("<system-reminder>\nThis session is resumed: its last message was {age} "
+                "ago ({when}). Files may have changed since; read them again before you rely "
+                "on what the history says about them.\n</system-reminder>")
+
+
 def sessions_dir(state):
     return state.workdir / ".agent" / "sessions"
 
@@ -6548,25 +6832,6 @@ def session_id(state):
     """The session's id, the name of its file: --resume takes it, hooks are told it.
     A subagent writes no file of its own: it has its parent's."""
     return state.record["path"].stem if state.record else state.parent_session or state.run_id
-
-
-def claim_session_file(state):
-    """Make a new session's file with O_EXCL: processes started in the same second
-    (a lead's teammates) may draw the same name, and two must never append to one
-    file. The one that writes second draws again, before it writes anything. Other
-    errors are the write's to report."""
-    state.record["fresh"] = False
-    for _ in range(100):
-        path = state.record["path"]
-        try:  # s06's open_inside: no link on the way is followed, the folders made on the walk
-            os.close(open_inside(path, state.workdir, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:  # another's (written first, or at once), or a planted link
-            state.record["path"] = new_session(state)["path"]
-            continue
-        except OSError:
-            pass
-        return path
-    return path
 
 
 def write_records(records):
@@ -6629,6 +6894,598 @@ def sync_records(messages, reply, rec):
     rec["written"], rec["last"] = len(final), json.dumps(saved(final[-1]), default=str) if final else None
 
 
+def append_message(messages, message):
+    """messages.append, the file first."""
+    sync_session(messages, message)
+    messages.append(message)
+
+
+def session_boundary(messages, compacted=True):
+    """The history was replaced (compaction, resume): a boundary, then all of it again,
+    with its marks. Recalled memories may be gone with a compacted part: they can be
+    attached again (a resume's boundary writes the same history again)."""
+    state = agent_state()
+    if compacted:
+        state.memory["attached"] = set()
+    if state.record is not None:
+        write_records([{"type": "boundary", "n": len(messages)}])  # n: see read_session
+        state.record["written"] = 0
+        state.record.get("noted", {}).update(usage={}, cleared=set(), view=None)
+        sync_session(messages)
+
+
+def note_mode(mode):
+    write_records([{"type": "mode", "mode": mode}])
+
+
+def read_session(path):
+    """(messages after the last boundary, with s06's marks; last mode; last timestamp;
+    bad lines; the agent's state as last recorded, session_state's keys and "files").
+    A boundary counts once the n messages it announces have followed it: a crash
+    while they are written leaves the history before it (and its marks) in place."""
+    messages, before, owed, mode, last_ts, bad = [], [], 0, None, None, 0
+    marks, marks_before, left, files = new_marks(), new_marks(), {}, {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                r = json.loads(line)
+                kind, ts = r["type"], float(r["ts"])
+            except (ValueError, KeyError, TypeError):
+                bad += 1
+                continue
+            if kind == "boundary":
+                if not owed:  # an unfinished rewrite never counted
+                    before, marks_before = messages, marks
+                messages, marks, owed = [], new_marks(), r["n"] if isinstance(r.get("n"), int) else 0
+            elif kind == "mode":
+                mode = r.get("mode")
+            elif kind == "truncate" and isinstance(r.get("n"), int):
+                del messages[max(0, r["n"]):]
+                forget_marks(marks, max(0, r["n"]))
+            elif kind == "message" and isinstance(r.get("i"), int) and 0 <= r["i"] <= len(messages) \
+                    and well_formed(r.get("message")):
+                messages[r["i"]:r["i"] + 1] = [r["message"]]
+                del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
+                forget_marks(marks, r["i"] + 1)  # the same message grown keeps its own
+                owed = 0 if len(messages) >= owed else owed
+            elif kind == "context":
+                note_marks(marks, r)
+            elif kind == "state" and isinstance(r.get("state"), dict):
+                left |= r["state"]
+            elif kind == "files" and isinstance(r.get("files"), dict):
+                files |= r["files"]
+            else:
+                bad += 1
+                continue
+            last_ts = ts
+    history, marks = (before, marks_before) if owed else (messages, marks)
+    left["files"] = {p: s for p, s in files.items() if s is not None}
+    return apply_marks(history, marks), mode, last_ts, bad, left
+
+
+def session_files(state):
+    """The session files here, oldest first: regular files only (a link or a
+    folder named x.jsonl is not a session)."""
+    folder = sessions_dir(state)
+    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()] if folder.is_dir() else []
+    return sorted(files, key=lambda p: p.lstat().st_mtime)
+
+
+def find_session(state, which):
+    """The session file for --continue (which True: the newest of the user's own)
+    or --resume ID (one the user did not start here is resumed only if they say so)."""
+    files, own = session_files(state), own_sessions(state)
+    if which is True:
+        if not own:
+            extra = f" ({len(files)} session file(s) from elsewhere: /resume lists them)" if files else ""
+            raise ValueError(f"--continue: no session started here to continue{extra}")
+        return own[-1]
+    if not isinstance(which, str) or not which.strip():
+        raise ValueError("--resume needs a session ID: /resume lists them")
+    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(which)]
+    if len(hits) != 1:
+        raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
+                         f"; /resume lists them")
+    if hits[0] not in own and ask_human(
+            f"{printable(hits[0].stem)} was not started here by you (a cloned repository can ship session "
+            f"files, and its history would reach the model as yours). Resume it anyway? [y/N] "
+            ).strip().lower() not in ("y", "yes"):
+        raise ValueError(f"--resume {which}: not resumed")
+    return hits[0]
+
+
+def resume(client, path):
+    """Load a session into a fresh history and keep appending to its file. What
+    else shapes a request comes back too (s06's marks, the agent's state, its
+    file-read records), so the next request is the one the live session would
+    have sent."""
+    state = agent_state()
+    messages, mode, last_ts, bad, left = read_session(path)
+    kept = complete_prefix(messages)
+    cut = len(messages) - len(kept)
+    end_torn_line(path)
+    state.record = {"path": path, "written": 0, "last": None}
+    state.files.clear()  # another history's reads are not this one's: restore_state brings its own
+    restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
+        and mode != state.mode and path in own_sessions(state)  # a shipped file never loosens the mode
+    if restored:  # plan and bypassPermissions: never resumed, never replaced
+        state.mode = state.mode_before_plan = mode
+    say(printable(f"[resumed {path.stem}: {len(kept)} messages")
+        + (f", permission mode {mode} as the session left it" if restored else "")
+        + (f", {bad} unreadable line(s) skipped" if bad else "")
+        + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
+    restore_state(state, left)  # first: the records written below start from it
+    if client is not None and last_usage(kept) is None and estimate_tokens(kept) > AUTO_COMPACT_AT:
+        compact(client, kept, why="resumed over the threshold")  # a file without size anchors; else
+    session_boundary(kept, compacted=False)  # manage_context decides next, as the live session would
+    if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
+        hours = (time.time() - last_ts) / 3600
+        age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
+        state.hook_notes.append({"type": "text", "text": GAP_REMINDER.format(
+            age=age, when=time.strftime("%Y-%m-%d %H:%M", time.localtime(last_ts)))})
+    return kept
+
+
+def start_session(argv, client):
+    """--continue / --resume ID, or a new session. Returns (argv, history)."""
+    argv = list(argv)
+    state = agent_state()
+    if argv and argv[-1] == "--resume":  # pop_flag's own message would list permission modes
+        raise ValueError("--resume needs a session ID: /resume lists them")
+    going_on, which = pop_flag(argv, "--continue", False), pop_flag(argv, "--resume", True)
+    if going_on and which is not None:
+        raise ValueError("use --continue (the newest session) or --resume ID, not both")
+    which = going_on or which
+    state.record = new_session(state)  # written from the first message on
+    if not which:
+        return argv, []
+    return argv, resume(client, find_session(state, which))
+
+
+# --- s09.4: auto memory: saved after a turn [core] ---
+# One file per memory, with YAML frontmatter (name, description, type); a
+# MEMORY.md index per folder, rebuilt from the files whenever they change, so it
+# never disagrees with them and its cap always holds. Extraction runs after a
+# turn that ends without tool use, in the background: one side call returns
+# create, update and delete operations.
+MEMORY_TYPES = ("user", "feedback", "project", "reference")
+USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
+INDEX_LINES = 200           # lines of one MEMORY.md (seed)
+INDEX_BYTES = 25_000        # bytes of one MEMORY.md (seed)
+MEMORY_BODY_CHARS = 4_000   # characters of one memory's body
+MEMORY_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # a memory's name is its file name
+SIDE_MAX_TOKENS = 2_000     # output tokens of a memory side call
+MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
+MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
+MAX_OPERATIONS = 50         # extractor operations applied from one reply
+EXTRACT_SYSTEM = """You maintain the long-term memory of a coding agent. You get the \
+memory index and the latest turn of a conversation. Decide whether the turn holds \
+something worth knowing in a later session: the user's preferences (type user), a \
+correction or confirmation of how to work (feedback), a fact about the project that the \
+code does not show (project), or where to find something outside it (reference). Not \
+code structure, not what git or the files already say, not what only mattered today.
+
+Reply with JSON only: {"operations": [{"op": "create" | "update" | "delete", "name": \
+"kebab-case-name", "type": "user" | "feedback" | "project" | "reference", "description": \
+"one line", "body": "the memory; for feedback add **Why:** and **How to apply:** lines"}]}
+Update a memory whose meaning already exists instead of creating it again; delete one \
+the turn proves wrong. Never save secrets (passwords, tokens, keys, URLs with \
+credentials). Nothing worth keeping: {"operations": []}."""
+
+
+def after_turn(messages):
+    """When a turn ends without tool use (the main agent's): the session is on disk
+    first, then memory extraction starts in the background, then maybe a consolidation."""
+    state = agent_state()
+    sync_session(messages)
+    if state.label or not auto_memory() or state.client is None:
+        return
+    text = turn_text(messages)
+    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
+                           daemon=True)
+    state.memory["jobs"].append(job)
+    job.start()
+    try:  # the turn is over: nothing here may turn it into a failure
+        maybe_consolidate(state)
+    except OSError as e:
+        log_memory(f"consolidation not started: {e}")
+
+
+def extract_quietly(text, state):
+    """The thread's body: a failure is a line in memory.log, never a traceback in the REPL."""
+    try:
+        extract_memories(text, state)
+    except Exception as e:
+        log_memory(f"extraction failed: {type(e).__name__}: {e}")
+
+
+def extract_memories(text, state):
+    """The background job: one side call, its operations applied; bad JSON changes nothing."""
+    reply = side_call(EXTRACT_SYSTEM, f"Memory index:\n{memory_index(state) or '(empty)'}\n\n"
+                                      f"The latest turn:\n{text}")
+    if reply is None:
+        return
+    try:
+        ops = json_reply(reply).get("operations", [])
+    except ValueError as e:
+        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
+        return
+    with MEMORY_LOCK:
+        done = apply_operations(ops, state)
+    if done:
+        say(f"[memory: {', '.join(printable(d) for d in done)}]")
+
+
+def turn_text(messages):
+    """The latest turn as plain text for the extractor: from the last prompt on."""
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user" and prompt_text(messages[:i + 1])),
+                default=0)
+    lines = []
+    for m in messages[start:]:
+        for b in as_blocks(m["content"]):
+            if b.get("type") == "text" and not b["text"].startswith("<system-reminder>"):
+                lines.append(f"{m['role']}: {b['text']}")
+            elif b.get("type") == "tool_use":
+                lines.append(f"assistant called {b['name']} {json.dumps(b['input'])[:300]}")
+    return clip("\n".join(lines), 20_000)
+
+
+def side_call(system, content):
+    """One small model call for memory work, its text; None when it fails."""
+    state = agent_state()
+    try:
+        reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
+                                             messages=[{"role": "user", "content": content}])
+    except Exception as e:  # a side call never breaks the session
+        log_memory(f"side call failed: {type(e).__name__}: {e}")
+        return None
+    charge(reply)
+    return "".join(b.text for b in reply.content if b.type == "text")
+
+
+def json_reply(text):
+    """The JSON object in a side call's reply (a ``` fence around it is fine); ValueError if none."""
+    if text is None:
+        raise ValueError("no reply")
+    start, end = text.find("{"), text.rfind("}")
+    data = json.loads(text[start:end + 1]) if start >= 0 < end else None
+    if not isinstance(data, dict):
+        raise ValueError("the reply holds no JSON object")
+    return data
+
+
+def log_memory(line):
+    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
+    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with contextlib.suppress(OSError), \
+            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
+
+
+def apply_operations(ops, state):
+    """Apply checked operations (at most MAX_OPERATIONS); returns what changed, one
+    short phrase each. The indexes of the folders touched are rebuilt whatever
+    happens, so an index never disagrees with its files."""
+    done, touched = [], set()
+    existing = {m["name"]: m for m in read_memories(state)}
+    try:
+        for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
+            try:
+                if phrase := apply_operation(op, existing, touched, state):
+                    done.append(phrase)
+            except OSError as e:
+                log_memory(f"operation failed ({e}): {json.dumps(op, default=str)[:200]}")
+    finally:
+        for folder in touched:
+            with contextlib.suppress(OSError):
+                write_index(folder)
+    return done
+
+
+def apply_operation(op, existing, touched, state):
+    """One operation; `existing` (name -> memory) is kept up to date."""
+    if problem := check_operation(op):
+        log_memory(f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}")
+        return None
+    old = existing.get(op["name"])
+    if op["op"] == "create" and (old or any(same_meaning(op["description"], m["description"])
+                                            for m in existing.values())):
+        log_memory(f"create {op['name']} skipped: a memory with that meaning exists")
+        return None
+    if op["op"] != "create" and old is None:  # forgotten meanwhile (/forget), or never there
+        log_memory(f"{op['op']} {op['name']} skipped: no such memory")
+        return None
+    if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
+        old["path"].unlink()
+        touched.add(old["path"].parent)
+        del existing[op["name"]]
+        if op["op"] == "delete":
+            return f"forgot {op['name']}"
+    touched.add(folder := write_memory(op, state))
+    existing[op["name"]] = {"name": op["name"], "type": op["type"], "description": op["description"],
+                            "body": op["body"], "path": folder / f"{op['name']}.md"}
+    return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
+
+
+def check_operation(op):
+    """An extractor operation's problem, or None."""
+    if not isinstance(op, dict) or op.get("op") not in ("create", "update", "delete"):
+        return "op must be create, update or delete"
+    if not isinstance(op.get("name"), str) or not MEMORY_NAME.fullmatch(op["name"]):
+        return f"name {op.get('name')!r} must be kebab-case, at most 64 characters"
+    if op["op"] != "delete":
+        if op.get("type") not in MEMORY_TYPES:
+            return f"type must be one of {', '.join(MEMORY_TYPES)}"
+        if not all(isinstance(op.get(k), str) and op[k].strip() for k in ("description", "body")):
+            return "description and body must be non-empty strings"
+    return None
+
+
+def write_memory(op, state):
+    folder = memory_dir(op["type"], state)
+    meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
+    text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
+    replace_file(folder, f"{op['name']}.md", text)
+    return folder
+
+
+def memory_dirs(state):
+    """The two folders. The project's counts only when neither .agent nor
+    .agent/memory is a link: a clone could point it at HOME, and every read,
+    write and the consolidator's write permission would follow."""
+    dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
+    if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
+        warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
+        del dirs["project"]
+    return dirs
+
+
+def memory_dir(kind, state):
+    dirs = memory_dirs(state)
+    if (scope := "user" if kind in USER_MEMORY else "project") not in dirs:
+        raise OSError(f"the {scope} memory folder is a link, not written")
+    return dirs[scope]
+
+
+def read_memories(state):
+    """Every memory file of both folders: {name, type, description, body, path}."""
+    found = []
+    for folder in memory_dirs(state).values():
+        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+            if path.name == "MEMORY.md" or not plain_file(path):
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as fh:  # a file of any size: read a head
+                    meta, body = split_frontmatter(fh.read(4 * MEMORY_BODY_CHARS))
+            except (OSError, ValueError):
+                continue
+            found.append({"name": path.stem, "type": str(meta.get("type", "project")),
+                          "description": " ".join(str(meta.get("description", "")).split()),
+                          "body": body, "path": path})
+    return found
+
+
+def index_lines(folder):
+    """MEMORY.md's lines for one folder, within INDEX_LINES and INDEX_BYTES."""
+    lines, size = [], 0
+    memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
+    for m in memories:
+        line = f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+        if len(lines) >= INDEX_LINES - 1 or size + len(line.encode()) + 1 > INDEX_BYTES - 100:
+            lines.append(f"- ... {len(memories) - len(lines)} more in {folder} (not indexed)")
+            break
+        lines.append(line)
+        size += len(line.encode()) + 1
+    return lines
+
+
+def write_index(folder):
+    """Rebuild folder/MEMORY.md from its files (atomically)."""
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
+
+
+def memory_index(state):
+    """Both MEMORY.md files (user first) as read, each capped like the index."""
+    parts = []
+    for scope, folder in memory_dirs(state).items():
+        path = folder / "MEMORY.md"
+        if plain_file(path):
+            with open(path, "rb") as fh:
+                raw = fh.read(INDEX_BYTES).decode("utf-8", "ignore")
+            lines = raw.splitlines()[:INDEX_LINES]
+            if lines:
+                parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def auto_memory():
+    """Are the memory side calls on? AGENT_AUTO_MEMORY=0 or memory: {auto: false} in a config turns them off."""
+    state = agent_state()
+    if os.getenv("AGENT_AUTO_MEMORY", "").strip().lower() in MEMORY_OFF:
+        return False
+    return state.permissions.get("auto_memory", True)
+
+
+# --- s09.5: recall at each prompt [core] ---
+# A side call picks the memories that would help with the new prompt; they join
+# it as a <system-reminder>, each at most once a conversation.
+RELEVANT_MAX = 5            # memory files attached to one prompt (seed)
+RECALL_LIST = 200           # memories offered to one recall call, newest first
+RECALL_SYSTEM = """Pick the memories that would help with the user's next request. \
+Reply with JSON only: {"names": ["name", ...]}, at most 5, most useful first; \
+{"names": []} when none clearly helps."""
+
+
+def recall(messages):
+    """At each prompt (the main agent's): up to RELEVANT_MAX memory files not yet in
+    this conversation, picked by a side call (or by keywords), attached to the prompt."""
+    state = agent_state()
+    prompt = prompt_text(messages)
+    if state.label or prompt is None or not auto_memory() or state.client is None:
+        return
+    sync_session(messages)  # the prompt is on disk before a side call that may hang
+    words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
+             and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
+    prompt = words[-1] if words else prompt
+    memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
+    if not memories:
+        return
+    memories = sorted(memories, key=lambda m: -m["path"].stat().st_mtime)[:RECALL_LIST]
+    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description'][:150]}" for m in memories)
+    try:
+        names = json_reply(side_call(RECALL_SYSTEM, f"Memories:\n{listing}\n\nThe request:\n{prompt}"))["names"]
+        picked = [m for n in names[:RELEVANT_MAX] for m in memories if m["name"] == n]
+    except (ValueError, KeyError, TypeError) as e:
+        log_memory(f"recall fell back to keywords: {e}")
+        picked = keyword_pick(prompt, memories)
+    if not picked:
+        return
+    state.memory["attached"] |= {str(m["path"]) for m in picked}
+    text = "\n\n".join(f"## {m['name']} ({m['type']}, {m['path']})\n{m['body']}" for m in picked)
+    messages[-1]["content"] = as_blocks(messages[-1]["content"]) + [{"type": "text", "text": (
+        f"<system-reminder>\nMemories that may help with this request (they were true when "
+        f"written; check against the code):\n\n{text}\n</system-reminder>")}]
+
+
+# --- s09.6: instructions and includes never reach a secret [hardening: skip on first read] ---
+# Stops: an AGENTS.md or an @include that links to ~/.ssh, a .env or a file a read rule denies
+# Test: tests/test_s09_memory.py::test_a_secret_looking_include_is_never_read_rule_or_not
+# load_instructions and included() ask include_allowed before reading a file.
+SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never included, wherever it lies
+    r"^(\.env([._-](?!(example|sample|template)$)[\w.-]+)?|[\w.-]+\.env|\.envrc|\.secrets?|secrets?\.\w+"
+    r"|_netrc|\.htpasswd"  # s07's HOME_SECRETS names the rest (.netrc, .pgpass, .npmrc ...), by place
+    r"|credentials(\.\w+)?|token\.json|service-account[\w.-]*\.json|id_(rsa|ecdsa|ed25519|dsa)(?!.*\.pub$)[\w.-]*"
+    r"|.*\.(pem|key|p12|p8|pfx|ppk|jks|keystore|tfvars|tfstate|asc|gpg))$", re.I)
+
+
+def include_allowed(path, state, root=None):
+    """Why `path` (resolved) may not be read, or None: inside the workspace (or
+    `root`, the git root the chain walked from) or ~/.agent only, never a file that
+    looks like a secret, and s07's read rules apply (a denied path stays unread,
+    whether its rule is read from the workspace or from that root). The chain's
+    files and their includes pass the same check with the same root: a cloned
+    AGENTS.md that links to ~/.ssh/id_rsa is not sent anywhere."""
+    root = state.workdir if root is None or root == Path.home().resolve() else root  # HOME as a repository
+    if not (path.is_relative_to(root) or path.is_relative_to(user_agent_dir())):  # (dotfiles) is no project
+        return "outside the repository and ~/.agent"
+    here = f"/{path.relative_to(root if path.is_relative_to(root) else user_agent_dir()).as_posix()}/"
+    if SECRET_FILE.match(path.name) or any(f"/{d}/" in here for d in (*HOME_SECRETS, ".git")):  # s07's list
+        return "it looks like a secret (a key, a token file, a .env, a credentials folder)"
+    rules = state.permissions["rules"]
+    if path == own_dotenv() or any(first_rule(rules, "deny", "read_file", {"path": str(path)}, [path], base)
+                                   for base in {state.workdir, root}):
+        return "a read rule denies it"
+    return None if path.is_file() else "no such file"
+
+
+def user_agent_dir():
+    return (Path.home() / ".agent").resolve()
+
+
+# --- s09.7: two sessions, one name [hardening: skip on first read] ---
+# Stops: two processes started in the same second appending to one session file
+# Test: tests/test_s09_memory.py::test_two_sessions_that_draw_one_name_never_share_its_file
+# write_records makes a new session's file through claim_session_file.
+def claim_session_file(state):
+    """Make a new session's file with O_EXCL: processes started in the same second
+    (a lead's teammates) may draw the same name, and two must never append to one
+    file. The one that writes second draws again, before it writes anything. Other
+    errors are the write's to report."""
+    state.record["fresh"] = False
+    for _ in range(100):
+        path = state.record["path"]
+        try:  # s06's open_inside: no link on the way is followed, the folders made on the walk
+            os.close(open_inside(path, state.workdir, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:  # another's (written first, or at once), or a planted link
+            state.record["path"] = new_session(state)["path"]
+            continue
+        except OSError:
+            pass
+        return path
+    return path
+
+
+# --- s09.8: a crash mid-turn [hardening: skip on first read] ---
+# Stops: a session killed mid-write or mid-tool resuming into a request the API refuses
+# Test: tests/test_s09_crash.py::test_a_session_killed_at_seeded_moments_resumes_every_finished_turn
+# resume() keeps the longest start of the history the API accepts and ends a
+# torn last line before appending.
+
+# A call's id and its result's: set members and dict keys (complete_prefix, the marks),
+# so another type in a planted file was a TypeError at /resume and --resume.
+ID_KEYS = {"tool_use": "id", "tool_result": "tool_use_id"}
+
+
+def well_formed(m):
+    """A message the loop can hold: a role, and text or a list of typed blocks."""
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        return False
+    content = m.get("content")
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str)
+                                             and (b["type"] != "text" or isinstance(b.get("text"), str))
+                                             and (b["type"] not in ID_KEYS or isinstance(b.get(ID_KEYS[b["type"]]), str))
+                                             for b in content)
+
+
+def complete_prefix(messages):
+    """The longest start of the history the API accepts: every tool_use answered
+    in the next message, every tool_result answering the call before it, no call
+    id twice, no empty message."""
+    seen = set()
+    for i, m in enumerate(messages):
+        blocks = as_blocks(m["content"])
+        if not blocks:
+            return messages[:i]
+        if m["role"] == "assistant":
+            ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+            if len(set(ids)) < len(ids) or seen & set(ids):
+                return messages[:i]
+            seen |= set(ids)
+            calls = set(ids)
+            after = as_blocks(messages[i + 1]["content"]) if i + 1 < len(messages) else []
+            if calls and (i + 1 >= len(messages) or messages[i + 1]["role"] != "user"
+                          or not calls <= {b.get("tool_use_id") for b in after}):
+                return messages[:i]
+        elif i and messages[i - 1]["role"] == "assistant":
+            asked = {b.get("id") for b in as_blocks(messages[i - 1]["content"]) if b.get("type") == "tool_use"}
+            if {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"} - asked:
+                return messages[:i - 1]
+        if i and m["role"] == messages[i - 1]["role"] == "assistant":
+            return messages[:i]
+    return messages
+
+
+def end_torn_line(path):
+    """A crash mid-write can leave a last line without its newline: end it there,
+    so the next record is a line of its own and not glued to the torn one."""
+    with contextlib.suppress(OSError), open(open_inside(path, agent_state().workdir, os.O_RDWR), "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - 1))
+        if size and fh.read(1) != b"\n":
+            fh.write(b"\n")
+
+
+# --- s09.9: the context state, kept for a resume [hardening: skip on first read] ---
+# Stops: a resumed session re-sending every cleared result whole, and forgetting its plan, its reads and its hooks' state
+# Test: tests/test_s09_resume.py::test_a_session_split_over_four_processes_sends_what_one_process_sends
+# The session file's other records, appended by sync_records after the messages
+# they are about:
+#   context   s06's marks, private "_" keys beside the messages (saved() leaves
+#             them out): "usage" [[i, size anchor], ...] (a call answered the
+#             messages up to i, so their results were sent), "cleared" result ids
+#             (shown as placeholders), after a boundary "sent" n (the first n)
+#   state     {key: value} of session_state that changed: the plan and its
+#             reminder count, the compaction breaker, denials in a row, the
+#             once-hooks that ran, hook context not yet sent, memories attached
+#   files     {path: [mtime_ns, size] or null}: file-read records that changed
+# resume() restores the state and read_session puts the marks back. Without them
+# a resume re-sent every stored result in full (the first request after
+# --continue was 4.5x the last one before it, soon over the compaction
+# threshold), forgot the plan, and refused an edit of a file read before. Not
+# recorded: the system prompt's environment (each process states its own: the
+# date, the branch).
 def context_records(messages, rec):
     """What changed since the last sync in what shapes the next request besides the
     messages: s06's marks, the agent's state, its file-read records. rec["noted"] is
@@ -6725,71 +7582,6 @@ def restore_state(state, left):
                         if isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)})
 
 
-def session_boundary(messages, compacted=True):
-    """The history was replaced (compaction, resume): a boundary, then all of it again,
-    with its marks. Recalled memories may be gone with a compacted part: they can be
-    attached again (a resume's boundary writes the same history again)."""
-    state = agent_state()
-    if compacted:
-        state.memory["attached"] = set()
-    if state.record is not None:
-        write_records([{"type": "boundary", "n": len(messages)}])  # n: see read_session
-        state.record["written"] = 0
-        state.record.get("noted", {}).update(usage={}, cleared=set(), view=None)
-        sync_session(messages)
-
-
-def append_message(messages, message):
-    """messages.append, the file first."""
-    sync_session(messages, message)
-    messages.append(message)
-
-
-def read_session(path):
-    """(messages after the last boundary, with s06's marks; last mode; last timestamp;
-    bad lines; the agent's state as last recorded, session_state's keys and "files").
-    A boundary counts once the n messages it announces have followed it: a crash
-    while they are written leaves the history before it (and its marks) in place."""
-    messages, before, owed, mode, last_ts, bad = [], [], 0, None, None, 0
-    marks, marks_before, left, files = new_marks(), new_marks(), {}, {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                r = json.loads(line)
-                kind, ts = r["type"], float(r["ts"])
-            except (ValueError, KeyError, TypeError):
-                bad += 1
-                continue
-            if kind == "boundary":
-                if not owed:  # an unfinished rewrite never counted
-                    before, marks_before = messages, marks
-                messages, marks, owed = [], new_marks(), r["n"] if isinstance(r.get("n"), int) else 0
-            elif kind == "mode":
-                mode = r.get("mode")
-            elif kind == "truncate" and isinstance(r.get("n"), int):
-                del messages[max(0, r["n"]):]
-                forget_marks(marks, max(0, r["n"]))
-            elif kind == "message" and isinstance(r.get("i"), int) and 0 <= r["i"] <= len(messages) \
-                    and well_formed(r.get("message")):
-                messages[r["i"]:r["i"] + 1] = [r["message"]]
-                del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
-                forget_marks(marks, r["i"] + 1)  # the same message grown keeps its own
-                owed = 0 if len(messages) >= owed else owed
-            elif kind == "context":
-                note_marks(marks, r)
-            elif kind == "state" and isinstance(r.get("state"), dict):
-                left |= r["state"]
-            elif kind == "files" and isinstance(r.get("files"), dict):
-                files |= r["files"]
-            else:
-                bad += 1
-                continue
-            last_ts = ts
-    history, marks = (before, marks_before) if owed else (messages, marks)
-    left["files"] = {p: s for p, s in files.items() if s is not None}
-    return apply_marks(history, marks), mode, last_ts, bad, left
-
-
 def new_marks():
     return {"usage": {}, "sent": 0, "cleared": set()}
 
@@ -6830,68 +7622,11 @@ def apply_marks(messages, marks):
     return messages
 
 
-# A call's id and its result's: set members and dict keys (complete_prefix, the marks),
-# so another type in a planted file was a TypeError at /resume and --resume.
-ID_KEYS = {"tool_use": "id", "tool_result": "tool_use_id"}
-
-
-def well_formed(m):
-    """A message the loop can hold: a role, and text or a list of typed blocks."""
-    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-        return False
-    content = m.get("content")
-    if isinstance(content, str):
-        return True
-    return isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str)
-                                             and (b["type"] != "text" or isinstance(b.get("text"), str))
-                                             and (b["type"] not in ID_KEYS or isinstance(b.get(ID_KEYS[b["type"]]), str))
-                                             for b in content)
-
-
-def complete_prefix(messages):
-    """The longest start of the history the API accepts: every tool_use answered
-    in the next message, every tool_result answering the call before it, no call
-    id twice, no empty message."""
-    seen = set()
-    for i, m in enumerate(messages):
-        blocks = as_blocks(m["content"])
-        if not blocks:
-            return messages[:i]
-        if m["role"] == "assistant":
-            ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
-            if len(set(ids)) < len(ids) or seen & set(ids):
-                return messages[:i]
-            seen |= set(ids)
-            calls = set(ids)
-            after = as_blocks(messages[i + 1]["content"]) if i + 1 < len(messages) else []
-            if calls and (i + 1 >= len(messages) or messages[i + 1]["role"] != "user"
-                          or not calls <= {b.get("tool_use_id") for b in after}):
-                return messages[:i]
-        elif i and messages[i - 1]["role"] == "assistant":
-            asked = {b.get("id") for b in as_blocks(messages[i - 1]["content"]) if b.get("type") == "tool_use"}
-            if {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"} - asked:
-                return messages[:i - 1]
-        if i and m["role"] == messages[i - 1]["role"] == "assistant":
-            return messages[:i]
-    return messages
-
-
-def end_torn_line(path):
-    """A crash mid-write can leave a last line without its newline: end it there,
-    so the next record is a line of its own and not glued to the torn one."""
-    with contextlib.suppress(OSError), open(open_inside(path, agent_state().workdir, os.O_RDWR), "rb+") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(max(0, size - 1))
-        if size and fh.read(1) != b"\n":
-            fh.write(b"\n")
-
-
-def session_files(state):
-    """The session files here, oldest first: regular files only (a link or a
-    folder named x.jsonl is not a session)."""
-    folder = sessions_dir(state)
-    files = [p for p in folder.glob("*.jsonl") if p.is_file() and not p.is_symlink()] if folder.is_dir() else []
-    return sorted(files, key=lambda p: p.lstat().st_mtime)
+# --- s09.10: a session a clone shipped [hardening: skip on first read] ---
+# Stops: a cloned repository's .agent/sessions reaching the model as the user's own history
+# Test: tests/test_s09_review.py::test_continue_never_picks_a_shipped_session
+# find_session continues only sessions the user's agent started here.
+OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>" per session started
 
 
 def own_sessions(state):
@@ -6914,137 +7649,9 @@ def register_session(state, path):
             fh.write(f"{state.workdir}\t{path.stem}\n")
 
 
-def find_session(state, which):
-    """The session file for --continue (which True: the newest of the user's own)
-    or --resume ID (one the user did not start here is resumed only if they say so)."""
-    files, own = session_files(state), own_sessions(state)
-    if which is True:
-        if not own:
-            extra = f" ({len(files)} session file(s) from elsewhere: /resume lists them)" if files else ""
-            raise ValueError(f"--continue: no session started here to continue{extra}")
-        return own[-1]
-    if not isinstance(which, str) or not which.strip():
-        raise ValueError("--resume needs a session ID: /resume lists them")
-    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(which)]
-    if len(hits) != 1:
-        raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
-                         f"; /resume lists them")
-    if hits[0] not in own and ask_human(
-            f"{printable(hits[0].stem)} was not started here by you (a cloned repository can ship session "
-            f"files, and its history would reach the model as yours). Resume it anyway? [y/N] "
-            ).strip().lower() not in ("y", "yes"):
-        raise ValueError(f"--resume {which}: not resumed")
-    return hits[0]
-
-
-def resume(client, path):
-    """Load a session into a fresh history and keep appending to its file. What
-    else shapes a request comes back too (s06's marks, the agent's state, its
-    file-read records), so the next request is the one the live session would
-    have sent."""
-    state = agent_state()
-    messages, mode, last_ts, bad, left = read_session(path)
-    kept = complete_prefix(messages)
-    cut = len(messages) - len(kept)
-    end_torn_line(path)
-    state.record = {"path": path, "written": 0, "last": None}
-    state.files.clear()  # another history's reads are not this one's: restore_state brings its own
-    restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
-        and mode != state.mode and path in own_sessions(state)  # a shipped file never loosens the mode
-    if restored:  # plan and bypassPermissions: never resumed, never replaced
-        state.mode = state.mode_before_plan = mode
-    say(printable(f"[resumed {path.stem}: {len(kept)} messages")
-        + (f", permission mode {mode} as the session left it" if restored else "")
-        + (f", {bad} unreadable line(s) skipped" if bad else "")
-        + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
-    restore_state(state, left)  # first: the records written below start from it
-    if client is not None and last_usage(kept) is None and estimate_tokens(kept) > AUTO_COMPACT_AT:
-        compact(client, kept, why="resumed over the threshold")  # a file without size anchors; else
-    session_boundary(kept, compacted=False)  # manage_context decides next, as the live session would
-    if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
-        hours = (time.time() - last_ts) / 3600
-        age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
-        state.hook_notes.append({"type": "text", "text": GAP_REMINDER.format(
-            age=age, when=time.strftime("%Y-%m-%d %H:%M", time.localtime(last_ts)))})
-    return kept
-
-
-def start_session(argv, client):
-    """--continue / --resume ID, or a new session. Returns (argv, history)."""
-    argv = list(argv)
-    state = agent_state()
-    if argv and argv[-1] == "--resume":  # pop_flag's own message would list permission modes
-        raise ValueError("--resume needs a session ID: /resume lists them")
-    going_on, which = pop_flag(argv, "--continue", False), pop_flag(argv, "--resume", True)
-    if going_on and which is not None:
-        raise ValueError("use --continue (the newest session) or --resume ID, not both")
-    which = going_on or which
-    state.record = new_session(state)  # written from the first message on
-    if not which:
-        return argv, []
-    return argv, resume(client, find_session(state, which))
-
-
-def note_mode(mode):
-    write_records([{"type": "mode", "mode": mode}])
-
-
-def session_summary(path):
-    """(first prompt, message count) of a session file, for /resume."""
-    messages = read_session(path)[0]
-    first = next((m["content"] for m in messages if m["role"] == "user"), "")
-    texts = [b.get("text", "") for b in as_blocks(first) if b.get("type") == "text"
-             and not b.get("text", "").startswith("<system-reminder>")]
-    return " ".join((texts[0] if texts else "").split())[:60], len(messages)
-
-
-def resume_command(args, ctx):
-    """/resume: list the sessions; /resume ID: continue that one here."""
-    state = agent_state()
-    if args:
-        try:
-            loaded = resume(ctx.get("client"), find_session(state, args.strip()))
-        except ValueError as e:
-            ctx["error"] = str(e)
-            say(str(e))
-            return
-        ctx["history"][:] = loaded
-        return
-    files, own = session_files(state)[-SESSION_LIST:], own_sessions(state)
-    for p in reversed(files):
-        prompt, count = session_summary(p)
-        try:
-            started = time.strftime("%Y-%m-%d %H:%M", time.strptime(p.stem[:15], "%Y%m%d-%H%M%S"))
-        except ValueError:
-            started = "?"
-        mark = "" if p in own else "  (not started here by you)"
-        print(printable(f"  {p.stem}  {started}  {count:>4} messages  {prompt}{mark}"))
-    if not files:
-        print("  no sessions saved in this directory yet")
-
-# --- s09.4: auto memory ---
-# One file per memory, with YAML frontmatter (name, description, type); a
-# MEMORY.md index per folder, rebuilt from the files whenever they change, so it
-# never disagrees with them and its cap always holds. Extraction runs after a
-# turn that ends without tool use, in the background; recall runs at each prompt.
-def memory_dirs(state):
-    """The two folders. The project's counts only when neither .agent nor
-    .agent/memory is a link: a clone could point it at HOME, and every read,
-    write and the consolidator's write permission would follow."""
-    dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
-    if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
-        warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
-        del dirs["project"]
-    return dirs
-
-
-def memory_dir(kind, state):
-    dirs = memory_dirs(state)
-    if (scope := "user" if kind in USER_MEMORY else "project") not in dirs:
-        raise OSError(f"the {scope} memory folder is a link, not written")
-    return dirs[scope]
-
-
+# --- s09.11: memory files: no link followed [hardening: skip on first read] ---
+# Stops: a cloned MEMORY.md linked to /proc/self/environ, or a memory write through a planted link
+# Test: tests/test_s09_review.py::test_a_linked_memory_index_or_file_is_never_read
 def plain_file(path):
     """A regular file, not a link: memory files are never followed anywhere
     (a cloned MEMORY.md -> /proc/self/environ would send the key to the model)."""
@@ -7061,227 +7668,18 @@ def replace_file(folder, name, text):
     write_inside(folder / name, text.encode("utf-8"), 0o600)
 
 
-def auto_memory():
-    """Are the memory side calls on? AGENT_AUTO_MEMORY=0 or memory: {auto: false} in a config turns them off."""
-    state = agent_state()
-    if os.getenv("AGENT_AUTO_MEMORY", "").strip().lower() in MEMORY_OFF:
-        return False
-    return state.permissions.get("auto_memory", True)
-
-
-def read_memories(state):
-    """Every memory file of both folders: {name, type, description, body, path}."""
-    found = []
-    for folder in memory_dirs(state).values():
-        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
-            if path.name == "MEMORY.md" or not plain_file(path):
-                continue
-            try:
-                with open(path, encoding="utf-8", errors="replace") as fh:  # a file of any size: read a head
-                    meta, body = split_frontmatter(fh.read(4 * MEMORY_BODY_CHARS))
-            except (OSError, ValueError):
-                continue
-            found.append({"name": path.stem, "type": str(meta.get("type", "project")),
-                          "description": " ".join(str(meta.get("description", "")).split()),
-                          "body": body, "path": path})
-    return found
-
-
-def index_lines(folder):
-    """MEMORY.md's lines for one folder, within INDEX_LINES and INDEX_BYTES."""
-    lines, size = [], 0
-    memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    for m in memories:
-        line = f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
-        if len(lines) >= INDEX_LINES - 1 or size + len(line.encode()) + 1 > INDEX_BYTES - 100:
-            lines.append(f"- ... {len(memories) - len(lines)} more in {folder} (not indexed)")
-            break
-        lines.append(line)
-        size += len(line.encode()) + 1
-    return lines
-
-
-def write_index(folder):
-    """Rebuild folder/MEMORY.md from its files (atomically)."""
-    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
-
-
-def memory_index(state):
-    """Both MEMORY.md files (user first) as read, each capped like the index."""
-    parts = []
-    for scope, folder in memory_dirs(state).items():
-        path = folder / "MEMORY.md"
-        if plain_file(path):
-            with open(path, "rb") as fh:
-                raw = fh.read(INDEX_BYTES).decode("utf-8", "ignore")
-            lines = raw.splitlines()[:INDEX_LINES]
-            if lines:
-                parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def side_call(system, content):
-    """One small model call for memory work, its text; None when it fails."""
-    state = agent_state()
-    try:
-        reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
-                                             messages=[{"role": "user", "content": content}])
-    except Exception as e:  # a side call never breaks the session
-        log_memory(f"side call failed: {type(e).__name__}: {e}")
-        return None
-    charge(reply)
-    return "".join(b.text for b in reply.content if b.type == "text")
-
-
-def json_reply(text):
-    """The JSON object in a side call's reply (a ``` fence around it is fine); ValueError if none."""
-    if text is None:
-        raise ValueError("no reply")
-    start, end = text.find("{"), text.rfind("}")
-    data = json.loads(text[start:end + 1]) if start >= 0 < end else None
-    if not isinstance(data, dict):
-        raise ValueError("the reply holds no JSON object")
-    return data
-
-
-def log_memory(line):
-    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
-    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-    with contextlib.suppress(OSError), \
-            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
-        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
-
-
-def turn_text(messages):
-    """The latest turn as plain text for the extractor: from the last prompt on."""
-    start = max((i for i, m in enumerate(messages) if m["role"] == "user" and prompt_text(messages[:i + 1])),
-                default=0)
-    lines = []
-    for m in messages[start:]:
-        for b in as_blocks(m["content"]):
-            if b.get("type") == "text" and not b["text"].startswith("<system-reminder>"):
-                lines.append(f"{m['role']}: {b['text']}")
-            elif b.get("type") == "tool_use":
-                lines.append(f"assistant called {b['name']} {json.dumps(b['input'])[:300]}")
-    return clip("\n".join(lines), 20_000)
-
-
+# --- s09.12: one memory, once [hardening: skip on first read] ---
+# Stops: the extractor saving the same fact again under another name
+# Test: tests/test_s09_memory.py::test_a_second_create_with_the_same_name_or_meaning_is_not_made_twice
 def same_meaning(a, b):
     """Two descriptions saying the same thing (case, spacing and punctuation aside)."""
     norm = lambda s: " ".join(re.sub(r"[^\w\s]", " ", s.casefold()).split())
     return norm(a) == norm(b)  # not "similar": port 8080 and 8081 are two facts (dream merges near-twins)
 
 
-def check_operation(op):
-    """An extractor operation's problem, or None."""
-    if not isinstance(op, dict) or op.get("op") not in ("create", "update", "delete"):
-        return "op must be create, update or delete"
-    if not isinstance(op.get("name"), str) or not MEMORY_NAME.fullmatch(op["name"]):
-        return f"name {op.get('name')!r} must be kebab-case, at most 64 characters"
-    if op["op"] != "delete":
-        if op.get("type") not in MEMORY_TYPES:
-            return f"type must be one of {', '.join(MEMORY_TYPES)}"
-        if not all(isinstance(op.get(k), str) and op[k].strip() for k in ("description", "body")):
-            return "description and body must be non-empty strings"
-    return None
-
-
-def write_memory(op, state):
-    folder = memory_dir(op["type"], state)
-    meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
-    text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
-    replace_file(folder, f"{op['name']}.md", text)
-    return folder
-
-
-def apply_operations(ops, state):
-    """Apply checked operations (at most MAX_OPERATIONS); returns what changed, one
-    short phrase each. The indexes of the folders touched are rebuilt whatever
-    happens, so an index never disagrees with its files."""
-    done, touched = [], set()
-    existing = {m["name"]: m for m in read_memories(state)}
-    try:
-        for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
-            try:
-                if phrase := apply_operation(op, existing, touched, state):
-                    done.append(phrase)
-            except OSError as e:
-                log_memory(f"operation failed ({e}): {json.dumps(op, default=str)[:200]}")
-    finally:
-        for folder in touched:
-            with contextlib.suppress(OSError):
-                write_index(folder)
-    return done
-
-
-def apply_operation(op, existing, touched, state):
-    """One operation; `existing` (name -> memory) is kept up to date."""
-    if problem := check_operation(op):
-        log_memory(f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}")
-        return None
-    old = existing.get(op["name"])
-    if op["op"] == "create" and (old or any(same_meaning(op["description"], m["description"])
-                                            for m in existing.values())):
-        log_memory(f"create {op['name']} skipped: a memory with that meaning exists")
-        return None
-    if op["op"] != "create" and old is None:  # forgotten meanwhile (/forget), or never there
-        log_memory(f"{op['op']} {op['name']} skipped: no such memory")
-        return None
-    if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
-        old["path"].unlink()
-        touched.add(old["path"].parent)
-        del existing[op["name"]]
-        if op["op"] == "delete":
-            return f"forgot {op['name']}"
-    touched.add(folder := write_memory(op, state))
-    existing[op["name"]] = {"name": op["name"], "type": op["type"], "description": op["description"],
-                            "body": op["body"], "path": folder / f"{op['name']}.md"}
-    return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
-
-
-def extract_memories(text, state):
-    """The background job: one side call, its operations applied; bad JSON changes nothing."""
-    reply = side_call(EXTRACT_SYSTEM, f"Memory index:\n{memory_index(state) or '(empty)'}\n\n"
-                                      f"The latest turn:\n{text}")
-    if reply is None:
-        return
-    try:
-        ops = json_reply(reply).get("operations", [])
-    except ValueError as e:
-        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
-        return
-    with MEMORY_LOCK:
-        done = apply_operations(ops, state)
-    if done:
-        say(f"[memory: {', '.join(printable(d) for d in done)}]")
-
-
-def extract_quietly(text, state):
-    """The thread's body: a failure is a line in memory.log, never a traceback in the REPL."""
-    try:
-        extract_memories(text, state)
-    except Exception as e:
-        log_memory(f"extraction failed: {type(e).__name__}: {e}")
-
-
-def after_turn(messages):
-    """When a turn ends without tool use (the main agent's): the session is on disk
-    first, then memory extraction starts in the background, then maybe a consolidation."""
-    state = agent_state()
-    sync_session(messages)
-    if state.label or not auto_memory() or state.client is None:
-        return
-    text = turn_text(messages)
-    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
-                           daemon=True)
-    state.memory["jobs"].append(job)
-    job.start()
-    try:  # the turn is over: nothing here may turn it into a failure
-        maybe_consolidate(state)
-    except OSError as e:
-        log_memory(f"consolidation not started: {e}")
-
-
+# --- s09.13: recall without the side call [hardening: skip on first read] ---
+# Stops: a failed or garbled recall reply leaving the prompt without any memory
+# Test: tests/test_s09_memory.py::test_a_garbage_recall_reply_falls_back_to_keywords
 def keyword_pick(prompt, memories):
     """The fallback when the recall call fails: overlap of words with name and description."""
     words = set(re.findall(r"\w{3,}", prompt.casefold()))
@@ -7290,66 +7688,93 @@ def keyword_pick(prompt, memories):
     return [m for score, m in sorted(scored, key=lambda s: -s[0]) if score][:RELEVANT_MAX]
 
 
-def recall(messages):
-    """At each prompt (the main agent's): up to RELEVANT_MAX memory files not yet in
-    this conversation, picked by a side call (or by keywords), attached to the prompt."""
-    state = agent_state()
-    prompt = prompt_text(messages)
-    if state.label or prompt is None or not auto_memory() or state.client is None:
-        return
-    sync_session(messages)  # the prompt is on disk before a side call that may hang
-    words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
-             and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
-    prompt = words[-1] if words else prompt
-    memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
-    if not memories:
-        return
-    memories = sorted(memories, key=lambda m: -m["path"].stat().st_mtime)[:RECALL_LIST]
-    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description'][:150]}" for m in memories)
-    try:
-        names = json_reply(side_call(RECALL_SYSTEM, f"Memories:\n{listing}\n\nThe request:\n{prompt}"))["names"]
-        picked = [m for n in names[:RELEVANT_MAX] for m in memories if m["name"] == n]
-    except (ValueError, KeyError, TypeError) as e:
-        log_memory(f"recall fell back to keywords: {e}")
-        picked = keyword_pick(prompt, memories)
-    if not picked:
-        return
-    state.memory["attached"] |= {str(m["path"]) for m in picked}
-    text = "\n\n".join(f"## {m['name']} ({m['type']}, {m['path']})\n{m['body']}" for m in picked)
-    messages[-1]["content"] = as_blocks(messages[-1]["content"]) + [{"type": "text", "text": (
-        f"<system-reminder>\nMemories that may help with this request (they were true when "
-        f"written; check against the code):\n\n{text}\n</system-reminder>")}]
-
-
-def show_memory(args, ctx):
-    """/memory: every memory, with its type and file."""
-    memories = read_memories(agent_state())
-    for m in memories:
-        print(printable(f"  {m['name']:<32} {m['type']:<10} {m['description'][:70]}\n  {'':<32} {m['path']}"))
-    if not memories:
-        print("  no memories yet: they are saved after turns, or write one under .agent/memory/")
-
-
-def forget(args, ctx):
-    """/forget NAME: delete one memory and its index line."""
-    state = agent_state()
-    hits = [m for m in read_memories(state) if m["name"] == args.strip()]
-    if not hits:
-        ctx["error"] = f"no memory named {args.strip()!r}; /memory lists them"
-        say(ctx["error"])
-        return
-    with MEMORY_LOCK:
-        for m in hits:
-            m["path"].unlink()
-            write_index(m["path"].parent)
-    say(f"[forgot {args.strip()}]")
-
-
+# --- s09.14: a broken memory config stops the start [hardening: skip on first read] ---
+# Stops: a misspelt memory: setting silently leaving auto memory on
+# Test: tests/test_s09_memory.py::test_a_memory_config_must_be_auto_true_or_false
 def check_memory_config(path, memory):
     """read_config's check of memory: {auto: true|false}."""
     if memory is not None and (not isinstance(memory, dict) or set(map(str, memory)) - {"auto"}
                                or not isinstance(memory.get("auto", True), bool)):
         raise ConfigError(f"{path}: memory must be a mapping with one key, auto: true or false")
+
+
+# --- s09.15: @file includes [extra] ---
+# @path in an instruction file is replaced by that file's text (depth at most
+# INCLUDE_DEPTH, cycles cut, never inside code).
+INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
+
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+INCLUDE = re.compile(r"(?<![\w`@/])@((?:~/|\.{0,2}/)?[\w.-][\w./-]*)")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+FENCED = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[^\n]*$|\Z)", re.S | re.M)  # a fenced block, to its end
+
+
+def strip_comments(text):
+    """HTML comments go, except inside fenced code (an example stays an example)."""
+    out, pos = [], 0
+    for m in FENCED.finditer(text):
+        out += [HTML_COMMENT.sub("", text[pos:m.start()]), m[0]]
+        pos = m.end()
+    return "".join(out + [HTML_COMMENT.sub("", text[pos:])])
+
+
+def expand_includes(text, path, state, depth=0, chain=(), budget=None):
+    """The file's text with HTML comments gone and each @path outside code replaced
+    by that file's text (depth at most INCLUDE_DEPTH; a cycle is noted, not followed).
+    `budget` holds the bytes still to be read: shared by every include of the
+    chain, so a file included ten times at each of five levels cannot expand
+    into gigabytes before the cap applies."""
+    budget = [2 * INSTRUCTIONS_CAP] if budget is None else budget
+    out, fenced = [], False
+    for line in strip_comments(text).split("\n"):
+        if FENCE.match(line):
+            fenced = not fenced
+        if fenced or FENCE.match(line) or "@" not in line:
+            out.append(line)
+            continue
+        spans = [m.span() for m in CODE_SPAN.finditer(line)]
+        def include(m):
+            if any(a <= m.start() < b for a, b in spans):
+                return m[0]
+            ref, tail = m[1], ""
+            while ref[-1:] in ".,;:!?" and not (path.parent / os.path.expanduser(ref)).exists():
+                ref, tail = ref[:-1], ref[-1] + tail  # "see @docs/style.md." ends a sentence
+            found = included(ref, path, state, depth, chain, budget) if ref else None
+            return m[0] if found is None else found + tail
+        out.append(INCLUDE.sub(include, line))
+    return "\n".join(out)
+
+
+def included(ref, path, state, depth, chain, budget):
+    """One @ref's replacement text, or None to leave it as written (not a file)."""
+    try:
+        target = (path.parent / os.path.expanduser(ref)).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if target in chain or target == path.resolve():
+        return f"(@{ref} skipped: it includes itself)"
+    if target in {p.resolve() for p in instruction_files(state)}:  # read on its own: once is enough
+        return f"(@{ref}: read on its own, under its # From heading)"
+    if depth >= INCLUDE_DEPTH:
+        return f"(@{ref} skipped: includes go {INCLUDE_DEPTH} levels deep at most)"
+    if why := include_allowed(target, state, repo_root(state.workdir)):  # the chain's repository
+        return None if why == "no such file" else f"(@{ref} not read: {why})"
+    if target.is_relative_to(user_agent_dir()) and not path.resolve().is_relative_to(user_agent_dir()):
+        return f"(@{ref} not read: a project file cannot include your ~/.agent files)"
+    if budget[0] <= 0:
+        return f"(@{ref} skipped: the instructions are over their size cap)"
+    with open(target, "rb") as fh:
+        text = fh.read(min(budget[0], INSTRUCTIONS_CAP) + 1).decode("utf-8", "replace")
+    budget[0] -= len(text)
+    return expand_includes(text, target, state, depth + 1, chain + (path.resolve(),), budget)
+
+
+# --- s09.16: memory work at exit [extra] ---
+# main() runs the session inside memory_session: an extraction still running
+# at exit gets MEMORY_EXIT_WAIT seconds.
+MEMORY_EXIT_WAIT = 10       # seconds the session's end waits for a memory extraction still running
 
 
 @contextlib.contextmanager
@@ -7375,12 +7800,30 @@ def end_memory(state):
         restore_lock(state, dream[1])
         log_memory("consolidation cut off at exit")
 
-# --- s09.5: consolidation ---
+
+# --- s09.17: consolidation [extra] ---
 # "Dream" (seed: autoDream): now and then a child agent merges duplicates,
 # deletes what was proven wrong and fixes dates. Gates, cheapest first: no look
 # in the last DREAM_SCAN_EVERY seconds (this process), DREAM_EVERY_HOURS since
 # the last run (the lock file's mtime), DREAM_SESSIONS sessions since, then the
 # lock: .agent/memory/.consolidate-lock holds the PID of the process running it.
+DREAM_EVERY_HOURS = 24      # consolidation gates (seed): hours since the last run...
+DREAM_SESSIONS = 5          # ...sessions since then...
+DREAM_SCAN_EVERY = 600      # ...and seconds between two looks at the gates
+LOCK_STALE = 3600           # seconds: a consolidation lock this old is taken over, live PID or not
+DREAM_TURNS = 30            # model calls the consolidating child may make
+DREAM_PROMPT = """Consolidate the agent's memory folders: {folders}.
+1. Orient: list the folders, read each MEMORY.md and the memory files.
+2. Gather signal: grep the recent session records in .agent/sessions/ for facts that \
+confirm or contradict memories (search for specific words, do not read them whole).
+3. Consolidate: merge memories that say the same thing into one file; delete ones that \
+are proven wrong; fix contradictions; turn relative dates ("yesterday") into absolute ones. \
+Keep each file's frontmatter (name, description, type).
+4. Prune: each MEMORY.md is rebuilt from the files when you finish, so just keep the \
+descriptions short. You may write only inside the memory folders.
+Finish with a one-paragraph report of what you changed."""
+
+
 def lock_path(state):
     return state.workdir / ".agent" / "memory" / ".consolidate-lock"
 
@@ -7483,6 +7926,10 @@ def restore_lock(state, before):
             os.utime(lock_path(state), (before, before), follow_symlinks=False)
 
 
+# --- s09.18: the consolidator writes only memory [hardening: skip on first read] ---
+# Stops: the consolidating child writing outside the memory folders, or running bash unsandboxed
+# Test: tests/test_s09_memory.py::test_the_consolidator_writes_only_in_the_memory_folders_and_has_no_unsandboxed_bash
+# judge asks confined() first for an agent with write_roots.
 def confined(name, args, paths, state):
     """For an agent with write_roots (the consolidator): why this call may not run, or None."""
     if name == "bash" and not sandboxed(state):
@@ -7490,6 +7937,68 @@ def confined(name, args, paths, state):
     if name in WRITE_TOOLS and not all(any(p.is_relative_to(r) for r in state.write_roots) for p in paths):
         return "only the memory folders may be written"
     return None
+
+
+# --- s09.19: /memory, /forget, /resume [extra] ---
+SESSION_LIST = 20           # sessions /resume lists, newest first
+
+
+def show_memory(args, ctx):
+    """/memory: every memory, with its type and file."""
+    memories = read_memories(agent_state())
+    for m in memories:
+        print(printable(f"  {m['name']:<32} {m['type']:<10} {m['description'][:70]}\n  {'':<32} {m['path']}"))
+    if not memories:
+        print("  no memories yet: they are saved after turns, or write one under .agent/memory/")
+
+
+def forget(args, ctx):
+    """/forget NAME: delete one memory and its index line."""
+    state = agent_state()
+    hits = [m for m in read_memories(state) if m["name"] == args.strip()]
+    if not hits:
+        ctx["error"] = f"no memory named {args.strip()!r}; /memory lists them"
+        say(ctx["error"])
+        return
+    with MEMORY_LOCK:
+        for m in hits:
+            m["path"].unlink()
+            write_index(m["path"].parent)
+    say(f"[forgot {args.strip()}]")
+
+
+def session_summary(path):
+    """(first prompt, message count) of a session file, for /resume."""
+    messages = read_session(path)[0]
+    first = next((m["content"] for m in messages if m["role"] == "user"), "")
+    texts = [b.get("text", "") for b in as_blocks(first) if b.get("type") == "text"
+             and not b.get("text", "").startswith("<system-reminder>")]
+    return " ".join((texts[0] if texts else "").split())[:60], len(messages)
+
+
+def resume_command(args, ctx):
+    """/resume: list the sessions; /resume ID: continue that one here."""
+    state = agent_state()
+    if args:
+        try:
+            loaded = resume(ctx.get("client"), find_session(state, args.strip()))
+        except ValueError as e:
+            ctx["error"] = str(e)
+            say(str(e))
+            return
+        ctx["history"][:] = loaded
+        return
+    files, own = session_files(state)[-SESSION_LIST:], own_sessions(state)
+    for p in reversed(files):
+        prompt, count = session_summary(p)
+        try:
+            started = time.strftime("%Y-%m-%d %H:%M", time.strptime(p.stem[:15], "%Y%m%d-%H%M%S"))
+        except ValueError:
+            started = "?"
+        mark = "" if p in own else "  (not started here by you)"
+        print(printable(f"  {p.stem}  {started}  {count:>4} messages  {prompt}{mark}"))
+    if not files:
+        print("  no sessions saved in this directory yet")
 
 
 command("memory", "List the saved memories (user and project)", show_memory)
