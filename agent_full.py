@@ -172,7 +172,7 @@ class AgentState:
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
         self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
-        self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.8)
+        self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.34)
         self.agent_type = ""  # full: a subagent's type: Claude Code's SubagentStart/Stop matchers test it
 
 
@@ -3376,7 +3376,7 @@ def skill_commands(name):
 # Protected paths are the rule "nothing the agent writes may later run outside
 # its control, or loosen its own limits": no mode lets a file tool write them.
 
-# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
+# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.24)
 # counts too, so both layers protect the same files. All of .git counts: its
 # config, hooks, commondir, modules and the .git file of a worktree all steer
 # what git runs later, and no task needs a file tool inside .git. The session
@@ -3572,7 +3572,7 @@ def load_permissions(workdir, trust_all=False):
             if data.get("mcp_servers"):  # s12
                 say(f"[{rel(path)} is not trusted: its MCP servers are not started]")  # s12
         settings["hooks"] += read_hooks(path, data, scope, trusted=full)  # s08
-        if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.7)
+        if full and data.get("mcp_servers"):  # s12: started by mcp_session (s12.5)
             settings["mcp_servers"].append((scope, rel(path), data["mcp_servers"]))  # s12
         settings["auto_memory"] &= (data.get("memory") or {}).get("auto", True)  # s09
         settings["no_bypass"] = settings.get("no_bypass") or data.get("no_bypass") and rel(path)  # full: trusted or not
@@ -4938,7 +4938,7 @@ def check_sandbox(state):
 
 def warn_unguarded(state, was=None):
     """bypassPermissions with no working sandbox: the blocklist is then the only
-    guard, and it cannot read code (s07.1). Said each time the mode is entered."""
+    guard, and it cannot read code (s07.8). Said each time the mode is entered."""
     if state.mode == "bypassPermissions" and was != state.mode and not sandboxed(state):
         say(UNGUARDED_WARNING)
 
@@ -7667,7 +7667,7 @@ def context_records(messages, rec):
 def marks_record(messages, rec, noted):
     """s06's new marks. A call anchors its size on the last message it sent (and
     marks every result before it sent), so new anchors sit on the messages from
-    the last one written on. A batch clear starts the agent's view again (s06.2),
+    the last one written on. A batch clear starts the agent's view again (s06.14),
     so only then are the results looked through for new placeholders."""
     view, whole = agent_state().view, noted["view"] is None
     lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)
@@ -8180,8 +8180,8 @@ command("resume", "List saved sessions, or continue one: /resume ID", resume_com
 # agent's memory and ends with the session; the task graph lives on disk, one
 # JSON file per task, so the next session, a subagent or another process working
 # on the same project (s11's teammates) sees and changes the same board (s10.1).
-# When a schedule is due is a cron expression's answer (s10.2); a slow command
-# runs beside the loop and reports when it ends (s10.3).
+# When a schedule is due is a cron expression's answer (s10.3, s10.4); a slow
+# command runs beside the loop and reports when it ends (s10.10, an extra).
 
 # --- s10.1: the board on disk [core] ---
 # One JSON file per task in .agent/tasks, so the next session, a subagent or
@@ -8268,7 +8268,7 @@ def read_task(path):
 
 
 def save_task(folder, task):
-    """Write one record whole (a task; s10.3: a command's status) through s02's door:
+    """Write one record whole (a task; s10.10: a command's status) through s02's door:
     readers see the old file or the new one, never half, and no link is followed.
     The temp file is no *.json, so a crash mid-write leaves no task behind."""
     data = json.dumps(task, ensure_ascii=False, indent=1).encode("utf-8")
@@ -9912,10 +9912,11 @@ def work_in_flight():
 # Teammates that outlive one task and talk to each other (seed: Agent Teams; 4.1-4.3).
 # The lead is the agent the user talks to; a teammate is another OS process running
 # this same file, with a name, a role and an inbox. All they share is files under
-# .agent/team/<team>/: the roster config.json (s11.1), one JSONL inbox per member
-# (s11.2), one file per request (s11.3), and s10's task board, where work is
-# claimed atomically (s11.4). The lead spawns teammates (s11.5); a teammate works,
-# idles and claims (s11.6); the lead watches them and stops them at its end (s11.7).
+# .agent/team/<team>/: the roster config.json (s11.2), one JSONL inbox per member
+# (s11.3), and s10's task board, where work is claimed atomically (s11.5). The
+# lead spawns teammates (s11.1); a teammate works, idles and claims (s11.4); the
+# lead watches them and stops them at its end (s11.7). Requests that pair a
+# question with its answer, one file each, are an extra (s11.15).
 # Trust: a team folder is made fresh by this run's lead (os.mkdir refuses one that
 # exists) and carries a random key that only the processes it starts are told, so
 # a team folder or an inbox that came with a cloned repository is never read.
@@ -10335,7 +10336,7 @@ def recipients(roster, to, sender):
 
 def post(to, type, content, request_id=None, approve=None):
     """Send a message as the running agent. Its `from` is this process's member name,
-    never an input. A request gets a fresh request_id and its file (s11.3); a response
+    never an input. A request gets a fresh request_id and its file (s11.15); a response
     is sent only for a pending request it answers. Returns (records sent, {name: why
     not} for a broadcast's misses)."""
     team = my_team()
@@ -11307,10 +11308,10 @@ command("team", "Show the team: each member's role, status, process, unread inbo
 # worktree is a second checkout of the same repository on a branch of its own:
 # what an agent changes there, the main workspace never sees until someone
 # merges it. Lanes live in .agent/worktrees/<name> on branch agent/<name>
-# (s12.1: made or reused, then set up), are entered, listed and closed with
-# three tools and logged in .agent/worktrees/events.jsonl (s12.2), and give a
-# subagent or a teammate a checkout of its own (s12.3).
-# Tools from other programs, over MCP, follow (s12.4-s12.8).
+# (s12.1: made or reused; set up in s12.17), are entered, listed and closed with
+# three tools (s12.2), logged in .agent/worktrees/events.jsonl (s12.20), and give
+# a subagent or a teammate a checkout of its own (s12.16).
+# Tools from other programs, over MCP, follow (core s12.3-s12.5; the rest from s12.23).
 # Entering a lane never chdirs the process: the agent's workdir (AgentState)
 # points into it, so every tool, bash's cwd and the sandbox's writable root
 # follow, while other agents of the process stay where they are. The task
@@ -12307,7 +12308,7 @@ def drop_tools(server_name):
 
 def mcp_news(messages):
     """Before each model call: late servers and changed lists join the registry (the main
-    agent only, so one thread changes TOOLS); then the deferred tools are named (s12.8)."""
+    agent only, so one thread changes TOOLS); then the deferred tools are named (s12.34)."""
     state = agent_state()
     if not state.label and state.cancel is None:
         refresh_stale()
@@ -15814,7 +15815,7 @@ def kept_prefix(of, done):
     """How many leading messages of `of` are still done's own. done is only cut
     short and added to, and `of` keeps its old messages alive (no id is reused),
     so those form a prefix: found in log(n) looks, none at the other messages,
-    each of which is a cache miss by turn 500 (s06.2's view, the same reason)."""
+    each of which is a cache miss by turn 500 (s06.14's view, the same reason)."""
     lo, hi = 0, min(len(of), len(done))
     while lo < hi:
         mid = (lo + hi) // 2

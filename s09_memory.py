@@ -3265,7 +3265,7 @@ def skill_commands(name):
 # Protected paths are the rule "nothing the agent writes may later run outside
 # its control, or loosen its own limits": no mode lets a file tool write them.
 
-# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
+# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.24)
 # counts too, so both layers protect the same files. All of .git counts: its
 # config, hooks, commondir, modules and the .git file of a worktree all steer
 # what git runs later, and no task needs a file tool inside .git. The session
@@ -4794,7 +4794,7 @@ def check_sandbox(state):
 
 def warn_unguarded(state, was=None):
     """bypassPermissions with no working sandbox: the blocklist is then the only
-    guard, and it cannot read code (s07.1). Said each time the mode is entered."""
+    guard, and it cannot read code (s07.8). Said each time the mode is entered."""
     if state.mode == "bypassPermissions" and was != state.mode and not sandboxed(state):
         say(UNGUARDED_WARNING)
 
@@ -7501,7 +7501,7 @@ def context_records(messages, rec):
 def marks_record(messages, rec, noted):
     """s06's new marks. A call anchors its size on the last message it sent (and
     marks every result before it sent), so new anchors sit on the messages from
-    the last one written on. A batch clear starts the agent's view again (s06.2),
+    the last one written on. A batch clear starts the agent's view again (s06.14),
     so only then are the results looked through for new placeholders."""
     view, whole = agent_state().view, noted["view"] is None
     lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)

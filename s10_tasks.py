@@ -3296,7 +3296,7 @@ def skill_commands(name):
 # Protected paths are the rule "nothing the agent writes may later run outside
 # its control, or loosen its own limits": no mode lets a file tool write them.
 
-# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.4)
+# Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.24)
 # counts too, so both layers protect the same files. All of .git counts: its
 # config, hooks, commondir, modules and the .git file of a worktree all steer
 # what git runs later, and no task needs a file tool inside .git. The session
@@ -4828,7 +4828,7 @@ def check_sandbox(state):
 
 def warn_unguarded(state, was=None):
     """bypassPermissions with no working sandbox: the blocklist is then the only
-    guard, and it cannot read code (s07.1). Said each time the mode is entered."""
+    guard, and it cannot read code (s07.8). Said each time the mode is entered."""
     if state.mode == "bypassPermissions" and was != state.mode and not sandboxed(state):
         say(UNGUARDED_WARNING)
 
@@ -7540,7 +7540,7 @@ def context_records(messages, rec):
 def marks_record(messages, rec, noted):
     """s06's new marks. A call anchors its size on the last message it sent (and
     marks every result before it sent), so new anchors sit on the messages from
-    the last one written on. A batch clear starts the agent's view again (s06.2),
+    the last one written on. A batch clear starts the agent's view again (s06.14),
     so only then are the results looked through for new placeholders."""
     view, whole = agent_state().view, noted["view"] is None
     lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)
@@ -8050,8 +8050,8 @@ command("resume", "List saved sessions, or continue one: /resume ID", resume_com
 # agent's memory and ends with the session; the task graph lives on disk, one
 # JSON file per task, so the next session, a subagent or another process working
 # on the same project (s11's teammates) sees and changes the same board (s10.1).
-# When a schedule is due is a cron expression's answer (s10.2); a slow command
-# runs beside the loop and reports when it ends (s10.3).
+# When a schedule is due is a cron expression's answer (s10.3, s10.4); a slow
+# command runs beside the loop and reports when it ends (s10.10, an extra).
 
 # --- s10.1: the board on disk [core] ---
 # One JSON file per task in .agent/tasks, so the next session, a subagent or
@@ -8138,7 +8138,7 @@ def read_task(path):
 
 
 def save_task(folder, task):
-    """Write one record whole (a task; s10.3: a command's status) through s02's door:
+    """Write one record whole (a task; s10.10: a command's status) through s02's door:
     readers see the old file or the new one, never half, and no link is followed.
     The temp file is no *.json, so a crash mid-write leaves no task behind."""
     data = json.dumps(task, ensure_ascii=False, indent=1).encode("utf-8")

@@ -88,12 +88,12 @@ def one_turn(mod, api, client, history, n):
 # Where a turn's CPU goes: each of these functions is wrapped with a timer that
 # counts its own time, less that of the wrapped ones it calls, so the rows add
 # up (to the turn, with "the rest"). Each: (name, what it stands for).
-WATCHED = [("update_view", "the agent's view brought up to date, its end made again (s06.2)"),
-           ("shown_messages", "the history normalised from scratch (s06.2 over s02.7)"),
-           ("estimate_tokens", "json.dumps for a size estimate (s06.4)"),
-           ("clear_old_results", "the batch clear's check, each call past WORKING_BUDGET (s06.2)"),
-           ("tool_results", "the results found in the history (s06.2)"),
-           ("request_messages", "the cache marks, on copies (s06.3)"),
+WATCHED = [("update_view", "the agent's view brought up to date, its end made again (s06.14)"),
+           ("shown_messages", "the history normalised from scratch (s06.4 over s02.5)"),
+           ("estimate_tokens", "json.dumps for a size estimate (s06.3)"),
+           ("clear_old_results", "the batch clear's check, each call past WORKING_BUDGET (s06.4)"),
+           ("tool_results", "the results found in the history (s06.4)"),
+           ("request_messages", "the cache marks, on copies (s06.6)"),
            ("request_body", "the request's bytes: kept JSON joined, the newest encoded (full.6)"),
            ("call_model", "the SDK: the request sent, the stream parsed"),
            ("system_prompt", "the prompt rebuilt, skill files read and hashed (s05, s09)"),
@@ -203,8 +203,8 @@ def passes(mod, history):
     never = 10 ** 9  # min_tokens no batch reaches: the check runs, nothing is cleared
     rows = [("update_view", 10, lambda: mod.update_view(history),
              "in step with the history: one list compare, the end made again"),
-            ("shown_messages", 6, lambda: mod.shown_messages(history), "from scratch (what s06.2 made)"),
-            ("estimate_tokens", 4, lambda: mod.estimate_tokens(shown), "of the whole view (what s06.4 made)"),
+            ("shown_messages", 6, lambda: mod.shown_messages(history), "from scratch (what s06.4 made)"),
+            ("estimate_tokens", 4, lambda: mod.estimate_tokens(shown), "of the whole view (what s06.3 made)"),
             ("tool_results", 4, lambda: mod.tool_results(history), "of the whole history (after_call, the clear)"),
             ("clear_old_results", 2, lambda: mod.clear_old_results(history, never), "each call past budget"),
             ("the SDK's request", 2, lambda: serialize_data(body, location="body"),

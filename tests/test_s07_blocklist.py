@@ -1,4 +1,4 @@
-"""s07.1: the blocklist, parsed.
+"""s07.8 to s07.15: the blocklist, parsed.
 
 subcommands() reads a command line the way the shell does; blocked_command()
 judges each simple command by its command word and arguments. Tables first:

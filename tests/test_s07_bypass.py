@@ -1,6 +1,6 @@
 """s07: bypassPermissions without the OS sandbox, where the blocklist is the only guard.
 
-The blocklist (s07.1) reads what it claims to read: homes by any spelling (by
+The blocklist (s07.8 to s07.15) reads what it claims to read: homes by any spelling (by
 path, another user's, ${HOME:?}), the command xargs runs with what echo or
 find hands it, the commands of find -exec and busybox, a disk device written
 by any command, a download run by any interpreter. Tables first: lines that

@@ -1,4 +1,4 @@
-"""s07.4, rule 1 of the boundary: nothing a sandboxed command writes is run, or
+"""s07.28, rule 1 of the boundary: nothing a sandboxed command writes is run, or
 read as config, outside the sandbox. Git is the way out it must close: git runs
 programs named by config (core.fsmonitor, hooks, filters, aliases), and reads
 config from wherever its pointer files say.

@@ -1,4 +1,4 @@
-"""s07.4: bash inside an OS sandbox (bubblewrap), and child processes without
+"""s07.24: bash inside an OS sandbox (bubblewrap), and child processes without
 the agent's credentials (s01).
 
 The sandbox tests run real bwrap. They skip, with the chapter's own reason,

@@ -533,7 +533,7 @@ def test_a_claimer_killed_mid_task_has_its_task_released_and_claimed_by_another(
         bob.wait()
 
 
-# --- s11.4-6: a lead and its teammates, as processes ---------------------------------------
+# --- s11.1, s11.4, s11.5: a lead and its teammates, as processes ---------------------------
 # The lead runs its REPL as a learner would; the teammates it spawns are processes of
 # their own. They all call the one scripted server, in any order, so each request
 # takes its step from the script of the member that sent it (a teammate's first
