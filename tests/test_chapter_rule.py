@@ -4,7 +4,11 @@
    lines (the docstring aside, which every chapter rewrites);
 2. no chapter imports another, and importing one has no side effects;
 3. every file keeps the same section skeleton, in the same order;
-4. names fixed in s01/s02 never disappear later.
+4. names fixed in s01/s02 never disappear later;
+5. reading tiers (SPEC 3.7): every sub-ruler of a chapter's own section says what it
+   is, [core], [hardening: skip on first read] or [extra]; the core comes first and
+   fits one sitting (CORE_BUDGET lines, or the chapter's declared exception); each
+   hardening sub-section opens with what it stops and a test that exists.
 """
 import ast
 import difflib
@@ -22,6 +26,85 @@ MAX_REMOVED_IN = {"s12_worktree_mcp": 40}  # two mechanisms (worktrees, MCP), an
 PAIRS = list(zip(CHAPTERS, CHAPTERS[1:]))
 FIXED_NAMES = ["agent_loop", "call_model", "run_bash", "run_tool", "run_tools", "TOOLS",
                "TOOL_HANDLERS", "ToolError", "check_dangerous", "make_client", "main", "repl"]
+
+# Reading tiers. A sub-section is its ruler and every line up to the next ruler.
+TIERED = CHAPTERS[1:]      # s01 has no section of its own: the whole file is its lesson
+CORE_BUDGET = 460          # lines of a chapter's [core] sub-sections: one sitting, "about 450" (SPEC
+                           # 3.7; careful reading takes 200-400 lines of code at a time, and these
+                           # lines carry their comments); s06's clearing policy sits at 458
+CORE_BUDGET_IN = {         # declared exceptions: (lines, why)
+    "s09_memory": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter (SPEC 5): memory "
+                   "(the instructions chain, auto memory) and sessions (append, read, resume)"),
+    "s10_tasks": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter (SPEC 5): the task "
+                  "graph, and schedules with the cron matcher written by hand"),
+    "s11_teams": (2 * CORE_BUDGET, "one mechanism run as two programs, the lead and each teammate, "
+                  "with the files between them (the roster, an inbox per member) its third part"),
+    "s12_worktree_mcp": (2 * CORE_BUDGET + 160, "two mechanisms the design puts in one chapter, "
+                         "each past one sitting: worktrees (a lane made or reused, its three tools) "
+                         "and MCP (its config, the stdio transport written by hand as one class, "
+                         "connecting and its tools)"),
+}
+TIERS = {"[core]": "core", "[hardening: skip on first read]": "hardening", "[extra]": "extra"}
+SUB_RULER = re.compile(r"# --- (?:s\d\d|full)\.(\d+): (.+?) (\[[^]]*\]) ---$")
+
+
+def own_sub_sections(name):
+    """[(ruler, tier or None, lines)] of the chapter's own section, in file order."""
+    key = "full" if name == "agent_full" else name[:3]
+    lines = body_lines(name)
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"# --- {key}: "))
+    out = []
+    for line in lines[start + 1:]:
+        if re.match(r"# --- .+ ---$", line) and not line.startswith(f"# --- {key}."):
+            break
+        if line.startswith(f"# --- {key}."):
+            m = SUB_RULER.match(line)
+            out.append((line, TIERS.get(m.group(3)) if m else None, []))
+        if out:
+            out[-1][2].append(line)
+    return out
+
+
+@pytest.mark.parametrize("name", TIERED)
+def test_every_sub_ruler_carries_a_tier_and_the_core_comes_first(name):
+    subs = own_sub_sections(name)
+    assert subs, f"{name}: its own section has no sub-sections"
+    untiered = [ruler for ruler, tier, _ in subs if tier is None]
+    assert not untiered, f"{name}: sub-rulers without [core], [hardening: skip on first read] " \
+                         f"or [extra]:\n" + "\n".join(untiered)
+    tiers = [tier for _, tier, _ in subs]
+    assert tiers[0] == "core" and "core" not in tiers[tiers.index("core") + tiers.count("core"):], \
+        f"{name}: the core sub-sections come first, together:\n" + \
+        "\n".join(ruler for ruler, _, _ in subs)
+    numbers = [int(SUB_RULER.match(ruler).group(1)) for ruler, _, _ in subs]
+    assert numbers == list(range(1, len(subs) + 1)), f"{name}: sub-sections numbered {numbers}"
+
+
+@pytest.mark.parametrize("name", TIERED)
+def test_the_core_fits_its_budget(name):
+    budget, why = CORE_BUDGET_IN.get(name, (CORE_BUDGET, ""))
+    core = [(ruler, len(lines)) for ruler, tier, lines in own_sub_sections(name) if tier == "core"]
+    total = sum(n for _, n in core)
+    assert total <= budget, (
+        f"{name}'s core is {total} lines, over its budget of {budget}"
+        + (f" ({why})" if why else "") + ". Its [core] sub-sections:\n"
+        + "\n".join(f"  {n:5}  {ruler}" for ruler, n in core)
+        + "\nMove what a hostile review or a crash test added to a [hardening] sub-section, and "
+          "what goes beyond the mechanism to an [extra] one: never the mechanism itself.")
+
+
+@pytest.mark.parametrize("name", TIERED)
+def test_each_hardening_sub_section_names_what_it_stops_and_its_test(name):
+    for ruler, tier, lines in own_sub_sections(name):
+        if tier != "hardening":
+            continue
+        stops, proof = (lines[1:3] + ["", ""])[:2]
+        assert re.match(r"# Stops: \S", stops), f"{name}: {ruler} does not open with '# Stops: ...'"
+        m = re.fullmatch(r"# Test: (tests/test_\w+\.py)::(test_\w+)", proof)
+        assert m, f"{name}: {ruler}: the line after Stops is '# Test: tests/test_x.py::test_name'"
+        source = (ROOT / m.group(1)).read_text(encoding="utf-8") if (ROOT / m.group(1)).exists() else ""
+        assert re.search(rf"^def {m.group(2)}\(", source, re.M), \
+            f"{name}: {ruler} names {m.group(1)}::{m.group(2)}, which is no test there"
 
 
 def body_lines(name):
