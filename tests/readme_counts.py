@@ -6,11 +6,14 @@ chapter tables, and the core loop, quoted from s01_agent_loop.py.
 
 A chapter table is the markdown table whose rows start with a chapter file name
 (`s01_agent_loop.py` ... `agent_full.py`). Its last cell is `N (+D)`: N lines in
-the file, D lines more than the previous chapter's file (s01: D = N). The core loop
-is the python block after the `<!-- core-loop: ... -->` line: s01's agent_loop from
-its `def` to the line before its first `except`. Run it after a merge that moved a
-chapter's line count or changed s01's loop; tests/test_readme_tables.py checks the
-result (the chapter names, the order, the counts, the loop, and that both READMEs agree).
+the file, D lines more than the previous chapter's file (s01: D = N). The cell
+before it is the chapter's own section by reading tier, `C / H / E`: the lines of
+its [core], [hardening: ...] and [extra] sub-sections (s01, which has no section of
+its own, `—`). The core loop is the python block after the `<!-- core-loop: ... -->`
+line: s01's agent_loop from its `def` to the line before its first `except`. Run it
+after a merge that moved a chapter's line count or changed s01's loop;
+tests/test_readme_tables.py checks the result (the chapter names, the order, the
+counts, the tiers, the loop, and that both READMEs agree).
 """
 import ast
 import re
@@ -23,6 +26,10 @@ CHAPTER_ROW = re.compile(r"^\| `((?:s\d\d_\w+|agent_full)\.py)` \|")  # a chapte
 COUNT_CELL = re.compile(r"\| *\d+ \(\+-?\d+\) *\|$")  # the row's last cell, `| N (+D) |`
 LOOP_MARK = "<!-- core-loop:"   # the line before the README's quote of s01's loop
 LOOP_FILE = "s01_agent_loop.py"
+TIER_CELL = re.compile(r"\| *[^|]*? *(?=\| *\d+ \(\+-?\d+\) *\|$)")  # the cell before it
+RULER = re.compile(r"# --- (.+) ---$")
+TIER = re.compile(r"\[(core|hardening|extra)\b")
+NO_SECTION = "—"  # s01: the whole file is the first chapter
 
 
 def chapter_files(root=ROOT):
@@ -39,6 +46,34 @@ def line_counts(root=ROOT):
         counts[name] = (n, n - previous)
         previous = n
     return counts
+
+
+def all_tier_counts(root=ROOT):
+    """{file name: tier_counts}, in reading order."""
+    return {name: tier_counts(root / name) for name in chapter_files(root)}
+
+
+def tier_counts(path):
+    """(core, hardening, extra): the lines of the sub-sections of the file's own section
+    (`# --- sNN: ... ---`, agent_full's `full:`), each from its ruler to the next ruler,
+    by the tier its ruler names; None for a file with no section of its own (s01)."""
+    key = "full" if path.name == "agent_full.py" else path.name[:3]
+    counts, tier = {"core": 0, "hardening": 0, "extra": 0}, None
+    inside = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = RULER.match(line)
+        if m:
+            label = m.group(1)
+            inside = label.startswith(key + ":") or (inside and label.startswith(key + "."))
+            found = TIER.search(label) if inside and label.startswith(key + ".") else None
+            tier = found.group(1) if found else None
+        if inside and tier:
+            counts[tier] += 1
+    return tuple(counts.values()) if any(counts.values()) else None
+
+
+def tier_cell(counts):
+    return f"| {NO_SECTION if counts is None else ' / '.join(map(str, counts))} "
 
 
 def table_rows(text):
@@ -65,10 +100,11 @@ def count_cell(n, d):
     return f"| {n} (+{d}) |"
 
 
-def rewrite(text, counts):
-    """The text with every chapter row's last cell set from counts, and the stale cells
-    as [(file name, old cell, new cell)]. A row for a file that no longer exists, or a
-    row whose last cell is not `N (+D)`, is left for the test to report."""
+def rewrite(text, counts, tiers=None):
+    """The text with every chapter row's last cell set from counts (and the cell before
+    it from tiers, when given), and the stale cells as [(file name, old cell, new cell)].
+    A row for a file that no longer exists, or a row whose last cell is not `N (+D)`,
+    is left for the test to report."""
     lines = text.splitlines(keepends=True)
     stale = []
     for i, name in table_rows(text):
@@ -79,7 +115,12 @@ def rewrite(text, counts):
         new = count_cell(*counts[name])
         if m.group(0) != new:
             stale.append((name, m.group(0), new))
-            lines[i] = body[:m.start()] + new + lines[i][len(body):]
+            body = body[:m.start()] + new
+        t = TIER_CELL.search(body) if tiers is not None and name in tiers else None
+        if t and t.group(0) != tier_cell(tiers[name]):
+            stale.append((name, t.group(0) + "|", tier_cell(tiers[name]) + "|"))
+            body = body[:t.start()] + tier_cell(tiers[name]) + body[t.end():]
+        lines[i] = body + lines[i][len(lines[i].rstrip("\r\n")):]
     return "".join(lines), stale
 
 
@@ -117,7 +158,7 @@ def rewrite_loop(text, loop):
 
 def main(argv):
     check = "--check" in argv
-    counts, stale_any, loop = line_counts(), False, core_loop()
+    counts, tiers, stale_any, loop = line_counts(), all_tier_counts(), False, core_loop()
     for readme in READMES:
         path = ROOT / readme
         if not path.exists():
@@ -125,7 +166,7 @@ def main(argv):
             stale_any = True
             continue
         text = path.read_text(encoding="utf-8")
-        new_text, stale = rewrite(text, counts)
+        new_text, stale = rewrite(text, counts, tiers)
         new_text, loop_stale = rewrite_loop(new_text, loop)
         for name, old, new in stale:
             print(f"{readme}: {name} {old.strip('| ')} -> {new.strip('| ')}")

@@ -7,7 +7,8 @@ same headings (level and chapter names), the same tables (shape and code), the s
 commands (code blocks and inline `python ...` commands), and link to each other at the
 top. Both READMEs carry the chapter table: it lists exactly the chapter files there are,
 in reading order, and each row's last cell is `N (+D)`, N the file's lines and D the
-lines added since the previous file (`python tests/readme_counts.py` rewrites those
+lines added since the previous file, the cell before it `C / H / E`, the lines of the
+chapter's own section by reading tier (`python tests/readme_counts.py` rewrites those
 cells, and the quote of s01's loop, after a merge). The counts here are taken from the
 files directly, not from readme_counts. Every relative link in these files lands on a
 file that exists, and every anchor on a heading of its page.
@@ -55,6 +56,30 @@ def expected_cells():
         cells[name] = f"{n} (+{n - previous})"
         previous = n
     return cells
+
+
+def expected_tiers():
+    """{file: "C / H / E"}: the lines of each [core], [hardening...] and [extra]
+    sub-section of the file's own section, from its ruler to the next ruler."""
+    cells = {}
+    for name in chapters():
+        key = "full" if name == "agent_full.py" else name[:3]
+        lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
+        rulers = [i for i, line in enumerate(lines) if re.match(r"# --- .+ ---$", line)] + [len(lines)]
+        total = {"core": 0, "hardening": 0, "extra": 0}
+        for i, j in zip(rulers, rulers[1:]):
+            m = re.match(rf"# --- {key}\.\d+: .+ \[(core|hardening|extra)\b", lines[i])
+            if m:
+                total[m.group(1)] += j - i
+        cells[name] = " / ".join(map(str, total.values())) if any(total.values()) else "—"
+    return cells
+
+
+def tier_cells(readme):
+    """[(chapter file name, the cell before the last)] of the README's chapter table."""
+    lines = (ROOT / readme).read_text(encoding="utf-8").splitlines()
+    return [(name, lines[i].rstrip().rstrip("|").rsplit("|", 2)[-2].strip())
+            for i, name in readme_counts.table_rows("\n".join(lines))]
 
 
 def table(readme):
@@ -140,6 +165,25 @@ def test_chapter_table_line_counts_match_the_files(readme):
     wrong = [f"{name}: {cell!r}, the file says {want.get(name)!r}"
              for name, cell in table(readme) if cell != want.get(name)]
     assert not wrong, f"{readme}: run python tests/readme_counts.py\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("readme", READMES)
+def test_chapter_table_tier_counts_match_the_files(readme):
+    want = expected_tiers()
+    wrong = [f"{name}: {cell!r}, the file says {want.get(name)!r}"
+             for name, cell in tier_cells(readme) if cell != want.get(name)]
+    assert not wrong, f"{readme}: run python tests/readme_counts.py\n" + "\n".join(wrong)
+
+
+def test_readme_counts_rewrites_a_stale_tier_cell_and_only_that_cell():
+    counts, tiers = readme_counts.line_counts(), readme_counts.all_tier_counts()
+    text = readme_counts.rewrite((ROOT / "README.md").read_text(encoding="utf-8"), counts, tiers)[0]
+    row = next(line for line in text.splitlines() if line.startswith("| `s07_permissions.py` |"))
+    good = readme_counts.tier_cell(tiers["s07_permissions.py"])
+    stale_text = text.replace(row, row.replace(good, "| 1 / 2 / 3 "))
+    fixed, stale = readme_counts.rewrite(stale_text, counts, tiers)
+    assert stale == [("s07_permissions.py", "| 1 / 2 / 3 |", good + "|")]
+    assert fixed == text and readme_counts.rewrite(fixed, counts, tiers)[1] == []
 
 
 def test_readme_counts_rewrites_a_stale_cell_and_only_that_cell():
