@@ -7,14 +7,16 @@ link followed, no gap between check and use), glob_files, grep (ripgrep or
 Python), walk_files, glob_regex, normalize_messages, run_parallel.
 
     model reply: [read_file a, read_file b, grep x, edit_file a]
-        |
-        v  normalize_messages(history)  -> always a request the API accepts
+        |  each call: check_input (its schema), then its handler by name
     run_tools: batch neighbours that are concurrency-safe
         [read a | read b | grep x]  -> threads, results kept in call order
         [edit a]                    -> alone (writes never overlap)
         |
     every file tool: safe_path() resolves symlinks, refuses paths outside
     edit_file: old_string unique + file read first and unchanged since
+        |
+        v  results join the history; normalize_messages(history) makes the
+           next request one the API accepts, whatever happened
 
 Run:
     python s02_tools.py                   # REPL, prompt "s02 >> "

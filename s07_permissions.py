@@ -12,8 +12,8 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
       1 blocklist (bash, parsed per subcommand) ........ deny
       2 protected path (writes) ........................ deny, in every mode
       3 deny rules (user, project, local: any wins) .... deny
-        outside the workspace .......................... ask (bypass: deny)
         plan mode, a write that is not the plan file ... deny
+        outside the workspace .......................... ask (bypass: deny)
         bash inside the sandbox ........................ allow
         ask rules, then allow rules .................... ask | allow
       4 the mode's table ............................... allow | ask

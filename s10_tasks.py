@@ -20,13 +20,13 @@ order, rewritten whole, gone with the session. The task graph is for bigger work
 steps that wait on each other, an owner, a status that the next session, a
 subagent or another process on the project (s11) reads and changes.
 
-The second lesson: two agents now run at once in one process. Each thread runs
-as its own AgentState behind a ContextVar (acting_as; pool workers get a copy of
-their starter's context), so file-read records, plan, compaction, mode, denials
-and usage stay apart: the parent still re-reads a file its child changed. The
-client, tool registry, hooks and config are shared infrastructure, and the one
-total several agents add to, the session's cost, changes under a lock. Nobody
-watches a background agent, so where it would ask the human it is denied.
+Two agents now run at once in one process: a background agent works in a thread
+beside its parent. That each runs as its own AgentState is not new: the
+ContextVar behind agent_state() has kept one per thread since s01 (acting_as;
+pool workers get a copy of their starter's context), so file-read records, plan,
+compaction, mode, denials and usage stay apart. What s10 adds: the one total
+several agents add to, the session's cost, changes under a lock (USAGE_LOCK),
+and nobody watches a background agent, so where it would ask it is denied.
 
 Run:
     python s10_tasks.py                              # REPL, prompt "s10 >> "
