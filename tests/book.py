@@ -6,18 +6,25 @@
     python tests/book.py --no-demos             # without recording the demos (fast)
     python tests/book.py --out ../book          # somewhere else
 
-Each chapter page holds the chapter's docstring (its diagram kept exactly), the
-diff from the previous chapter side by side (pygments' Python lexer colours each
-side, difflib pairs the lines, unchanged runs are folded to a few lines of
-context), the transcript of its offline demo (`python tests/demo.py sNN`, run when
-the book is built), a link to its exercises, and a link to its reference page. The
-index is the chapter table of the README, line counts computed from the files, with
-the lines each chapter adds as a bar chart. The reference pages (docs/*.md and
-docs/zh-CN/*.md) are rendered into book/docs/ whatever chapters are built, so a link
-between them, or from a chapter page, opens a page of the book; a link to a chapter
-file opens that chapter's page when it was built, the README the index. The pages
-are plain HTML with their CSS inline and relative links only: they open from disk,
-with no server, no script and no network.
+Each chapter page opens with a reading path (the docstring, the hook lines, the
+core of the new section, the demo, one exercise) and holds the chapter's docstring
+(its diagram kept exactly), the diff from the previous chapter side by side
+(pygments' Python lexer colours each side, difflib pairs the lines, unchanged runs
+are folded to a few lines of context), the transcript of its offline demo
+(`python tests/demo.py sNN`, run when the book is built), and a link to its
+exercises, and a link to its reference page. Each chapter also has a page for its new section, `sNN-section.html`:
+its sub-sections listed with their reading tier and line count, the [core] ones
+open, in the order the mechanism runs, the [hardening] and [extra] ones folded
+under the line that says what each stops (or adds); a page for its exercises,
+`sNN-exercises.html`; and one for the whole file, `sNN-source.html`. The index is
+the chapter table of the README, line counts computed from the files, with the
+lines each chapter adds as a bar chart. The pages are plain HTML with their CSS
+inline and relative links only: they open from disk, with no server, no script
+and no network, and they link only to each other, never to a raw .py or .md file.
+The reference pages (docs/*.md and docs/zh-CN/*.md) are rendered into book/docs/
+whatever chapters are built, so a link between them, or from a chapter page, opens
+a page of the book; a link to a chapter file opens that chapter's page when it was
+built, the README the index.
 
 Because the book is generated, it cannot drift from the files. The same files
 give the same book, byte for byte, except where a demo itself varies from run to
@@ -139,8 +146,9 @@ def table(files):
     for name, path in files:
         text = path.read_text(encoding="utf-8")
         lines = len(source_lines(text))
+        section = own_section(name, source_lines(text))
         rows.append({"name": name, "file": path.name, "lines": lines, "added": lines - before,
-                     "what": mechanism(docstring(text))})
+                     "what": mechanism(docstring(text)), "tiers": tier_lines(section) if section else None})
         before = lines
     return rows
 
@@ -239,6 +247,47 @@ def hunks(old, new):
 
 
 RULER = re.compile(r"# --- (.+?) ---\s*$")
+
+
+SUB_RULER = re.compile(r"# --- ((?:s\d\d|full)\.(\d+)): (.+?) \[(core|hardening|extra)([^\]]*)\] ---\s*$")
+TIER_NAMES = {"core": "core", "hardening": "hardening", "extra": "extra"}
+ABOUT_CHARS = 200          # characters of a sub-section's first sentence shown beside its title
+
+
+def own_section(name, lines):
+    """The chapter's own section (`# --- sNN: ... ---`, agent_full's `full:`) as
+    {"key", "start", "end", "intro": (first, last), "subs": [...]}, 0-based lines, end
+    exclusive; each sub-section {"id", "num", "title", "tier", "start", "end",
+    "stops", "test", "about"}; None for a file with no section of its own (s01)."""
+    key = "full" if name == "agent_full" else name
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"# --- {key}: ")), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines))
+                if RULER.match(lines[i]) and not lines[i].startswith(f"# --- {key}.")), len(lines))
+    rulers = [i for i in range(start + 1, end) if SUB_RULER.match(lines[i])]
+    subs = []
+    for a, b in zip(rulers, rulers[1:] + [end]):
+        m = SUB_RULER.match(lines[a])
+        comment = list(itertools.takewhile(lambda line: line.startswith("#"), lines[a + 1:b]))
+        stops = next((c[len("# Stops: "):] for c in comment if c.startswith("# Stops: ")), "")
+        test = next((c[len("# Test: "):] for c in comment if c.startswith("# Test: ")), "")
+        prose = " ".join(c.lstrip("#").strip() for c in comment
+                         if not c.startswith(("# Stops: ", "# Test: ")))
+        about = re.split(r"(?<=\.)\s(?=[A-Z])", prose, maxsplit=1)[0] if prose else ""
+        about = about if len(about) <= ABOUT_CHARS else about[:ABOUT_CHARS - 1].rsplit(" ", 1)[0] + " …"
+        subs.append({"id": m.group(1), "num": int(m.group(2)), "title": m.group(3), "tier": m.group(4),
+                     "start": a, "end": b, "stops": stops, "test": test, "about": about})
+    return {"key": key, "start": start, "end": end, "intro": (start, rulers[0] if rulers else end),
+            "subs": subs}
+
+
+def tier_lines(section):
+    """{tier: lines} of a section's sub-sections."""
+    out = dict.fromkeys(TIER_NAMES, 0)
+    for sub in section["subs"] if section else []:
+        out[sub["tier"]] += sub["end"] - sub["start"]
+    return out
 
 
 def outline(text):
@@ -533,6 +582,28 @@ details.hunks { margin: 0.6rem 0 1rem; font-size: 0.92rem; }
 details.hunks summary { cursor: pointer; color: var(--muted); }
 details.hunks ol { columns: 2 30em; margin: 0.4rem 0; padding-left: 2.4em; font-family: var(--mono);
   font-size: 12.5px; }
+aside.path { border: 1px solid #b6e3ff; background: #f3f9ff; border-radius: 6px; padding: 8px 18px;
+  margin: 0.8rem 0 0.4rem; max-width: 60rem; font-size: 0.95rem; }
+aside.path ol { margin: 0.2rem 0 0.2rem; padding-left: 1.6em; }
+ol.subs { padding-left: 2.4em; font-size: 0.95rem; max-width: 80rem; }
+ol.subs li { margin: 0.15rem 0; }
+ol.subs li.hardening, ol.subs li.extra { color: var(--muted); }
+ol.subs .about, details.sub .about { display: block; color: var(--muted); font-size: 0.9em;
+  font-weight: 400; }
+.tier { font: 600 11px var(--mono); border-radius: 10px; padding: 1px 8px; margin-left: 0.4em;
+  white-space: nowrap; vertical-align: 1px; }
+.tier.core { background: #dafbe1; color: #116329; }
+.tier.hardening { background: #fff1c2; color: #7d4e00; }
+.tier.extra { background: #eef1f4; color: #424a53; }
+.n { color: var(--faint); font-size: 0.88em; margin-left: 0.4em; }
+section.sub h3, details.sub summary { font-size: 1.05rem; margin: 1.6rem 0 0.5rem; }
+details.sub { margin: 0.5rem 0; border: 1px solid var(--line); border-radius: 6px; padding: 4px 12px;
+  background: #fcfcfd; }
+details.sub[open] { padding-bottom: 10px; }
+details.sub summary { cursor: pointer; margin: 0.2rem 0; font-weight: 600; }
+details.sub summary .h { font-weight: 600; }
+details.sub .test { display: block; color: var(--faint); font: 400 12px var(--mono); }
+.exercises h2 { font-size: 1.25rem; }
 .hooks { margin: 0.6rem 0 1rem; font-size: 0.95rem; }
 .hooks ul { margin: 0.3rem 0; padding-left: 1.2em; }
 .hooks li { font: 12.5px/1.6 var(--mono); overflow-wrap: anywhere; }
@@ -671,7 +742,7 @@ def diff_section(name, k, files):
         items = "".join(f'<li><a href="#n{j + 1}">line {j + 1}</a>{html.escape(text)}</li>'
                         for j, text in d["hooks"])
         tag = "full" if name == "agent_full" else name
-        hooks = (f'<div class="hooks"><span class="swatch" style="background:var(--hook)"></span> '
+        hooks = (f'<div class="hooks" id="hooks"><span class="swatch" style="background:var(--hook)"></span> '
                  f'<b>Hook lines</b>: carried code this chapter changed, each tagged '
                  f'<code># {tag}:</code>. They show where the new mechanism plugs in: '
                  f'read them first.<ul>{items}</ul></div>')
@@ -715,13 +786,20 @@ def demo_section(name, demo):
             f'{status}<pre class="term">\n{transcript_html(text)}</pre>')
 
 
+def exercise_names(name):
+    """The exercises of a chapter's page (`## s07.1 ...` headings), in order."""
+    path = ROOT / "exercises" / f"{name}.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return re.findall(rf"^## ({re.escape(name)}\.\d+) ", text, re.M)
+
+
 def exercises_section(name, out):
     path = ROOT / "exercises" / f"{name}.md"
     if not path.exists():
         return '<h2 id="exercises">Exercises</h2>\n<p class="note">No exercises yet.</p>'
     return (f'<h2 id="exercises">Exercises</h2>\n<p>Extend the mechanism you just read: '
-            f'<a href="{href(path, out)}">exercises/{name}.md</a> (the goal, the functions to '
-            f'touch, a hint, and the command that checks your copy, such as '
+            f'<a href="{name}-exercises.html">the {name} exercises</a> (the goal, the sub-sections '
+            f'to read, the functions to touch, a hint, and the command that checks your copy, such as '
             f'<code>python tests/exercise.py {name}.1 my_copy.py</code>).</p>')
 
 
@@ -738,17 +816,166 @@ def reference_section(path, out):
             f'<a href="{href(reference_out(rel, out), out)}">{rel.as_posix()}</a>{zh}.</p>')
 
 
+def reading_path(name, k, files, built):
+    """The box at the top of a chapter's pages: what to read, in order, each a link."""
+    path = files[k][1]
+    lines = analysed(path)[1]
+    section = own_section(name, lines)
+    here = f"{name}.html"
+    items = [f'<a href="{here}#doc">The docstring</a>: what is new, a diagram, how to run it']
+    if k == 0:
+        items.append(f'<a href="{here}#diff">The code</a>: all of it, the first chapter')
+    else:
+        items.append(f'<a href="{here}#hooks">The hook lines</a> in the diff: where the mechanism plugs '
+                     f'into the code before it')
+    if section:
+        core = [sub for sub in section["subs"] if sub["tier"] == "core"]
+        span = core[0]["id"] if len(core) == 1 else f'{core[0]["id"]} to {core[-1]["id"]}'
+        items.append(f'<a href="{name}-section.html#core">The core of the new section</a>, {span}: '
+                     f'{tier_lines(section)["core"]:,} lines; the hardening and extras can wait')
+    items.append(f'<a href="{here}#demo">The offline demo</a>: <code>{demo_command(name)}</code>')
+    exercises = exercise_names(name)
+    if exercises:
+        items.append(f'<a href="{name}-exercises.html#{exercises[0]}">One exercise</a>, '
+                     f'such as {exercises[0]}')
+    return ('<aside class="path"><b>Reading path</b><ol>' + "".join(f"<li>{i}</li>" for i in items)
+            + '</ol></aside>')
+
+
+def listing_rows(toks, first, last):
+    """Table rows for lines first..last-1 (0-based) of a file, numbered from 1."""
+    return "".join(f'<tr id="L{n + 1}"><td class="num">{n + 1}</td><td class="code">{line_html(toks[n])}'
+                   f'</td></tr>' for n in range(first, last))
+
+
+def listing(toks, first, last):
+    return (f'<div class="diff listing"><table><colgroup><col class="c-num"><col></colgroup>'
+            f'<tbody>{listing_rows(toks, first, last)}</tbody></table></div>')
+
+
+TIER_WORDS = {"core": "core", "hardening": "hardening: skip on first read", "extra": "extra"}
+
+
+def sub_line(sub):
+    """What a contents row or a folded summary says beside the title."""
+    if sub["tier"] == "hardening" and sub["stops"]:
+        return f'Stops: {html.escape(sub["stops"])}'
+    return html.escape(sub["about"])
+
+
+def section_page(k, files, built, out):
+    """The chapter's new section: its contents by tier, the core open, the rest folded."""
+    name, path = files[k]
+    text, lines, toks = analysed(path)
+    section = own_section(name, lines)
+    counts = tier_lines(section)
+    contents = "".join(
+        f'<li class="{sub["tier"]}"><a href="#{sub["id"]}">{sub["id"]} {html.escape(sub["title"])}</a> '
+        f'<span class="tier {sub["tier"]}">{TIER_WORDS[sub["tier"]]}</span> '
+        f'<span class="n">{sub["end"] - sub["start"]:,} lines</span>'
+        f'<span class="about">{sub_line(sub)}</span></li>' for sub in section["subs"])
+    parts = []
+    for sub in section["subs"]:
+        head = (f'{sub["id"]} {html.escape(sub["title"])} <span class="tier {sub["tier"]}">'
+                f'{TIER_WORDS[sub["tier"]]}</span> <span class="n">{sub["end"] - sub["start"]:,} lines, '
+                f'<a href="{name}-source.html#L{sub["start"] + 1}">{sub["start"] + 1}-{sub["end"]}</a> '
+                f'in {path.name}</span>')
+        code = listing(toks, sub["start"], sub["end"])
+        if sub["tier"] == "core":
+            parts.append(f'<section class="sub core" id="{sub["id"]}"><h3>{head}</h3>{code}</section>')
+        else:
+            test = f'<span class="test">proved by {html.escape(sub["test"])}</span>' if sub["test"] else ""
+            parts.append(f'<details class="sub {sub["tier"]}" id="{sub["id"]}"><summary><span class="h">'
+                         f'{head}</span><span class="about">{sub_line(sub)}</span>{test}</summary>'
+                         f'{code}</details>')
+    first_other = next((i for i, sub in enumerate(section["subs"]) if sub["tier"] != "core"),
+                       len(section["subs"]))
+    parts.insert(first_other, '<h2 id="later">Hardening and extras <span class="sub">folded: open one '
+                              'when an exercise or a question leads there</span></h2>')
+    a, b = section["intro"]
+    body = (f'<h1>{name}: the new section<span class="file">{path.name}</span></h1>\n'
+            f'{reading_path(name, k, files, built)}\n'
+            f'<p class="meta">Lines {section["start"] + 1}-{section["end"]} of '
+            f'<a href="{name}-source.html#L{section["start"] + 1}">{path.name}</a>: '
+            f'core {counts["core"]:,}, hardening {counts["hardening"]:,}, extra {counts["extra"]:,} '
+            f'lines in {len(section["subs"])} sub-sections. Core is the mechanism as a learner would '
+            f'first write it, in the order it runs; hardening is what a hostile review or a crash test '
+            f'added, each with what it stops and the test that proves it; extras go beyond the '
+            f'mechanism.</p>\n'
+            f'<h2 id="contents">Contents</h2>\n<ol class="subs">{contents}</ol>\n'
+            f'<h2 id="core">The core <span class="sub">read it in one sitting, top to bottom</span></h2>\n'
+            f'{listing(toks, a, b)}\n{"".join(parts)}\n'
+            f'<p class="meta" style="margin-top:2rem">{pager(files, k, built)}</p>')
+    return page(f"{name}: the new section · {path.name} · {TITLE}", body, pager(files, k, built))
+
+
+def source_page(k, files, built, out):
+    """The whole chapter file, each line with an anchor (#L123) the other pages link to."""
+    name, path = files[k]
+    toks = analysed(path)[2]
+    body = (f'<h1>{name}: the whole file<span class="file">{path.name}</span></h1>\n'
+            f'<p class="meta">{len(toks):,} lines. Reproduce it: <code>cat {path.name}</code>. '
+            f'Its sections, each a ruler <code># --- ... ---</code>, are in the same order in every '
+            f'chapter.</p>\n{listing(toks, 0, len(toks))}')
+    return page(f"{path.name} · {TITLE}", body, pager(files, k, built))
+
+
+def inline_md(text):
+    """`code` and **bold** of one paragraph of an exercise page, the rest escaped."""
+    out = []
+    for n, part in enumerate(re.split(r"(`[^`]*`)", text)):
+        if n % 2:
+            out.append(f"<code>{html.escape(part[1:-1], quote=False)}</code>")
+        else:
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(part, quote=False)))
+    return "".join(out)
+
+
+def exercise_html(text):
+    """An exercise page as HTML: # headings (## ones get their exercise name as id),
+    paragraphs, lists, and blocks indented four spaces as code."""
+    out = []
+    for block in re.split(r"\n\s*\n", text.strip("\n")):
+        lines = block.split("\n")
+        if all(line.startswith("    ") for line in lines):
+            out.append(f'<pre class="term">{html.escape(chr(10).join(line[4:] for line in lines), quote=False)}</pre>')
+        elif block.startswith("## "):
+            heading = " ".join(lines)[3:]
+            hid = heading.split()[0]
+            out.append(f'<h2 id="{html.escape(hid)}">{inline_md(heading)}</h2>')
+        elif block.startswith("# "):
+            out.append(f'<h1>{inline_md(" ".join(lines)[2:])}</h1>')
+        elif all(re.match(r"[-*] ", line) or line.startswith("  ") for line in lines):
+            items = re.split(r"\n(?=[-*] )", block)
+            out.append("<ul>" + "".join(f"<li>{inline_md(' '.join(i[2:].split()))}</li>" for i in items) + "</ul>")
+        else:
+            out.append(f"<p>{inline_md(' '.join(block.split()))}</p>")
+    return "\n".join(out)
+
+
+def exercises_page(k, files, built, out):
+    name, path = files[k]
+    text = (ROOT / "exercises" / f"{name}.md").read_text(encoding="utf-8")
+    body = (f'{reading_path(name, k, files, built)}\n<div class="prose exercises">{exercise_html(text)}</div>\n'
+            f'<p class="meta">The page is <code>exercises/{name}.md</code>; the checkers are in '
+            f'<code>tests/exercise_checks/{name}.py</code>, the reference solutions in '
+            f'<code>exercises/solutions/</code> (reading them gives the exercise away).</p>')
+    return page(f"{name} exercises · {TITLE}", body, pager(files, k, built))
+
+
 def chapter_page(k, files, rows, built, out, diff, demo):
     name, path = files[k]
     row = rows[k]
     doc = docstring(path.read_text(encoding="utf-8"))
     prev = f", +{row['added']:,} on {files[k - 1][1].name}" if k else ""
+    section = f'<li><a href="{name}-section.html">The new section, by tier</a></li>' if k else ""
     body = (f'<h1>{name}<span class="file">{path.name}</span></h1>\n'
             f'<p class="lead prose">{html.escape(row["what"])}</p>\n'
             f'<p class="meta">{row["lines"]:,} lines{prev} · source: '
-            f'<a href="{href(path, out)}">{path.name}</a></p>\n'
+            f'<a href="{name}-source.html">{path.name}</a></p>\n'
+            f'{reading_path(name, k, files, built)}\n'
             f'<ul class="toc"><li><a href="#doc">The docstring</a></li><li><a href="#diff">'
-            f'{"The code" if k == 0 else "The diff"}</a></li><li><a href="#demo">Offline demo</a>'
+            f'{"The code" if k == 0 else "The diff"}</a></li>{section}<li><a href="#demo">Offline demo</a>'
             f'</li><li><a href="#exercises">Exercises</a></li><li><a href="#reference">Reference</a>'
             f'</li></ul>\n'
             f'<h2 id="doc">The docstring <span class="sub">what is new, a diagram, how to run it, '
@@ -769,8 +996,11 @@ def index_page(files, rows, built):
         front = ' class="front"' if r["name"] == "agent_full" else ""
         rel = reference_of(ROOT / r["file"])
         ref = f' <a class="ref" href="{rel.with_suffix(".html").as_posix()}">reference</a>' if rel else ""
+        tiers = r.get("tiers")
+        tier_text = " / ".join(f"{n:,}" for n in tiers.values()) if tiers else "—"
         trs.append(f'<tr{front}><td class="name">{name}<span class="file">{r["file"]}</span></td>'
-                   f'<td>{html.escape(r["what"])}{ref}</td><td class="n">{r["lines"]:,}</td>'
+                   f'<td>{html.escape(r["what"])}{ref}</td><td class="n">{tier_text}</td>'
+                   f'<td class="n">{r["lines"]:,}</td>'
                    f'<td class="n">+{r["added"]:,}<div class="bar" title="{r["added"]:,} lines added">'
                    f'<span style="width:{width:.1f}%"></span></div></td></tr>')
     start = rows[0]["name"] if rows else "s01"
@@ -783,8 +1013,11 @@ def index_page(files, rows, built):
             f'transcript of its <b>offline demo</b> against the scripted model, recorded when the book '
             f'was built, its <b>exercises</b>, and its <b>reference</b> page. Start with {first}.</p>\n'
             f'<p class="meta">Lines are each file\'s line count; added is the count minus the '
-            f'previous file\'s, as in the README\'s chapter table.</p></div>\n'
+            f'previous file\'s, as in the README\'s chapter table. Core / hardening / extra are the '
+            f'lines of a chapter\'s own section by reading tier: read its core first, on its page '
+            f'<i>the new section</i>.</p></div>\n'
             f'<table class="chapters"><thead><tr><th>chapter</th><th>mechanism</th>'
+            f'<th style="text-align:right">core / hardening / extra</th>'
             f'<th style="text-align:right">lines</th><th>added</th></tr></thead>\n'
             f'<tbody>{"".join(trs)}</tbody></table>')
     return page(TITLE + ": the chapter book", body)
@@ -822,7 +1055,9 @@ def anchor_slug(text):
 def book_link(target, source, page_out, out, built):
     """Where a link of the reference page `source` points in the book: another reference
     page -> its page here; a chapter file -> its chapter page when built; the README ->
-    the index (its chapter table); any other file -> that file on disk."""
+    the index (its chapter table), as does a chapter file whose page this build left out;
+    a chapter's exercises -> their page (the index when left out); any other file ->
+    that file on disk."""
     if re.match(r"[a-z][a-z0-9+.-]*:|#", target, re.I):
         return target
     path, hash_, anchor = target.partition("#")
@@ -837,6 +1072,11 @@ def book_link(target, source, page_out, out, built):
     chapter = next((n for n, p in chapters() if p.name == rel.name and len(rel.parts) == 1), None)
     if chapter in built:
         return href(Path(out) / f"{chapter}.html", here)
+    if chapter:  # a chapter this build left out: its row in the index, never the raw file
+        return href(Path(out) / "index.html", here)
+    if rel.parent.as_posix() == "exercises" and (rel.stem in built or rel.stem in dict(chapters())):
+        page = f"{rel.stem}-exercises.html" if rel.stem in built else "index.html"
+        return href(Path(out) / page, here) + (hash_ + anchor if rel.stem in built else "")
     return href(dest, here) + hash_ + anchor
 
 
@@ -869,8 +1109,8 @@ def reference_page(rel, out, built):
     if chapter in built:
         links.insert(0, f'<a href="{href(Path(out) / f"{chapter}.html", here)}">{chapter}: the chapter '
                         f'page</a>')
-    source = (f'<p class="meta" style="margin-top:2rem">Rendered from <a href="{href(ROOT / rel, here)}">'
-              f'{rel.as_posix()}</a>; links to other pages of docs/ open them in the book.</p>')
+    source = (f'<p class="meta" style="margin-top:2rem">Rendered from <code>{rel.as_posix()}</code>; '
+              f'links to other pages of docs/ open them in the book.</p>')
     return page(f"{title} · {TITLE}", f'<div class="reference">{body}</div>\n{source}',
                 f'<nav class="pn">{"".join(links)}</nav>', home, "zh-CN" if "zh-CN" in rel.parts else "en")
 
@@ -902,10 +1142,16 @@ def build(out, chapters_wanted=None, demos=True, jobs=JOBS):
         pending = runner.submit(record_demos, built if demos else [], jobs)
         diffs = {name: diff_section(name, k, files) for k, (name, _) in enumerate(files) if name in built}
         recorded = pending.result()
-    for k, (name, _) in enumerate(files):
+    for k, (name, path) in enumerate(files):
         if name in built:
             html_text = chapter_page(k, files, rows, built, out, diffs[name], recorded.get(name))
             (out / f"{name}.html").write_text(html_text, encoding="utf-8")
+            (out / f"{name}-source.html").write_text(source_page(k, files, built, out), encoding="utf-8")
+            if own_section(name, analysed(path)[1]):
+                (out / f"{name}-section.html").write_text(section_page(k, files, built, out), encoding="utf-8")
+            if (ROOT / "exercises" / f"{name}.md").exists():
+                (out / f"{name}-exercises.html").write_text(exercises_page(k, files, built, out),
+                                                           encoding="utf-8")
     (out / "index.html").write_text(index_page(files, rows, built), encoding="utf-8")
     for rel in reference_pages():   # all of them: they link to each other
         target = reference_out(rel, out)

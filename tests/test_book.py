@@ -1,5 +1,8 @@
 """The chapter book (tests/book.py): built for two chapters, then opened in headless
-Chromium as a reader opens it, from disk.
+Chromium as a reader opens it, from disk. Besides a chapter's page, the book has
+one for its new section (the sub-sections by reading tier: the core open, the
+rest folded under what each stops), one for its exercises and one for its source;
+every page links inside the book, never to a raw .py or .md file.
 
 The build runs in-process; only the two demos it records run as subprocesses. The
 Chromium test skips, and says why, only where no chromium binary exists (.ci/run
@@ -111,7 +114,10 @@ def test_the_html_reaches_nothing_outside_the_book(tmp_path, monkeypatch):
     page = book.chapter_page(1, book.chapters(), book.table(book.chapters()), ["s02"], tmp_path,
                              "", (0, "fetched http://example.org/x\n"))
     pages = sorted(tmp_path.glob("*.html"))
-    assert [p.name for p in pages] == ["index.html", "s01.html", "s02.html", "s03.html"]
+    assert [p.name for p in pages] == [
+        "index.html", "s01-exercises.html", "s01-source.html", "s01.html", "s02-exercises.html",
+        "s02-section.html", "s02-source.html", "s02.html", "s03-exercises.html", "s03-section.html",
+        "s03-source.html", "s03.html"]
     allowed = {"https://example.com/spec"}
     for p in pages:
         assert outside_links(p.read_text(encoding="utf-8"), allowed) == [], p.name
@@ -124,9 +130,10 @@ def test_the_html_reaches_nothing_outside_the_book(tmp_path, monkeypatch):
     assert len(outside_links(bad)) == 8
 
 
-def test_relative_links_land_on_pages_and_files_that_exist(tmp_path):
+def test_relative_links_land_on_pages_of_the_book(tmp_path):
     """Every relative link of every page (the reference pages in docs/ too) lands on a
-    file, and a link into a page of the book on an element with that id."""
+    file, a chapter or its exercises always on their page of the book (never the raw
+    .py or .md file, nor a README), and a link into a page on an element with that id."""
     book.build(tmp_path, ["s01", "s02"], demos=False)
     pages = sorted(tmp_path.rglob("*.html"))
     assert len(pages) > 3 + 2 * len(book.chapters()) - 1   # the index, two chapters, the reference pages
@@ -139,6 +146,8 @@ def test_relative_links_land_on_pages_and_files_that_exist(tmp_path):
                 continue
             target, _, anchor = href.partition("#")
             dest = (page.parent / urllib.parse.unquote(target)).resolve() if target else page
+            raw = dest.suffix in (".py", ".md") and dest.parent in (ROOT.resolve(), (ROOT / "exercises").resolve())
+            assert not raw, f"{page.name} links to {target}: a chapter or exercise file, not its page of the book"
             assert dest.exists(), f"{page.name} links to {target}"
             if anchor and dest in ids:
                 assert urllib.parse.unquote(anchor) in ids[dest], f"{page.relative_to(tmp_path)} links to {href}: no such id"
@@ -159,9 +168,9 @@ def test_each_chapter_page_links_its_reference_page_and_the_pages_link_inside_th
     assert "zh-CN/s07_permissions.html" in hrefs                       # the Chinese twin
     assert "../s07.html" in hrefs          # the chapter file: its page, built this time
     assert "../index.html" in hrefs        # the README: the book's index
-    markdown = [h for h in hrefs if h.endswith(".md")]    # exercises, and the page's own source
-    assert all("/exercises/" in h or h.endswith("/docs/s07_permissions.md") for h in markdown), markdown
-    assert sum(h.endswith("/docs/s07_permissions.md") for h in markdown) == 1
+    assert "../s07-exercises.html" in hrefs   # the exercises: their page of the book
+    raw = [h for h in hrefs if h.split("#")[0].endswith((".md", ".py"))]
+    assert not raw, raw                     # no raw .md or .py file, the page's own source neither
     ids = {attrs.get("id") for _, attrs, _ in page.found}
     assert {"permissions-s07-and-later", "the-boundary-by-rule"} <= ids   # GitHub's anchors
     text = "".join(page.having("td"))
@@ -169,7 +178,8 @@ def test_each_chapter_page_links_its_reference_page_and_the_pages_link_inside_th
     s08 = Elements((tmp_path / "docs" / "s08_hooks.html").read_text(encoding="utf-8"))
     targets = {(tmp_path / "docs" / attrs["href"]).resolve() for tag, attrs, _ in s08.found
                if tag == "a" and not attrs.get("href", "").startswith(("http", "#"))}
-    assert (ROOT / "s08_hooks.py").resolve() in targets       # s08 was not built: the file itself
+    assert (ROOT / "s08_hooks.py").resolve() not in targets   # s08 was not built: not the raw file,
+    assert (tmp_path / "index.html").resolve() in targets      # its row in the index
     compat = (tmp_path / "docs" / "agent_full.html").read_text(encoding="utf-8")
     assert "compat-table" not in compat and "held by" in compat      # the marker comments are not shown
 
@@ -201,7 +211,56 @@ def test_exercises_are_linked_once_their_file_exists(tmp_path, monkeypatch):
     assert "No exercises yet" in book.exercises_section("s03", out)
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "s03.md").write_text("# s03 exercises\n")
-    assert 'href="../exercises/s03.md"' in book.exercises_section("s03", out)
+    assert 'href="s03-exercises.html"' in book.exercises_section("s03", out)
+
+
+def test_an_exercise_page_is_the_markdown_as_html():
+    text = ("# s09 exercises: memory\n\nRead **this** first: `s09.3`.\n\n    cp a b\n    run it\n\n"
+            "## s09.1 `/recall` a thing\n\n**Goal.** x < y.\n")
+    assert book.exercise_html(text) == (
+        "<h1>s09 exercises: memory</h1>\n<p>Read <b>this</b> first: <code>s09.3</code>.</p>\n"
+        '<pre class="term">cp a b\nrun it</pre>\n<h2 id="s09.1">s09.1 <code>/recall</code> a thing</h2>\n'
+        "<p><b>Goal.</b> x &lt; y.</p>")
+
+
+def test_the_section_page_lists_each_sub_section_by_tier_core_open_the_rest_folded(tmp_path):
+    files = book.chapters()
+    k = [n for n, _ in files].index("s07")
+    section = book.own_section("s07", book.analysed(files[k][1])[1])
+    page = Elements(book.section_page(k, files, ["s07"], tmp_path))
+    rows = page.having("li")
+    for sub in section["subs"]:                    # the contents: every sub-section, its tier, its lines
+        row = next(t for t in rows if t.startswith(f"{sub['id']} {sub['title']}"))
+        assert f"{sub['end'] - sub['start']:,} lines" in row and book.TIER_WORDS[sub["tier"]] in row
+        if sub["tier"] == "hardening":
+            assert f"Stops: {sub['stops']}" in row
+    core = [sub["id"] for sub in section["subs"] if sub["tier"] == "core"]
+    folded = [sub["id"] for sub in section["subs"] if sub["tier"] != "core"]
+    assert core and folded
+    shown = {attrs.get("id") for tag, attrs, _ in page.found if tag == "section"}
+    closed = {attrs.get("id") for tag, attrs, _ in page.found if tag == "details" and "open" not in attrs}
+    assert set(core) <= shown and not set(core) & closed        # the core is open
+    assert set(folded) <= closed                                # hardening and extras folded
+    summaries = page.having("summary")
+    for sub in section["subs"]:
+        if sub["tier"] == "hardening":
+            assert any(t.startswith(sub["id"]) and f"Stops: {sub['stops']}" in t and sub["test"] in t
+                       for t in summaries), sub["id"]
+
+
+def test_each_chapter_page_opens_with_its_reading_path(tmp_path):
+    files = book.chapters()
+    rows = book.table(files)
+    k = [n for n, _ in files].index("s07")
+    page = Elements(book.chapter_page(k, files, rows, ["s07"], tmp_path, "", None))
+    path = page.having("aside", "path")[0]
+    for words in ("The docstring", "The hook lines", "The core of the new section, s07.1 to",
+                  "The offline demo", "One exercise, such as s07.1"):
+        assert words in path, words
+    links = [attrs["href"] for tag, attrs, _ in page.found if tag == "a" and "href" in attrs]
+    for target in ("s07.html#doc", "s07.html#hooks", "s07-section.html#core", "s07.html#demo",
+                   "s07-exercises.html#s07.1", "s07-source.html"):
+        assert target in links, target
 
 
 def test_the_index_counts_lines_as_the_readme_table_does():
@@ -262,6 +321,12 @@ def test_chromium_renders_the_index_and_a_chapter_page(request, tmp_path):
     assert "def safe_path(p):" in page.having("td", "code", "add")   # an added line, s02's sandbox
     assert "def" in page.having("span", "k") and "import" in page.having("span", "kn")  # highlighted
     assert page.having("div", "hunk-head") and page.having("div", "fold")
+    assert page.having("aside", "path")                               # the reading path, at the top
+    section = dump_dom(browser, built / "s02-section.html", tmp_path / "profile")
+    assert section.having("h2") and "The core" in "".join(section.having("h2"))
+    assert [t for t in section.having("span", "tier", "core")]      # tier badges, drawn
+    assert all("open" not in attrs for tag, attrs, _ in section.found if tag == "details" and
+               "sub" in (attrs.get("class") or ""))                  # hardening and extras folded
     term = page.having("pre", "term")[0]                             # the demo's transcript
     assert '> read_file {"path": "/etc/passwd"}' in term
     assert "is outside the workspace ($TMPDIR/agent-demo-s02-XXXXXXXX)" in term
