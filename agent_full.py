@@ -7667,7 +7667,7 @@ def context_records(messages, rec):
 def marks_record(messages, rec, noted):
     """s06's new marks. A call anchors its size on the last message it sent (and
     marks every result before it sent), so new anchors sit on the messages from
-    the last one written on. A batch clear starts the agent's view again (s06.14),
+    the last one written on. A batch clear starts the agent's view again (s06.15),
     so only then are the results looked through for new placeholders."""
     view, whole = agent_state().view, noted["view"] is None
     lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)
@@ -15793,7 +15793,7 @@ command("exit", "Quit", exit_command, aliases=("quit",))
 # The SDK copies every request body whole in Python (a walk of every dict and
 # list) before it encodes it: at turn 500 of a session (2,000 messages) that was
 # most of a turn's CPU, twice a turn. A message of the view's "done" part never
-# changes (s06.14), so its JSON is made once and kept, the kept texts joined in
+# changes (s06.15), so its JSON is made once and kept, the kept texts joined in
 # one string; a request is that string (copied at C speed, no message looked
 # at) and the few last messages encoded again: the newest, and request_messages'
 # marked copies. The bytes go through the client's own post (its retries,
@@ -15815,7 +15815,7 @@ def kept_prefix(of, done):
     """How many leading messages of `of` are still done's own. done is only cut
     short and added to, and `of` keeps its old messages alive (no id is reused),
     so those form a prefix: found in log(n) looks, none at the other messages,
-    each of which is a cache miss by turn 500 (s06.14's view, the same reason)."""
+    each of which is a cache miss by turn 500 (s06.15's view, the same reason)."""
     lo, hi = 0, min(len(of), len(done))
     while lo < hi:
         mid = (lo + hi) // 2

@@ -7597,7 +7597,7 @@ def context_records(messages, rec):
 def marks_record(messages, rec, noted):
     """s06's new marks. A call anchors its size on the last message it sent (and
     marks every result before it sent), so new anchors sit on the messages from
-    the last one written on. A batch clear starts the agent's view again (s06.14),
+    the last one written on. A batch clear starts the agent's view again (s06.15),
     so only then are the results looked through for new placeholders."""
     view, whole = agent_state().view, noted["view"] is None
     lo = 0 if whole else max(min(rec["written"], len(messages)) - 1, 0)

@@ -88,7 +88,7 @@ def one_turn(mod, api, client, history, n):
 # Where a turn's CPU goes: each of these functions is wrapped with a timer that
 # counts its own time, less that of the wrapped ones it calls, so the rows add
 # up (to the turn, with "the rest"). Each: (name, what it stands for).
-WATCHED = [("update_view", "the agent's view brought up to date, its end made again (s06.14)"),
+WATCHED = [("update_view", "the agent's view brought up to date, its end made again (s06.15)"),
            ("shown_messages", "the history normalised from scratch (s06.4 over s02.5)"),
            ("estimate_tokens", "json.dumps for a size estimate (s06.3)"),
            ("clear_old_results", "the batch clear's check, each call past WORKING_BUDGET (s06.4)"),

@@ -128,7 +128,7 @@ def test_the_request_carries_the_stream_helpers_headers(mod, api, client):
 # --- 3: memory ------------------------------------------------------------------------------------
 
 def test_after_clear_the_view_no_longer_holds_the_old_conversation(mod, api, client, workspace):
-    """/clear empties the history, and s06.14's view lets go of its messages at the next
+    """/clear empties the history, and s06.15's view lets go of its messages at the next
     request; the kept JSON (json, json_of) is cut only by a request of 4 messages or
     more, so a long conversation stays in memory through every short one after /clear."""
     (workspace / "big.txt").write_text("OLD-CONVERSATION " * 2_000)
