@@ -2285,11 +2285,9 @@ def tool_results(messages):
 
 
 def cleared_stub(block):
-    """A cleared result's placeholder: where its full text is (layer 1's file, or the
-    one keep_cleared made as it was cleared), so the way back is a read, never a rerun."""
     content = str(block.get("content"))  # only layer 1's own note names a saved file
     saved = content.startswith("<persisted-output>") and re.search(r"saved to: (\S+)", content)
-    where = saved[1] if saved else rel(kept_path(block))
+    where = saved[1] if saved else rel(kept_path(block))  # else kept as it was cleared (s06.14)
     return {**block, "content": f"[old tool result cleared to save context; the full output is in "
                                 f"{where} (read_file, with offset/limit for a long one)]"}
 
