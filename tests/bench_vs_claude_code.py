@@ -74,6 +74,7 @@ sys.path[:0] = [str(TESTS)]
 
 from fake_api import ScriptedAPI, priced, reply, tool  # noqa: E402
 from test_cli_corpus import cli_binary, cli_env  # noqa: E402
+from bench_s06_context import make_files  # noqa: E402  the same 14 KB files (FILE_BYTES)
 
 FILE_BYTES = 14 * 1024
 PRICE_INPUT = 3.00           # USD per million input tokens
@@ -89,18 +90,6 @@ SUMMARY = ("<analysis>Reading files one a turn.</analysis>\n<summary>\n1. Primar
            "next file of the current prompt.\n</summary>")
 WAY_BACK = re.compile(r"again|full output is in|saved to|re-?read", re.I)
 TIMEOUT = 900                 # seconds for one process (a prompt, or all in one process)
-
-
-def make_files(folder, count):
-    for i in range(count):
-        lines, size, n = [f"BEGIN-{i:03d}"], 0, 0
-        while size < FILE_BYTES - 80:
-            n += 1
-            row = f"f{i:03d} row {n:03d}: " + "lorem ipsum dolor sit amet " * 2
-            lines.append(row)
-            size += len(row) + 1
-        lines.append(f"END-{i:03d}")
-        (folder / f"f{i:03d}.txt").write_text("\n".join(lines) + "\n")
 
 
 # --- the scripted model --------------------------------------------------------------------
@@ -238,7 +227,7 @@ def run(side, model, mode, binary, files, prompts):
         work, home = Path(tmp) / "work", Path(tmp) / "home"
         work.mkdir()
         home.mkdir()
-        make_files(work, files)
+        make_files(work, files, FILE_BYTES)
         brain = Model(side, work.resolve())
         api.script([brain] * 100_000)   # every request asks the one model
         began = time.monotonic()
