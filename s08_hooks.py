@@ -3547,7 +3547,7 @@ def plan_file(state):
 
 # --- s07.8: the blocklist, one simple command at a time [hardening: skip on first read] ---
 # Stops: s01's regexes missing `cd / && rm -rf *` and refusing `echo 'rm -rf /'`
-# Test: tests/test_s07_blocklist.py::test_run_bash_refuses_cd_then_glob_without_running_it
+# Test: tests/test_s07_blocklist.py::test_check_dangerous_judges_the_parse
 # decide() asks blocked_command first. s01's blocklist matches regexes against
 # the raw text, so it refuses `echo 'never run rm -rf / here'` (that is only an
 # argument) and misses `cd / && rm -rf *` (no `/` after the rm). From s07 on a
@@ -4143,7 +4143,7 @@ def takes_next(name, word, takes_value):
 
 # --- s07.12: homes by any spelling [hardening: skip on first read] ---
 # Stops: rm -rf of a home spelt by its path, another user's ~alice, or ${HOME:?}
-# Test: tests/test_s07_bypass.py::test_the_home_directory_by_its_absolute_path
+# Test: tests/test_s07_bypass.py::test_what_got_past_the_blocklist_is_refused
 # root_or_home and next_cwd read a path word through place().
 HOME_SPELLINGS = ("~", "$HOME", "${HOME}")        # quotes are gone by now: "$HOME" too
 HOME_FORMS = re.compile(r"^\$\{HOME:?[-=?][^}]*\}")  # ${HOME:?}, ${HOME:-/}: HOME whenever it is set
