@@ -26,6 +26,37 @@ def test_every_chapter_has_at_least_two_exercises_each_with_a_page_a_patch_and_a
             assert f"python tests/exercise.py {name}" in page, f"{chapter}.md does not say how to check {name}"
 
 
+def sub_section_titles(chapter):
+    """{"s07.2": ("the decision", "core"), ...}: the sub-rulers of a chapter's own section."""
+    path = next(ROOT.glob(f"{chapter}_*.py"))
+    rulers = re.findall(rf"^# --- ({chapter}\.\d+): (.+?) \[(core|hardening|extra)\b[^]]*\] ---$",
+                        path.read_text(encoding="utf-8"), re.M)
+    return {ref: (title, tier) for ref, title, tier in rulers}
+
+
+@pytest.mark.parametrize("chapter", sorted({n.split(".")[0] for n in NAMES} - {"s01"}))
+def test_each_page_names_the_sub_sections_to_read_by_their_titles(chapter):
+    """The page's reading order lists the core sub-sections, and every exercise has a
+    **Read.** line; each sub-section named there carries its current title, so a
+    sub-section renumbered or renamed leaves no page pointing at the wrong code."""
+    titles = sub_section_titles(chapter)
+    page = (ROOT / "exercises" / f"{chapter}.md").read_text(encoding="utf-8")
+    core = [ref for ref, (_, tier) in titles.items() if tier == "core"]
+    span = core[0] if len(core) == 1 else f"{core[0]} to {core[-1]}"
+    intro = " ".join(page.split("\n## ")[0].split())
+    assert f"{span} ({'; '.join(titles[ref][0] for ref in core)})" in intro, \
+        f"{chapter}.md: the reading order does not list the core, {span}, by its titles"
+    for part in page.split("\n## ")[1:]:
+        name, text = part.split()[0], " ".join(part.split())
+        read = re.search(r"\*\*Read\.\*\* (.*?)(?= \*\*\w+\.\*\*|$)", text)
+        assert read, f"{chapter}.md: exercise {name} has no **Read.** line"
+        refs = re.findall(rf"{chapter}\.\d+", read[1])
+        assert refs, f"{chapter}.md: {name}'s **Read.** line names no sub-section"
+        for ref in refs:
+            assert ref in titles and f"{ref} ({titles[ref][0]})" in read[1], \
+                f"{chapter}.md: {name} reads {ref}, which is {titles.get(ref, ('no sub-section',))[0]!r}"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_the_reference_solution_passes(name):
     chapter, k = exercise.parse_name(name)
