@@ -786,11 +786,13 @@ def demo_section(name, demo):
             f'{status}<pre class="term">\n{transcript_html(text)}</pre>')
 
 
-def exercise_names(name):
-    """The exercises of a chapter's page (`## s07.1 ...` headings), in order."""
+def exercise_names(name, titles=False):
+    """The exercises of a chapter's page (`## s07.1 ...` headings), in order; with
+    titles, (name, the heading's words after it) pairs."""
     path = ROOT / "exercises" / f"{name}.md"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    return re.findall(rf"^## ({re.escape(name)}\.\d+) ", text, re.M)
+    found = re.findall(rf"^## ({re.escape(name)}\.\d+) (.*)$", text, re.M)
+    return found if titles else [n for n, _ in found]
 
 
 def exercises_section(name, out):
@@ -834,10 +836,10 @@ def reading_path(name, k, files, built):
         items.append(f'<a href="{name}-section.html#core">The core of the new section</a>, {span}: '
                      f'{tier_lines(section)["core"]:,} lines; the hardening and extras can wait')
     items.append(f'<a href="{here}#demo">The offline demo</a>: <code>{demo_command(name)}</code>')
-    exercises = exercise_names(name)
-    if exercises:
-        items.append(f'<a href="{name}-exercises.html#{exercises[0]}">One exercise</a>, '
-                     f'such as {exercises[0]}')
+    exercises = exercise_names(name, titles=True)
+    if exercises:  # its title beside it: s07.1 also names a sub-section, the gate before every call
+        items.append(f'<a href="{name}-exercises.html#{exercises[0][0]}">One exercise</a>, '
+                     f'such as {exercises[0][0]}, {inline_md(exercises[0][1])}')
     return ('<aside class="path"><b>Reading path</b><ol>' + "".join(f"<li>{i}</li>" for i in items)
             + '</ol></aside>')
 
@@ -931,10 +933,13 @@ def inline_md(text):
     return "".join(out)
 
 
-def exercise_html(text):
+def exercise_html(text, subs=()):
     """An exercise page as HTML: # headings (## ones get their exercise name as id),
-    paragraphs, lists, and blocks indented four spaces as code."""
-    out = []
+    paragraphs, lists, and blocks indented four spaces as code. subs: the chapter's
+    sub-sections; a paragraph's "s07.5 (the config files and the start)" links to it
+    on the section page, and "s07.1 to s07.7 (" to its core. An exercise's name
+    (s07.1, the same digits) stays text: no title follows it."""
+    out, link = [], sub_section_links(subs)
     for block in re.split(r"\n\s*\n", text.strip("\n")):
         lines = block.split("\n")
         if all(line.startswith("    ") for line in lines):
@@ -949,14 +954,35 @@ def exercise_html(text):
             items = re.split(r"\n(?=[-*] )", block)
             out.append("<ul>" + "".join(f"<li>{inline_md(' '.join(i[2:].split()))}</li>" for i in items) + "</ul>")
         else:
-            out.append(f"<p>{inline_md(' '.join(block.split()))}</p>")
+            out.append(f"<p>{link(inline_md(' '.join(block.split())))}</p>")
     return "\n".join(out)
+
+
+def sub_section_links(subs):
+    """A function that links, in a paragraph's HTML (code spans left alone), each
+    sub-section named with its title, and a span of the core sub-sections."""
+    if not subs:
+        return lambda text: text
+    page = f'{subs[0]["id"].split(".")[0]}-section.html'
+    named = {f'{sub["id"]} ({html.escape(sub["title"], quote=False)}': sub["id"] for sub in subs}
+    rx = re.compile("|".join(sorted(map(re.escape, named), key=len, reverse=True))
+                    + r"|\b(s\d\d\.\d+ to s\d\d\.\d+) \(")
+
+    def one(m):
+        if m[1]:
+            return f'<a href="{page}#core">{m[1]}</a> ('
+        ref = named[m[0]]
+        return f'<a href="{page}#{ref}">{ref}</a>{m[0][len(ref):]}'
+    return lambda text: "".join(part if n % 2 else rx.sub(one, part)
+                                for n, part in enumerate(re.split(r"(<code>.*?</code>)", text)))
 
 
 def exercises_page(k, files, built, out):
     name, path = files[k]
     text = (ROOT / "exercises" / f"{name}.md").read_text(encoding="utf-8")
-    body = (f'{reading_path(name, k, files, built)}\n<div class="prose exercises">{exercise_html(text)}</div>\n'
+    section = own_section(name, analysed(path)[1])
+    subs = section["subs"] if section and name in built else ()  # links to its page only when built
+    body = (f'{reading_path(name, k, files, built)}\n<div class="prose exercises">{exercise_html(text, subs)}</div>\n'
             f'<p class="meta">The page is <code>exercises/{name}.md</code>; the checkers are in '
             f'<code>tests/exercise_checks/{name}.py</code>, the reference solutions in '
             f'<code>exercises/solutions/</code> (reading them gives the exercise away).</p>')

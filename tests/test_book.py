@@ -223,6 +223,22 @@ def test_an_exercise_page_is_the_markdown_as_html():
         "<p><b>Goal.</b> x &lt; y.</p>")
 
 
+def test_an_exercise_page_links_the_sub_sections_it_names_into_the_section_page(tmp_path):
+    """A Read line's "s07.5 (the config files and the start)" opens that sub-section in
+    the book, and the reading order's core span opens the core; an exercise's own
+    name, the same digits with no title after it, stays text."""
+    files = book.chapters()
+    k = [n for n, _ in files].index("s07")
+    page = Elements(book.exercises_page(k, files, ["s07"], tmp_path))
+    links = {(attrs["href"], text) for tag, attrs, text in page.found if tag == "a" and "href" in attrs}
+    for ref in ("s07.5", "s07.2", "s07.23", "s07.6"):          # exercise s07.1's Read line
+        assert (f"s07-section.html#{ref}", ref) in links, ref
+    assert ("s07-section.html#core", "s07.1 to s07.7") in links
+    assert not any(text == "s07.1" for _, text in links)        # the exercise, not the gate
+    assert "s12.1 needs git" in book.exercise_html("s12.1 needs git: (a) repository.", [
+        {"id": "s12.1", "title": "a lane: made or reused"}])
+
+
 def test_the_section_page_lists_each_sub_section_by_tier_core_open_the_rest_folded(tmp_path):
     files = book.chapters()
     k = [n for n, _ in files].index("s07")
@@ -255,7 +271,7 @@ def test_each_chapter_page_opens_with_its_reading_path(tmp_path):
     page = Elements(book.chapter_page(k, files, rows, ["s07"], tmp_path, "", None))
     path = page.having("aside", "path")[0]
     for words in ("The docstring", "The hook lines", "The core of the new section, s07.1 to",
-                  "The offline demo", "One exercise, such as s07.1"):
+                  "The offline demo", "One exercise, such as s07.1, git push always asks"):
         assert words in path, words
     links = [attrs["href"] for tag, attrs, _ in page.found if tag == "a" and "href" in attrs]
     for target in ("s07.html#doc", "s07.html#hooks", "s07-section.html#core", "s07.html#demo",
