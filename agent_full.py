@@ -3282,7 +3282,10 @@ def decide_batch(batch):
 #   blocklist (bash) -> protected path (writes, the agent's .env) -> deny rules
 #   -> plan mode (writes) -> outside the workspace -> sandboxed bash -> ask rules
 #   -> allow rules -> the mode's table -> ask the human
-# Only the last step talks to anyone.
+# Only the last step talks to anyone. Three names it calls are defined after the
+# core: blocked_command, s01's blocklist judged one simple command at a time
+# (s07.8); own_dotenv, the agent's own .env (s07.18); sandboxed, does bash run
+# in the OS sandbox (s07.24).
 WRITE_TOOLS = ("write_file", "edit_file")
 PATH_TOOLS = ("read_file", "write_file", "edit_file", "glob", "grep")
 STATE_TOOLS = ("agent", "exit_plan_mode")  # judged elsewhere: a child's calls, the plan's approval
@@ -3373,6 +3376,7 @@ def skill_commands(name):
 # --- s07.3: protected paths [core] ---
 # Protected paths are the rule "nothing the agent writes may later run outside
 # its control, or loosen its own limits": no mode lets a file tool write them.
+# The folder git's core.hooksPath names counts too (hooks_path, s07.17).
 
 # Workspace paths no file tool writes; the sandbox's list (SANDBOX_PROTECTED, s07.24)
 # counts too, so both layers protect the same files. All of .git counts: its
@@ -3414,7 +3418,9 @@ def protected(path, workdir):
 # --- s07.4: rules: tool(pattern) [core] ---
 # A rule is a tool name, or tool(pattern): bash(git *) matches the command line,
 # read_file(src/**) a resolved path as a gitignore-style glob. Deny rules are
-# checked first, then ask, then allow.
+# checked first, then ask, then allow. After the core: a bash rule allows a
+# compound line only if it holds for every part (bash_allow_rule, s07.21), and
+# * matches without backtracking (wildcard, s07.16).
 RULE_EFFECTS = ("deny", "ask", "allow")      # evaluation order
 RULE = re.compile(r"([A-Za-z_][\w*-]*)(?:\((.*)\))?", re.S)  # tool or tool(pattern)
 TOOL_ALIASES = {"Bash": "bash", "Read": "read_file", "Write": "write_file", "Edit": "edit_file",
@@ -3512,7 +3518,11 @@ def path_rule_matches(pattern, path, workdir):
 #       default_mode: acceptEdits
 #     sandbox: {enabled: true, network: false, auto_allow_bash: true, fail_if_unavailable: false}
 # start_permissions reads them once, at start-up, with the mode from
-# --permission-mode, AGENT_PERMISSION_MODE or the config.
+# --permission-mode, AGENT_PERMISSION_MODE or the config. After the core: a
+# project's file widens nothing until the human trusts it (loosens, file_trusted:
+# s07.9), a broken file stops the start (check_config, s07.22), the built-in deny
+# rules for secrets come first (secret_rules, s07.18), the sandbox's settings and
+# its check are s07.24's.
 CONFIG_SCOPES = ("user", "project", "local")  # lowest first; deny anywhere wins anyway
 PERMISSION_KEYS = {"allow", "deny", "ask", "additional_directories", "default_mode"}
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
@@ -3626,7 +3636,9 @@ def start_permissions(argv):
 # --- s07.6: asking the human [core] ---
 # y = this call, a = always (the narrowest allow rule, written to the local
 # config), n or any other text = no, and that text goes to the model as the
-# reason. End of input answers no.
+# reason. End of input answers no. The question shows the whole call
+# (show_request, s07.23); always writes the narrowest rule (narrow_rule, s07.19)
+# into a file whose trust (s07.9) it keeps as it was.
 def ask_permission(name, args, reason, state):
     """None when the human says yes, else the denial text."""
     who = f"[{state.label}] " if state.label else ""  # say() labels its lines itself
