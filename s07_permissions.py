@@ -10,7 +10,7 @@ bash_process, --permission-mode, --trust-workspace, AGENT_PERMISSION_MODE.
 
     tool_use --> decide(tool, input, mode, rules)
       1 blocklist (bash, parsed per subcommand) ........ deny
-      2 protected path (writes) ........................ deny, in every mode
+      2 protected path (writes; the agent's .env) ...... deny, in every mode
       3 deny rules (user, project, local: any wins) .... deny
         plan mode, a write that is not the plan file ... deny
         outside the workspace .......................... ask (bypass: deny)
