@@ -9,7 +9,10 @@ isolation (agent, spawn_teammate, an agent definition's isolation: worktree), --
 NAME (worktrees); parse_server, server_specs, StdioTransport, HttpTransport, connect,
 list_tools, call_mcp_tool, mcp_session, /mcp; plan_deferral, tool_search (MCP).
 
-    agent {prompt, isolation: "worktree"}
+    worktree_create {name} -> git worktree add -b agent/NAME -- .agent/worktrees/NAME HEAD
+      -> set up, entered (the agent's workdir is the lane) -> worktree_closeout
+         {name, action}: keep, or remove (refused while dirty or unmerged)
+    agent {prompt, isolation: "worktree"}   (the same lane for a child, made for it)
       -> git worktree add -b agent/agent-1a2b3c4d -- .agent/worktrees/agent-1a2b3c4d HEAD
       -> the child's workdir is the lane (no chdir), its file-read records fresh
       -> it edits; the main checkout is untouched -> the manager commits (not .agent/,
