@@ -2377,21 +2377,6 @@ def tail_start(messages):
     return start
 
 
-def save_transcript(messages):
-    """Everything, before anything is summarised away: one message per JSON line.
-    None when the workspace cannot be written: the compaction goes on without it."""
-    folder = agent_state().workdir / ".agent" / "transcripts"
-    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
-    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
-        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
-                                   for m in messages).encode("utf-8"))
-    except OSError as e:
-        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
-            f"of the older messages]")
-        return None
-    return path
-
-
 class SummaryFailed(Exception):
     """The summary call failed (API error, cut stream, empty summary): nothing was compacted."""
 
@@ -3067,6 +3052,24 @@ def charge(message, usage=None):
     add_usage(usage, message)
     return (f"input {u.input_tokens:,}, cache read {read:,}, cache write {write:,}, output "
             f"{u.output_tokens:,} | ~${cost:.4f}, session ~${agent_state().session['cost']:.4f}")
+
+# --- s06.20: the transcript kept before a compaction [extra] ---
+# compact() saves the whole history here before the summary replaces it: a
+# record for the human of what the summary replaced; the agent never reads it back.
+def save_transcript(messages):
+    """Everything, before anything is summarised away: one message per JSON line.
+    None when the workspace cannot be written: the compaction goes on without it."""
+    folder = agent_state().workdir / ".agent" / "transcripts"
+    path = folder / f"transcript-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}.jsonl"
+    try:  # s02's door: a link a clone plants at .agent or transcripts/ is not followed
+        write_inside(path, "".join(json.dumps(m, ensure_ascii=False, default=str) + "\n"
+                                   for m in messages).encode("utf-8"))
+    except OSError as e:
+        say(f"[transcript not saved ({e.strerror or e}): the summary will be all that is left "
+            f"of the older messages]")
+        return None
+    return path
+
 
 # --- agent loop ---
 # Everything the human sees passes through a few functions, so a front end can
