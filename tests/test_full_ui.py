@@ -360,7 +360,9 @@ def test_the_interactive_ui_in_a_real_terminal(mod, api, workspace, tmp_path):
     try:
         wait_for(name, lambda s: "agent >>" in s, "prompt")
         tmux("send-keys", "-t", name, "hello", "Enter")
-        text = wait_for(name, lambda s: "bold text" in s, "answer")
+        # the first answer waits for the SDK, which loads behind the prompt (full.9): on a
+        # loaded machine that is seconds more than any later step, hence its longer wait
+        text = wait_for(name, lambda s: "bold text" in s, "answer", timeout=60)
         assert "**bold**" not in text and "# Heading" not in text  # rendered Markdown
         wait_for(name, lambda s: "mode default" in s and "$0." in s, "status line with cost and mode")
         tmux("send-keys", "-t", name, "/comp", "Tab")
