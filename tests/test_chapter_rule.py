@@ -107,6 +107,18 @@ def test_each_hardening_sub_section_names_what_it_stops_and_its_test(name):
             f"{name}: {ruler} names {m.group(1)}::{m.group(2)}, which is no test there"
 
 
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_every_sub_section_a_comment_names_exists(name):
+    """A comment's pointer such as "(s07.8)" names a sub-section this file has: when
+    sub-sections are renumbered, no comment is left pointing at nothing."""
+    lines = body_lines(name)
+    subs = {m.group(1) for line in lines if (m := re.match(r"# --- ((?:s\d\d|full)\.\d+): ", line))}
+    dangling = [(ref, line.strip()[:80]) for line in lines if "#" in line and not line.startswith("# ---")
+                for ref in re.findall(r"\b((?:s\d\d|full)\.\d+)\b", line[line.index("#"):])
+                if ref not in subs]
+    assert not dangling, f"{name}: comments name sub-sections it does not have: {dangling[:5]}"
+
+
 def body_lines(name):
     """The file without its top docstring."""
     src = (ROOT / f"{name}.py").read_text(encoding="utf-8")
