@@ -15548,10 +15548,10 @@ class LineEditor:
             if loading:
                 loaded("editor")  # a failed import: one line, not the traceback of start()'s
             self.start()
-            if first and (line := first.line(0)) is not None:  # Enter while the session was made
-                self.session.history.append_string(line)
-                return line
             typed = first.take() if first else ""
+            if typed.endswith("\n"):  # Enter while the session was made, or as it was taken
+                self.session.history.append_string(line := typed[:-1])
+                return line
         from prompt_toolkit.patch_stdout import patch_stdout
         self.session.app.erase_when_done = False  # a line typed stays on the screen
         with patch_stdout(raw=True):  # other threads' lines (memory, MCP, hooks) print above the prompt
@@ -16522,7 +16522,10 @@ class FirstPrompt:
     def take(self):
         """What is typed and not yet sent, taken off the terminal (line mode and echo off for
         the read, then back) and off the screen, for the editor to show again: its default
-        text, controls (an arrow's escape sequence, say) dropped."""
+        text, controls (an arrow's escape sequence, say) dropped. A line Enter ended before
+        or during the read comes back whole, with its newline, and stays on the screen: it
+        is the line (what was typed after it is dropped). There is no moment between a
+        last look for a line and the read in which an Enter could be lost."""
         mode = termios.tcgetattr(self.fd)
         quiet = [*mode[:3], mode[3] & ~(termios.ICANON | termios.ECHO), *mode[4:6], list(mode[6])]
         quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 0, 0  # a read returns what is there
@@ -16534,6 +16537,8 @@ class FirstPrompt:
         finally:
             termios.tcsetattr(self.fd, termios.TCSANOW, mode)
         text = typed.decode(errors="replace")
+        if "\n" in text:  # the line mode made \r a newline (ICRNL), as it does for input()
+            return text[:text.index("\n") + 1]
         erase_echo(self.prompt, text)
         return TYPED_CONTROLS.sub("", text)
 

@@ -207,6 +207,24 @@ def test_a_line_sent_before_the_line_editor_loaded_is_the_first_prompt(mod, api,
 
 
 
+@pytest.mark.parametrize("typed, taken", [(b"hel", "hel"), (b"hello\r", "hello\n"), (b"hi\rmore", "hi\n")])
+def test_an_enter_that_comes_as_the_editor_takes_over_is_kept(mod, monkeypatch, typed, taken):
+    """The editor takes what was typed at the terminal's prompt once it has loaded. An Enter
+    that came after the last look for a line was taken as a control character, dropped:
+    the editor showed the text and waited for an Enter that had come (a loaded machine,
+    the prompt up, nothing more). Taken now, a finished line is the line."""
+    master, slave = pty.openpty()
+    with open(slave, "r", closefd=True) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        first = mod.FirstPrompt("agent >> ")
+        os.write(master, typed)
+        echo, end = b"", time.monotonic() + WAIT
+        while typed.replace(b"\r", b"\r\n") not in echo and time.monotonic() < end:  # the line mode
+            echo += os.read(master, 1024) if select.select([master], [], [], 1)[0] else b""  # has it all
+        assert first.take() == taken
+    os.close(master)
+
+
 def broken_sdk(tmp_path, why):
     """A folder whose `anthropic` package is there but fails to import: a module it needs
     is missing (a half-made venv), or it raises (a broken install)."""
