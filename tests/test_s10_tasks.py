@@ -362,6 +362,17 @@ def log_text(workspace, id):
     return (workspace / ".agent" / "runtime-tasks" / f"{id}.log").read_text()
 
 
+def ended(p, seconds):
+    """Wait for a child to end; one that does not is aborted, and its threads' stacks
+    (PYTHONFAULTHANDLER in its environment) are the failure's message."""
+    try:
+        p.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        _, stderr = p.communicate(timeout=30)
+        raise AssertionError(f"not ended within {seconds} s; its stderr:\n{stderr.decode(errors='replace')}")
+
+
 def gone(pid):
     """A process that no longer exists, or only as a zombie nobody reaped yet."""
     try:
@@ -642,7 +653,8 @@ def test_a_killed_or_hung_up_session_stops_its_background_commands(mod, api, wor
         api.script([reply(tool("background_run", {"command": "sleep 60"})), reply("It runs.")])
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
         env |= {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": api.url, "PYTHONUNBUFFERED": "1",
-                "AGENT_PERMISSION_MODE": "bypassPermissions", "AGENT_AUTO_MEMORY": "0"}
+                "AGENT_PERMISSION_MODE": "bypassPermissions", "AGENT_AUTO_MEMORY": "0",
+                "PYTHONFAULTHANDLER": "1"}  # a process that does not end shows where it is (SIGABRT)
         p = subprocess.Popen([sys.executable, str(ROOT / f"{mod.__name__}.py")], cwd=workspace, env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -653,7 +665,7 @@ def test_a_killed_or_hung_up_session_stops_its_background_commands(mod, api, wor
             wait_for(lambda: any(json.loads(f.read_text())["status"] == "running" for f in folder.glob("b*.json")),
                      "the background command", deadline=30)
             p.send_signal(sig)
-            p.wait(timeout=30)              # stdin stays open: an end of input must not race the signal
+            ended(p, 30)                    # stdin stays open: an end of input must not race the signal
             stderr = p.stderr.read()
         finally:
             p.kill()
