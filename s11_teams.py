@@ -8081,7 +8081,7 @@ command("resume", "List saved sessions, or continue one: /resume ID", resume_com
 # JSON file per task, so the next session, a subagent or another process working
 # on the same project (s11's teammates) sees and changes the same board (s10.1).
 # When a schedule is due is a cron expression's answer (s10.3, s10.4); a slow
-# command runs beside the loop and reports when it ends (s10.10, an extra).
+# command runs beside the loop and reports when it ends (s10.19, an extra).
 
 # --- s10.1: the board on disk [core] ---
 # One JSON file per task in .agent/tasks, so the next session, a subagent or
@@ -8091,7 +8091,6 @@ command("resume", "List saved sessions, or continue one: /resume ID", resume_com
 TASKS_DIR = Path(AGENT_DIR) / "tasks"  # in the workspace: <id>.json per task, and .lock
 TASK_STATUSES = ("pending", "in_progress", "completed", "deleted")  # deleted: logical, the file stays
 OPEN_STATUSES = ("pending", "in_progress")  # a task that still has work in it
-MAX_TASKS = 1_000           # task files one board holds: task_create refuses more
 
 
 @contextlib.contextmanager
@@ -8100,11 +8099,11 @@ def task_board():
     its end. A ToolError inside saves nothing: a refused change is no change."""
     folder = tasks_dir()
     with task_lock(folder):
-        tasks = {str(i): t for i in sorted(task_ids(folder))[:MAX_TASKS]
+        tasks = {str(i): t for i in sorted(task_ids(folder))[:MAX_TASKS]  # MAX_TASKS: s10.7
                  if (t := read_task(folder / f"{i}.json"))}
         snapshot = lambda: {i: json.dumps(t, sort_keys=True) for i, t in tasks.items()}
         on_disk = snapshot()
-        mend_edges(tasks)
+        mend_edges(tasks)  # (s10.5): edges a clone planted one-sided, made whole
         before = snapshot()
         yield tasks
         after = snapshot()
@@ -8118,30 +8117,18 @@ def task_board():
 
 
 def tasks_dir():
-    """The running agent's .agent/tasks (task_lock makes it, through s02's door);
-    refused when a planted symbolic link would put it, and so the reads, outside
-    the workspace, or when a file stands there."""
+    """The running agent's .agent/tasks (task_lock makes it, through s02's door)."""
     ws = agent_state().workdir
     folder = ws / TASKS_DIR
-    if not leads_inside(folder, ws):
-        raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
-                        f"Ask the user to remove it; the task tools work only inside.")
-    if os.path.lexists(folder) and not folder.is_dir():
-        raise ToolError(f"{TASKS_DIR} is not a folder. Ask the user to move it away; the task "
-                        f"tools keep the board there.")
+    refuse_planted_board(folder, ws)  # (s10.6): a link out of the workspace, or a file, there
     return folder
 
 
 @contextlib.contextmanager
 def task_lock(folder):
     """One writer at a time, across processes and threads: each call opens its own
-    descriptor of .lock, and flock excludes other descriptors even in this process.
-    s06's open_inside makes the folder on its walk, never through a link."""
-    try:
-        fd = open_inside(folder / ".lock", folder, os.O_RDWR | os.O_CREAT)
-    except OSError as e:  # a planted link (or folder) at .lock or on the way: no lock, so no change
-        raise ToolError(f"{rel(folder / '.lock')} cannot be opened as a lock ({e.strerror}; a "
-                        f"planted link?). Ask the user to remove it.")
+    descriptor of .lock, and flock excludes other descriptors even in this process."""
+    fd = open_lock(folder)  # (s10.6): made through s06's door, never through a planted link
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -8150,15 +8137,12 @@ def task_lock(folder):
 
 
 def task_ids(folder):
-    """The numbers of every task file, readable or not (so none is given twice).
-    Only <id>.json names count: a planted 249-digit one is not a task."""
+    """The numbers of every task file, readable or not (so none is given twice)."""
     return [int(p.stem) for p in folder.glob("*.json") if TASK_FILE.fullmatch(p.name)]
 
 
 def read_task(path):
-    """One task file as a dict, or None: unreadable, a link, not a plain file (a
-    planted FIFO would hang the read: O_NONBLOCK opens it, fstat refuses it), too
-    big or not a task."""
+    """One task file as a dict, or None when it is unreadable or no task (s10.5)."""
     data = read_plain(path, TASK_FILE_BYTES)
     try:
         task = json.loads(data) if data is not None else None
@@ -8168,7 +8152,7 @@ def read_task(path):
 
 
 def save_task(folder, task):
-    """Write one record whole (a task; s10.10: a command's status) through s02's door:
+    """Write one record whole (a task; s10.19: a command's status) through s02's door:
     readers see the old file or the new one, never half, and no link is followed.
     The temp file is no *.json, so a crash mid-write leaves no task behind."""
     data = json.dumps(task, ensure_ascii=False, indent=1).encode("utf-8")
@@ -8185,9 +8169,6 @@ def now_stamp():
 # exactly when A is in B's blocks; the edges make no cycle; a completed or deleted
 # task has no edges left, so nothing waits for it.
 TASK_KINDS = ("ready", "in_progress", "claimed", "blocked", "completed")  # task_list's order
-MAX_SUBJECT = 200           # characters of a task's one-line subject
-MAX_TASK_TEXT = 8_000       # characters of a task's description
-TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
 
 
 def task_id(value):
@@ -8274,7 +8255,7 @@ def close_task(tasks, task):
     return [tasks[i] for i in freed if i in tasks and task_kind(tasks, tasks[i]) == "ready"]
 
 
-def check_text(value, field, limit, one_line=False):
+def check_text(value, field, limit, one_line=False):  # the limits (MAX_SUBJECT...): s10.7
     text = str(value).strip()
     if one_line and (not text or "\n" in text):
         raise ToolError(f"{field} must be one non-empty line, e.g. 'Write the CSV parser'.")
@@ -8290,13 +8271,8 @@ def task_create(subject, description="", blocked_by=None, role=None):  # s11: ro
     description = check_text(description, "description", MAX_TASK_TEXT)
     with task_board() as tasks:
         ids = task_ids(tasks_dir())
-        if len(ids) >= MAX_TASKS:
-            raise ToolError(f"The board holds {len(ids)} tasks, the most it may. Ask the user "
-                            f"to archive old ones (.agent/tasks).")
         new, now = str(max(ids, default=0) + 1), now_stamp()
-        if len(new) > TASK_ID_DIGITS:
-            raise ToolError(f"The next task id would be {new}, longer than {TASK_ID_DIGITS} digits. "
-                            f"Ask the user to archive old tasks (.agent/tasks).")
+        check_board_room(ids, new)  # (s10.7): a full board takes no more
         tasks[new] = {"id": new, "subject": subject, "description": description,
                       "status": "pending", "owner": "", "blocked_by": [], "blocks": [],
                       "created": now, "updated": now}
@@ -8363,10 +8339,8 @@ def task_list():
             return "The task board is empty. Add tasks with task_create."
         kinds = [task_kind(tasks, t) for t in shown]
         lines = [", ".join(f"{kinds.count(k)} {k.replace('_', ' ')}" for k in TASK_KINDS if k in kinds)]
-        lines += [f"#{t['id']} [{task_label(tasks, t)}] {t['subject']}" for t in shown[:TASK_LIST_LIMIT]]
-        if len(shown) > TASK_LIST_LIMIT:
-            lines.append(f"... and {len(shown) - TASK_LIST_LIMIT} more (task_get shows any task)")
-        return "\n".join(lines)
+        lines += [f"#{t['id']} [{task_label(tasks, t)}] {t['subject']}" for t in shown]
+        return "\n".join(cap_task_lines(lines))  # (s10.7): past 100 tasks, the rest are counted
 
 
 def task_get(id):
@@ -8442,20 +8416,17 @@ register("task_list", TASK_HELP + (
 # spring a job due in the skipped hour ("30 2") runs once, at 03:00.
 # Vixie cron runs the wildcard jobs in the repeated hour; doing that needs the
 # scheduler to keep the last run as an absolute time, so this stays as it is.
-MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-MAX_CRON = 100              # characters of a cron expression, from the model or the file
 DOW_OPEN_END = 6            # where an open day-of-week range (*, 1/2) ends: 7 is Sunday only when written
 CRON_SPEC = re.compile(r"\*|([0-9]+|[a-z]+)(?:(-)([0-9]+|[a-z]+))?")  # *, a value, a range; ASCII only
 CRON_NUMBER = re.compile(r"[0-9]+")  # ASCII digits: int() and isdigit() take "٣" and "²"
-CRON_FIELDS = {"minute": (0, 59, ()), "hour": (0, 23, ()), "day-of-month": (1, 31, ()),  # (low, high, names)
-               "month": (1, 12, MONTH_NAMES), "day-of-week": (0, 7, DAY_NAMES)}
+CRON_FIELDS = {"minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31), "month": (1, 12),  # (low, high)
+               "day-of-week": (0, 7)}
 CRON_HORIZON_DAYS = 366 * 9  # next_fire looks this far: 29 February can be 8 years away (2096 -> 2104)
 
 
 def cron_values(text, field):
     """The set of values one field allows; ValueError names the field and the item."""
-    low, high, names = CRON_FIELDS[field]
+    low, high = CRON_FIELDS[field]
     top = DOW_OPEN_END if field == "day-of-week" else high  # where * and 5/10 end
     values = set()
     for item in text.lower().split(","):
@@ -8467,21 +8438,22 @@ def cron_values(text, field):
             if not (m := CRON_SPEC.fullmatch(spec)):
                 raise ValueError(spec)
             first, dash, last = m.groups()
-            a = low if spec == "*" else cron_number(first, low, high, names)
-            b = top if spec == "*" or (slash and not dash) else cron_number(last or first, low, high, names)
+            a = low if spec == "*" else cron_number(first, field)
+            b = top if spec == "*" or (slash and not dash) else cron_number(last or first, field)
         except ValueError:
             raise ValueError(f"cron {field} field {text!r}: {item!r} is not * or a value "
-                             f"{low}-{high}" + (f" or a name ({', '.join(names[:3])}, ...)" if names else ""))
+                             f"{low}-{high}" + name_hint(field))  # name_hint: s10.9
         if a > b:
             raise ValueError(f"cron {field} field {text!r}: the range {item!r} runs backwards")
         values.update(range(a, b + 1, int(step or 1)))
     return values
 
 
-def cron_number(word, low, high, names):
-    if word in names:
-        return names.index(word) + low
-    if not CRON_NUMBER.fullmatch(word) or not low <= int(word) <= high:
+def cron_number(word, field):
+    low, high = CRON_FIELDS[field]
+    if not CRON_NUMBER.fullmatch(word):
+        return cron_name(word, field)  # (s10.9): jan-dec, sun-sat
+    if not low <= int(word) <= high:
         raise ValueError(word)
     return int(word)
 
@@ -8489,8 +8461,7 @@ def cron_number(word, low, high, names):
 def parse_cron(expr):
     """{field: set of values} plus which day fields are restricted."""
     expr = str(expr)
-    if len(expr) > MAX_CRON:
-        raise ValueError(f"a cron expression is at most {MAX_CRON} characters; this one has {len(expr)}")
+    check_cron_length(expr)  # (s10.8): a long one is refused before it is read
     words = expr.split()
     if len(words) != len(CRON_FIELDS):
         raise ValueError(f"a cron expression has 5 fields (minute hour day-of-month month "
@@ -8552,11 +8523,7 @@ def next_fire(expr, after):
 # read never holds up a due job. Jobs fire only in the interactive REPL: a
 # one-shot run ends after its task; a subagent's jobs are the session's and fire
 # as the main agent's turns. schedule_create asks in default mode, as a write
-# does: a job runs prompts later with nobody watching. Listing and deleting
-# never ask.
-MAX_SCHEDULES = 50          # jobs at once, session-only and durable together
-SCHEDULE_EXPIRY = datetime.timedelta(days=7)  # a recurring job's life: a forgotten one ends by itself
-MAX_SCHEDULE_PROMPT = 2_000  # characters of a job's prompt
+# does: a job runs prompts later with nobody watching.
 SCHEDULE_TICK = 1.0         # seconds between the checker's looks
 INPUT_POLL = 0.2            # seconds the REPL waits for a line before it looks for a due job
 SCHEDULE_STAMP = "%Y-%m-%dT%H:%M"  # times in a job: local, to the minute
@@ -8569,33 +8536,24 @@ def schedule_create(cron, prompt, recurring=True, durable=False):
     except ValueError as e:
         raise ToolError(f"{e}. Write 5 fields, minute hour day-of-month month day-of-week, in "
                         f"local time, e.g. '*/15 9-17 * * mon-fri'.")
-    prompt = check_text(prompt, "prompt", MAX_SCHEDULE_PROMPT)
+    prompt = check_text(prompt, "prompt", MAX_SCHEDULE_PROMPT)  # MAX_SCHEDULE_PROMPT: s10.12
     if not prompt:
         raise ToolError("The prompt is empty: write what the scheduled turn should do.")
     now = local_now()
     job = {"id": "s" + os.urandom(4).hex(), "cron": " ".join(cron.split()), "prompt": prompt,
            "recurring": recurring, "created": minute_text(now), "last_fired": None}
-    first, ends = job_next(job), minute_time(job["created"]) + SCHEDULE_EXPIRY
+    first = job_next(job)
     if first is None:
         raise ToolError(f"{job['cron']!r} matches no date (such as 31 February): fix the day fields.")
-    if recurring and first >= ends:
-        raise ToolError(f"Its first run, {first:%Y-%m-%d %H:%M}, comes after a recurring job "
-                        f"expires (7 days). For a single run then, set recurring false.")
-    others = len(agent_state().schedules["jobs"]) if durable else count_durable()
+    check_expiry(job, first)  # (s10.15): a recurring job runs before it expires
+    others = other_jobs(durable)  # (s10.12): for the cap
     with job_store(durable) as (jobs, trusted):
-        if not trusted:
-            raise ToolError(f"{SCHEDULES_FILE} holds jobs the user has not trusted (the workspace "
-                            f"may come from someone else), so a durable job there would not fire. "
-                            f"Use durable false for this session, or ask the user to restart the "
-                            f"REPL and trust the file.")
-        if len(jobs) + others >= MAX_SCHEDULES:
-            raise ToolError(f"There are {len(jobs) + others} scheduled jobs, the most there may be. "
-                            f"Delete one you no longer need (schedule_list, schedule_delete), or "
-                            f"fold this prompt into an existing job.")
+        refuse_untrusted(trusted)  # (s10.16): no durable job joins a file whose jobs do not fire
+        check_schedule_room(jobs, others)  # (s10.12): at most MAX_SCHEDULES jobs
         jobs[job["id"]] = job
     kind = f"{'durable' if durable else 'session-only'}, {'recurring' if recurring else 'one-shot'}"
     text = (f"Scheduled {job['id']} ({kind}): {job['cron']}, first run {first:%Y-%m-%d %H:%M}"
-            + (f", expires {ends:%Y-%m-%d %H:%M}" if recurring else ", then removed")
+            + (expiry_note(job) if recurring else ", then removed")  # expiry_note: s10.15
             + f". schedule_delete {job['id']} removes it.")
     if agent_state().schedules["checker"] is None:
         text += (" No REPL runs in this process, so nothing fires here: " +
@@ -8607,8 +8565,8 @@ def schedule_create(cron, prompt, recurring=True, durable=False):
 def check_schedules(now):
     """One look of the checker: expire, then put each due job in the queue once.
     The REPL fires what is queued when the agent is idle (scheduled_turn)."""
-    s, durable = agent_state().schedules, durable_jobs()
-    expire_schedules(now, durable)
+    s, durable = agent_state().schedules, durable_jobs()  # the durable file's jobs: s10.14
+    expire_schedules(now, durable)  # (s10.15)
     with SCHEDULE_LOCK:
         candidates = [(job, False) for job in s["jobs"].values()]
         candidates += [(job, True) for job in durable.values() if not job_expired(job, now)]
@@ -8624,13 +8582,13 @@ def run_checker(stop):
         try:
             check_schedules(local_now())
         except Exception as e:  # a file it cannot write, anything a clone planted: told once, it goes on
-            tell(f"[schedules: {type(e).__name__}: {e}]")
+            tell(f"[schedules: {type(e).__name__}: {e}]")  # tell: s10.11
 
 
 def scheduled_turn():
     """For the REPL, between turns: the checker's lines, then the first queued job
     that is still due, fired. The text of its user turn, or None."""
-    show_notes()
+    show_notes()  # the checker's lines for the human (s10.11)
     s = agent_state().schedules
     while True:
         with SCHEDULE_LOCK:
@@ -8644,7 +8602,7 @@ def scheduled_turn():
             continue
         if job:
             say(f"[schedule {job['id']} fired ({job['cron']}): {short_prompt(job)}]")
-            prompt = re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", job["prompt"])  # data, not a tag
+            prompt = closing_tags_as_text(job["prompt"])  # (s10.13): data, not a tag
             return f"<scheduled-prompt id={job['id']}>\n{prompt}\n</scheduled-prompt>"
 
 
@@ -8703,8 +8661,7 @@ class StdinLines:
     object, so lines it buffered before (answers to start-up questions) come next."""
     def __init__(self, stream):
         self.stream, self.lines, self.next = stream, queue.Queue(), None
-        with contextlib.suppress(AttributeError, ValueError):  # a byte that is not UTF-8: U+FFFD,
-            stream.reconfigure(errors="replace")  # not the silent end of input a decode error was
+        replace_bad_bytes(stream)  # (s10.18): a byte that is not UTF-8 is no end of input
         threading.Thread(target=self.pump, daemon=True).start()  # a blocked read cannot be stopped
 
     def pump(self):
@@ -8745,11 +8702,6 @@ def minute_time(text):
     return datetime.datetime.strptime(text, SCHEDULE_STAMP)
 
 
-def minute_before(now):
-    """`since` for a session starting at `now`: runs from now's minute on count."""
-    return now.replace(second=0, microsecond=0) - datetime.timedelta(minutes=1)
-
-
 def job_next(job, since=None):
     """The job's next run: the first match after its last run, else its creation,
     and never before `since` (the REPL's start: missed runs stay missed). None: never."""
@@ -8761,10 +8713,6 @@ def job_due(job, now, since):
     return (when := job_next(job, since)) is not None and when <= now
 
 
-def job_expired(job, now):
-    return job["recurring"] and now >= minute_time(job["created"]) + SCHEDULE_EXPIRY
-
-
 def short_prompt(job, limit=80):
     text = " ".join(job["prompt"].split())
     return text if len(text) <= limit else text[:limit] + "..."
@@ -8772,39 +8720,177 @@ def short_prompt(job, limit=80):
 
 @contextlib.contextmanager
 def session_jobs():
-    """The session-only jobs by id, under the lock: the same shape as schedule_file()."""
+    """The session-only jobs by id, under the lock: the same shape as schedule_file()
+    (job_store, s10.14, picks one of the two)."""
     with SCHEDULE_LOCK:
         yield agent_state().schedules["jobs"], True
 
 
-def job_store(durable):
-    return schedule_file() if durable else session_jobs()
+SCHEDULE_HELP = (" Jobs fire only in the interactive REPL, while you are idle (never during a "
+                 "turn, never in a one-shot run or in a subagent), each as a user turn marked "
+                 "<scheduled-prompt id=...>.")
+register("schedule_create", (
+    "Schedule a prompt to run later, at the times a cron expression names: 5 fields, minute "
+    "hour day-of-month month day-of-week, in local time; lists, ranges, steps and names "
+    "work, e.g. '*/15 9-17 * * mon-fri' or '0 9 1 * *'. recurring (default true) runs at "
+    "every match and expires after 7 days; recurring false runs once, at the next match. "
+    "durable (default false) keeps the job in .agent/schedules.json so later sessions run "
+    "it too; otherwise it ends with this session. At most 50 jobs. Runs missed while no "
+    "agent runs are skipped, not replayed. Write the prompt so it makes sense on its own "
+    "later." + SCHEDULE_HELP),
+    {"type": "object", "required": ["cron", "prompt"], "properties": {
+        "cron": {"type": "string", "description": "5 fields, local time, e.g. '0 9 * * mon-fri'."},
+        "prompt": {"type": "string", "description": "What the scheduled turn should do."},
+        "recurring": {"type": "boolean", "description": "Run at every match (default true); false: once."},
+        "durable": {"type": "boolean", "description": "Keep it for later sessions (default false)."}}},
+    schedule_create)
+# --- s10.5: a board a clone shipped [hardening: skip on first read] ---
+# Stops: planted task files (wrong types, one-sided or cyclic edges, a link for .agent) breaking the board
+# Test: tests/test_s10_tasks.py::test_planted_one_sided_edges_are_mended_so_the_cycle_check_sees_them
+# A clone may ship any files, so the load checks them: a task whose fields have
+# the wrong types is skipped (a broken file costs one task, not the board), and
+# the edges are mended (mend_edges) before any change, so the invariants, and the
+# cycle check, hold for planted edges too. The mend is written with the next
+# change, whichever task it touches; a read (task_list, task_get) writes nothing.
+# read_task reads through read_plain: a link, a file that is not a plain file (a
+# planted FIFO would hang the read: O_NONBLOCK opens it, fstat refuses it) or one
+# over TASK_FILE_BYTES is no task; only <id>.json names of at most TASK_ID_DIGITS
+# digits count.
+TASK_FILE_BYTES = 64_000    # a task file larger than this is not read (a clone may ship any file)
+TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
+                            # would make the next id's file name too long to create)
+TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
+TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role")  # text fields; s11: role
 
 
-def tell(text):
-    """One line for the human, each text once a session. While the REPL runs, the
-    line waits for the REPL to be idle (never in the middle of a streamed answer)."""
-    s = agent_state().schedules
-    with SCHEDULE_LOCK:
-        if text in s["told"]:
-            return
-        if len(s["told"]) > SCHEDULE_NOTES:  # a file rewritten with new faults every second
-            s["told"].clear()
-        s["told"].add(text)
-        if s["checker"] is not None:
-            s["notes"] = s["notes"][-SCHEDULE_NOTES:] + [text]
-            return
-    say(text)
+def leads_inside(path, ws):
+    """Does `path`, links followed, stay in the workspace? A link loop a clone
+    planted (.agent -> .agent) makes resolve() raise: that is a no, not a crash."""
+    try:
+        return path.resolve().is_relative_to(ws)
+    except (OSError, RuntimeError):
+        return False
 
 
-def show_notes():
-    """The REPL, between turns: the lines the checker left."""
-    with SCHEDULE_LOCK:
-        notes, agent_state().schedules["notes"] = agent_state().schedules["notes"], []
-    for text in notes:
-        say(text)
+def is_task(task, name):
+    """Has every field the tools use the right type? Text fields other than the
+    subject may be missing (the tools read them with .get)."""
+    return isinstance(task, dict) and bool(TASK_FILE.fullmatch(name)) \
+        and task.get("id") == name.removesuffix(".json") and task.get("status") in TASK_STATUSES \
+        and isinstance(task.get("subject"), str) \
+        and all(isinstance(task.get(k, ""), str) for k in TASK_TEXTS) \
+        and all(isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
+                for k in ("blocked_by", "blocks"))
 
 
+def mend_edges(tasks):
+    """Make the loaded edges keep the invariants: an edge a -> b is there when
+    either side lists it and both tasks exist and are open; the rest (an id that
+    is missing, unreadable, closed, or the task itself) are dropped, so an id
+    named before its task exists never comes alive. Each list keeps its order;
+    an edge only the other side knew comes last."""
+    live = {i for i, t in tasks.items() if t["status"] in OPEN_STATUSES}
+    ok = lambda a, b: a in live and b in live and a != b
+    ins = {i: dict.fromkeys(b for b in t["blocked_by"] if ok(b, i)) for i, t in tasks.items()}
+    outs = {i: dict.fromkeys(d for d in t["blocks"] if ok(i, d)) for i, t in tasks.items()}
+    for i in tasks:  # dicts as ordered sets: add each edge's other side
+        for a in ins[i]:
+            outs[a].setdefault(i)
+        for d in outs[i]:
+            ins[d].setdefault(i)
+    for i, task in tasks.items():
+        task["blocked_by"], task["blocks"] = list(ins[i]), list(outs[i])
+
+
+# --- s10.6: a link or a file where the board goes [hardening: skip on first read] ---
+# Stops: a planted link at .agent/tasks or at its .lock moving the board's reads and writes out of the workspace
+# Test: tests/test_s10_tasks.py::test_a_planted_lock_link_or_a_file_for_the_board_is_a_clear_error
+def refuse_planted_board(folder, ws):
+    """tasks_dir's check: refused when a planted symbolic link would put the board,
+    and so the reads, outside the workspace, or when a file stands there."""
+    if not leads_inside(folder, ws):
+        raise ToolError(f"{TASKS_DIR} leads outside the workspace (a symbolic link?). "
+                        f"Ask the user to remove it; the task tools work only inside.")
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise ToolError(f"{TASKS_DIR} is not a folder. Ask the user to move it away; the task "
+                        f"tools keep the board there.")
+
+
+def open_lock(folder):
+    """task_lock's descriptor of .lock. s06's open_inside makes the folder on its
+    walk, never through a link."""
+    try:
+        return open_inside(folder / ".lock", folder, os.O_RDWR | os.O_CREAT)
+    except OSError as e:  # a planted link (or folder) at .lock or on the way: no lock, so no change
+        raise ToolError(f"{rel(folder / '.lock')} cannot be opened as a lock ({e.strerror}; a "
+                        f"planted link?). Ask the user to remove it.")
+
+
+# --- s10.7: caps on the board [hardening: skip on first read] ---
+# Stops: a board, or a task's text, too big to send the model, and a next id too long for a file name
+# Test: tests/test_s10_tasks.py::test_the_board_and_its_texts_are_capped
+MAX_TASKS = 1_000           # task files one board holds: task_create refuses more
+MAX_SUBJECT = 200           # characters of a task's one-line subject
+MAX_TASK_TEXT = 8_000       # characters of a task's description
+TASK_LIST_LIMIT = 100       # task lines task_list shows; the rest are counted
+
+
+def check_board_room(ids, new):
+    """task_create's caps: the tasks one board holds, and the digits of the next id."""
+    if len(ids) >= MAX_TASKS:
+        raise ToolError(f"The board holds {len(ids)} tasks, the most it may. Ask the user "
+                        f"to archive old ones (.agent/tasks).")
+    if len(new) > TASK_ID_DIGITS:
+        raise ToolError(f"The next task id would be {new}, longer than {TASK_ID_DIGITS} digits. "
+                        f"Ask the user to archive old tasks (.agent/tasks).")
+
+
+def cap_task_lines(lines):
+    """task_list's lines, its count line and then one per task, with at most
+    TASK_LIST_LIMIT tasks; the rest are counted."""
+    if len(lines) - 1 <= TASK_LIST_LIMIT:
+        return lines
+    more = len(lines) - 1 - TASK_LIST_LIMIT
+    return lines[:1 + TASK_LIST_LIMIT] + [f"... and {more} more (task_get shows any task)"]
+
+
+# --- s10.8: long cron expressions [hardening: skip on first read] ---
+# Stops: a cron expression of any length (from the model or a planted file) read at every look and echoed in errors
+# Test: tests/test_s10_tasks.py::test_croniter_refuses_what_the_matcher_refuses_and_long_expressions_are_capped
+MAX_CRON = 100              # characters of a cron expression, from the model or the file
+
+
+def check_cron_length(expr):
+    if len(expr) > MAX_CRON:
+        raise ValueError(f"a cron expression is at most {MAX_CRON} characters; this one has {len(expr)}")
+
+
+# --- s10.9: month and day names [extra] ---
+# jan-dec and sun-sat, in any case, wherever the month or the day of the week takes
+# a number, as in Vixie cron: '*/15 9-17 * * mon-fri'.
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+CRON_NAMES = {"month": MONTH_NAMES, "day-of-week": DAY_NAMES}
+
+
+def cron_name(word, field):
+    """The number a name stands for (jan is 1, sun is 0); ValueError when it is none."""
+    names = CRON_NAMES.get(field, ())
+    if word not in names:
+        raise ValueError(word)
+    return names.index(word) + CRON_FIELDS[field][0]
+
+
+def name_hint(field):
+    """The end of an error about a field that takes names."""
+    names = CRON_NAMES.get(field, ())
+    return f" or a name ({', '.join(names[:3])}, ...)" if names else ""
+
+
+# --- s10.10: listing and deleting jobs [extra] ---
+# schedule_list shows what is scheduled (and what expired, and a durable file that
+# does not fire); schedule_delete removes a job before it runs or expires. Listing
+# and deleting never ask: neither lets more run.
 def schedule_list():
     now, s = local_now(), agent_state().schedules
     try:
@@ -8857,24 +8943,6 @@ def schedule_delete(id):
     return f"Deleted {id} ({job['cron']}: {short_prompt(job)})."
 
 
-SCHEDULE_HELP = (" Jobs fire only in the interactive REPL, while you are idle (never during a "
-                 "turn, never in a one-shot run or in a subagent), each as a user turn marked "
-                 "<scheduled-prompt id=...>.")
-register("schedule_create", (
-    "Schedule a prompt to run later, at the times a cron expression names: 5 fields, minute "
-    "hour day-of-month month day-of-week, in local time; lists, ranges, steps and names "
-    "work, e.g. '*/15 9-17 * * mon-fri' or '0 9 1 * *'. recurring (default true) runs at "
-    "every match and expires after 7 days; recurring false runs once, at the next match. "
-    "durable (default false) keeps the job in .agent/schedules.json so later sessions run "
-    "it too; otherwise it ends with this session. At most 50 jobs. Runs missed while no "
-    "agent runs are skipped, not replayed. Write the prompt so it makes sense on its own "
-    "later." + SCHEDULE_HELP),
-    {"type": "object", "required": ["cron", "prompt"], "properties": {
-        "cron": {"type": "string", "description": "5 fields, local time, e.g. '0 9 * * mon-fri'."},
-        "prompt": {"type": "string", "description": "What the scheduled turn should do."},
-        "recurring": {"type": "boolean", "description": "Run at every match (default true); false: once."},
-        "durable": {"type": "boolean", "description": "Keep it for later sessions (default false)."}}},
-    schedule_create)
 register("schedule_list", (
     "List the scheduled jobs: id, cron, next run, expiry and prompt. It also names the jobs "
     "that expired this session, and says when the durable file is not trusted (its jobs do "
@@ -8887,66 +8955,74 @@ register("schedule_delete", (
     schedule_delete, read_only=True)  # removing a job never lets more run
 
 
-# --- s10.5: a board a clone shipped [hardening: skip on first read] ---
-# Stops: planted task files (wrong types, one-sided or cyclic edges, a link for .agent) breaking the board
-# Test: tests/test_s10_tasks.py::test_planted_one_sided_edges_are_mended_so_the_cycle_check_sees_them
-# A clone may ship any files, so the load checks them: a task whose fields have
-# the wrong types is skipped (a broken file costs one task, not the board), and
-# the edges are mended (mend_edges) before any change, so the invariants, and the
-# cycle check, hold for planted edges too. The mend is written with the next
-# change, whichever task it touches; a read (task_list, task_get) writes nothing.
-TASK_FILE_BYTES = 64_000    # a task file larger than this is not read (a clone may ship any file)
-TASK_ID_DIGITS = 9          # digits of a task id at most: a longer file name is no task (249 digits
-                            # would make the next id's file name too long to create)
-TASK_FILE = re.compile(rf"[0-9]{{1,{TASK_ID_DIGITS}}}\.json")  # <id>.json; ASCII digits only
-TASK_TEXTS = ("subject", "description", "owner", "created", "updated", "role")  # text fields; s11: role
+# --- s10.11: lines for the human between turns [extra] ---
+# What the checker finds (an expiry, missed runs, a durable file it cannot use) is
+# told to the human once; while the REPL runs, the line waits until the agent is
+# idle, so it never lands in the middle of a streamed answer.
+def tell(text):
+    """One line for the human, each text once a session. While the REPL runs, the
+    line waits for the REPL to be idle (never in the middle of a streamed answer)."""
+    s = agent_state().schedules
+    with SCHEDULE_LOCK:
+        if text in s["told"]:
+            return
+        if len(s["told"]) > SCHEDULE_NOTES:  # a file rewritten with new faults every second
+            s["told"].clear()
+        s["told"].add(text)
+        if s["checker"] is not None:
+            s["notes"] = s["notes"][-SCHEDULE_NOTES:] + [text]
+            return
+    say(text)
 
 
-def leads_inside(path, ws):
-    """Does `path`, links followed, stay in the workspace? A link loop a clone
-    planted (.agent -> .agent) makes resolve() raise: that is a no, not a crash."""
-    try:
-        return path.resolve().is_relative_to(ws)
-    except (OSError, RuntimeError):
-        return False
+def show_notes():
+    """The REPL, between turns: the lines the checker left."""
+    with SCHEDULE_LOCK:
+        notes, agent_state().schedules["notes"] = agent_state().schedules["notes"], []
+    for text in notes:
+        say(text)
 
 
-def is_task(task, name):
-    """Has every field the tools use the right type? Text fields other than the
-    subject may be missing (the tools read them with .get)."""
-    return isinstance(task, dict) and bool(TASK_FILE.fullmatch(name)) \
-        and task.get("id") == name.removesuffix(".json") and task.get("status") in TASK_STATUSES \
-        and isinstance(task.get("subject"), str) \
-        and all(isinstance(task.get(k, ""), str) for k in TASK_TEXTS) \
-        and all(isinstance(task.get(k), list) and all(isinstance(i, str) for i in task[k])
-                for k in ("blocked_by", "blocks"))
+# --- s10.12: caps on schedules [hardening: skip on first read] ---
+# Stops: the model (or a loop of turns) piling up jobs without end, and a prompt too long to send at every run
+# Test: tests/test_s10_schedules.py::test_at_most_fifty_jobs_session_and_durable_together
+MAX_SCHEDULES = 50          # jobs at once, session-only and durable together
+MAX_SCHEDULE_PROMPT = 2_000  # characters of a job's prompt
 
 
-def mend_edges(tasks):
-    """Make the loaded edges keep the invariants: an edge a -> b is there when
-    either side lists it and both tasks exist and are open; the rest (an id that
-    is missing, unreadable, closed, or the task itself) are dropped, so an id
-    named before its task exists never comes alive. Each list keeps its order;
-    an edge only the other side knew comes last."""
-    live = {i for i, t in tasks.items() if t["status"] in OPEN_STATUSES}
-    ok = lambda a, b: a in live and b in live and a != b
-    ins = {i: dict.fromkeys(b for b in t["blocked_by"] if ok(b, i)) for i, t in tasks.items()}
-    outs = {i: dict.fromkeys(d for d in t["blocks"] if ok(i, d)) for i, t in tasks.items()}
-    for i in tasks:  # dicts as ordered sets: add each edge's other side
-        for a in ins[i]:
-            outs[a].setdefault(i)
-        for d in outs[i]:
-            ins[d].setdefault(i)
-    for i, task in tasks.items():
-        task["blocked_by"], task["blocks"] = list(ins[i]), list(outs[i])
+def other_jobs(durable):
+    """schedule_create's count of the jobs in the other store, taken before its own
+    store's lock: counting the durable file takes that file's lock."""
+    return len(agent_state().schedules["jobs"]) if durable else count_durable()
 
 
-# --- s10.6: durable jobs [extra] ---
+def check_schedule_room(jobs, others):
+    if len(jobs) + others >= MAX_SCHEDULES:
+        raise ToolError(f"There are {len(jobs) + others} scheduled jobs, the most there may be. "
+                        f"Delete one you no longer need (schedule_list, schedule_delete), or "
+                        f"fold this prompt into an existing job.")
+
+
+# --- s10.13: a prompt that closes its own tag [hardening: skip on first read] ---
+# Stops: a job's prompt closing its <scheduled-prompt> tag and going on as if the human had typed it
+# Test: tests/test_s10_schedules.py::test_closing_tags_in_any_case_or_spacing_stay_data
+def closing_tags_as_text(prompt):
+    """The prompt with each closing tag, in any case or spacing, made text (&lt;)."""
+    return re.sub(r"(?i)<(\s*/\s*scheduled-prompt)", r"&lt;\1", prompt)
+
+
+# --- s10.14: durable jobs [extra] ---
 # durable: true keeps a job in .agent/schedules.json (written whole under a lock,
 # like a task), so it survives a restart.
 SCHEDULES_FILE = Path(AGENT_DIR) / "schedules.json"  # in the workspace: {"jobs": [...]}
 SCHEDULE_FILE_BYTES = 1_000_000  # a bigger schedules.json is not read (50 prompts, escaped, fit)
 SCHEDULE_SKIPS_SHOWN = 3    # bad entries of the file named one by one; the rest are counted
+
+
+def job_store(durable):
+    """Where schedule_create and fire_job find a job: the durable file, or the
+    session's jobs (s10.4's session_jobs), under its lock, in the same shape."""
+    return schedule_file() if durable else session_jobs()
 
 
 def schedules_path():
@@ -9109,12 +9185,18 @@ def start_schedules():
         tell(f"[{e}]")
 
 
-# --- s10.7: missed runs and expiry [extra] ---
+# --- s10.15: missed runs and expiry [extra] ---
 # Runs missed while no agent ran are not replayed: the REPL's start counts them
 # (one line per job) and the next run is the first match from then on. A
 # recurring job expires SCHEDULE_EXPIRY after it was made.
 MISSED_COUNTED = 100        # missed runs counted at the start; more reads "100 or more"
 SCHEDULE_EXPIRED_KEPT = 20  # expiry lines schedule_list keeps for the model
+SCHEDULE_EXPIRY = datetime.timedelta(days=7)  # a recurring job's life: a forgotten one ends by itself
+
+
+def minute_before(now):
+    """`since` for a session starting at `now`: runs from now's minute on count."""
+    return now.replace(second=0, microsecond=0) - datetime.timedelta(minutes=1)
 
 
 def count_missed(job, start):
@@ -9143,6 +9225,22 @@ def report_missed(now):
                      if job["recurring"] else "it was a one-shot, so it is removed]"))
 
 
+def job_expired(job, now):
+    return job["recurring"] and now >= minute_time(job["created"]) + SCHEDULE_EXPIRY
+
+
+def check_expiry(job, first):
+    """schedule_create's check: a recurring job's first run comes before it expires."""
+    if job["recurring"] and first >= minute_time(job["created"]) + SCHEDULE_EXPIRY:
+        raise ToolError(f"Its first run, {first:%Y-%m-%d %H:%M}, comes after a recurring job "
+                        f"expires (7 days). For a single run then, set recurring false.")
+
+
+def expiry_note(job):
+    """What schedule_create says of a recurring job's end."""
+    return f", expires {minute_time(job['created']) + SCHEDULE_EXPIRY:%Y-%m-%d %H:%M}"
+
+
 def expire_schedules(now, durable):
     """Recurring jobs past their 7 days go, one line each (schedule_list repeats it
     to the model). `durable`: the file's jobs as just read, when trusted."""
@@ -9162,7 +9260,7 @@ def expire_schedules(now, durable):
         tell(f"[{line}]")
 
 
-# --- s10.8: a schedules file a clone shipped [hardening: skip on first read] ---
+# --- s10.16: a schedules file a clone shipped [hardening: skip on first read] ---
 # Stops: a cloned repository's schedules.json running prompts as if the human typed them
 # Test: tests/test_s10_schedules.py::test_a_planted_schedules_file_fires_only_once_the_human_trusts_it
 # Trust (s07's gate for project files): the file's jobs fire only while its exact
@@ -9203,6 +9301,15 @@ def entry_problem(entry):
     return None
 
 
+def refuse_untrusted(trusted):
+    """schedule_create's check: a durable job in a file whose content is not trusted would never fire."""
+    if not trusted:
+        raise ToolError(f"{SCHEDULES_FILE} holds jobs the user has not trusted (the workspace "
+                        f"may come from someone else), so a durable job there would not fire. "
+                        f"Use durable false for this session, or ask the user to restart the "
+                        f"REPL and trust the file.")
+
+
 def schedules_trusted(path, jobs, digest):
     """May the file's jobs fire? A file without jobs has nothing to trust."""
     return not jobs or is_trusted(rel(path), digest)
@@ -9227,7 +9334,7 @@ def ask_schedule_trust(path, jobs, digest):
     return False
 
 
-# --- s10.9: stdin that is not a terminal [hardening: skip on first read] ---
+# --- s10.17: stdin that is not a terminal [hardening: skip on first read] ---
 # Stops: a REPL on a closed or fake stdin (a test's StringIO) crashing when the reader thread starts
 # Test: tests/test_s10_schedules.py::test_a_due_job_waits_for_the_running_turn_and_fires_once_after_it
 def has_fileno(stream):
@@ -9238,7 +9345,17 @@ def has_fileno(stream):
         return False
 
 
-# --- s10.10: background commands [extra] ---
+# --- s10.18: input that is not UTF-8 [hardening: skip on first read] ---
+# Stops: a byte that is not UTF-8 on stdin ending the REPL's input as if the human had closed it
+# Test: tests/test_s10_schedules.py::test_input_that_is_not_utf8_is_a_line_not_the_end
+def replace_bad_bytes(stream):
+    """StdinLines' stream reads such a byte as U+FFFD: a decode error in its reader
+    thread was the silent end of input."""
+    with contextlib.suppress(AttributeError, ValueError):  # a stream without reconfigure, or closed
+        stream.reconfigure(errors="replace")
+
+
+# --- s10.19: background commands [extra] ---
 # A slow command (a test suite, a build) moves off the loop (seed: 后台任务): the
 # loop stays one loop, only the waiting runs beside it. background_run starts the
 # command in its own process group, its output going to .agent/runtime-tasks/<id>.log
@@ -9555,7 +9672,7 @@ register("background_stop", (
     background_stop)
 
 
-# --- s10.11: a process that left the group [hardening: skip on first read] ---
+# --- s10.20: a process that left the group [hardening: skip on first read] ---
 # Stops: a daemon that called setsid outliving its command, still writing to the log
 # Test: tests/test_s10_tasks.py::test_a_process_that_left_the_group_with_setsid_dies_with_the_command
 # watch_background kills whatever still holds the command's log open.
@@ -9611,7 +9728,7 @@ def holds(pid, target):
     return False
 
 
-# --- s10.12: sandboxed commands at once [hardening: skip on first read] ---
+# --- s10.21: sandboxed commands at once [hardening: skip on first read] ---
 # Stops: a command started after another planted a git redirect taking it for the state to keep
 # Test: tests/test_s10_tasks.py::test_overlapping_sandboxed_commands_never_leave_a_git_redirect
 # s07 audits git's folders after a sandboxed command, comparing them with a
@@ -9648,7 +9765,7 @@ def release_git(state):
         return note + ("" if guard and guard["running"] else drop_stubs(state))
 
 
-# --- s10.13: background agents [extra] ---
+# --- s10.22: background agents [extra] ---
 # Background agents (seed: 后台运行模式, 上下文隔离). agent with run_in_background
 # starts the child in a thread of its own, through copy_context().run, and the
 # thread runs as the child's own AgentState: file-read records, plan, usage,
@@ -9759,7 +9876,7 @@ def cancelled():
     return flag is not None and flag.is_set()
 
 
-# --- s10.14: hooks see background_run as bash [extra] ---
+# --- s10.23: hooks see background_run as bash [extra] ---
 # Hooks see a background command as Claude Code shows one: the Bash tool with
 # run_in_background, so a hook that guards bash (tool == "bash", a check of the
 # command) guards it too, and $TOOL_ARGS.run_in_background tells the two apart.
@@ -9784,7 +9901,7 @@ def from_bash(name, args):
     return {k: v for k, v in args.items() if k != "run_in_background"}
 
 
-# --- s10.15: what a stop hook is told is still going [extra] ---
+# --- s10.24: what a stop hook is told is still going [extra] ---
 def work_in_flight():
     """What a stop hook is told is still going (Claude Code's Stop keys): the background
     commands and agents still running, and this session's own scheduled jobs."""

@@ -1041,6 +1041,20 @@ def test_task_file_names_and_ids_are_ascii_digits_of_bounded_length(mod, workspa
     assert "longer than 9 digits" in refused(mod, mod.task_create, "b")
 
 
+def test_the_board_and_its_texts_are_capped(mod, workspace, monkeypatch):
+    """A board holds at most MAX_TASKS tasks and task_list shows at most TASK_LIST_LIMIT,
+    counting the rest; a subject or a description over its limit is refused."""
+    assert f"at most {mod.MAX_SUBJECT}" in refused(mod, mod.task_create, "x" * (mod.MAX_SUBJECT + 1))
+    assert f"at most {mod.MAX_TASK_TEXT}" in refused(mod, mod.task_create, "x", "y" * (mod.MAX_TASK_TEXT + 1))
+    monkeypatch.setattr(mod, "MAX_TASKS", 3)
+    monkeypatch.setattr(mod, "TASK_LIST_LIMIT", 2)
+    for n in range(3):
+        mod.task_create(f"task {n}")
+    assert "the most it may" in refused(mod, mod.task_create, "one too many")
+    assert mod.task_list() == "3 ready\n#1 [ready] task 0\n#2 [ready] task 1\n" \
+                              "... and 1 more (task_get shows any task)"
+
+
 def test_a_day_field_starting_with_star_is_unrestricted_as_in_vixie_cron(mod):
     """croniter counts */2 as restricted (day-of-month OR day-of-week); Vixie cron
     and this matcher count a day field that starts with * as unrestricted."""
