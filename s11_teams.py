@@ -8080,8 +8080,10 @@ command("resume", "List saved sessions, or continue one: /resume ID", resume_com
 # agent's memory and ends with the session; the task graph lives on disk, one
 # JSON file per task, so the next session, a subagent or another process working
 # on the same project (s11's teammates) sees and changes the same board (s10.1).
-# When a schedule is due is a cron expression's answer (s10.3, s10.4); a slow
-# command runs beside the loop and reports when it ends (s10.19, an extra).
+# The task graph is the chapter's core. Two features work beside it, each an
+# extra: a prompt that runs by itself when a cron expression says so (s10.3,
+# s10.4, the matcher written by hand), and a slow command or subagent that runs
+# beside the loop and reports when it ends (s10.19, s10.22).
 
 # --- s10.1: the board on disk [core] ---
 # One JSON file per task in .agent/tasks, so the next session, a subagent or
@@ -8398,7 +8400,7 @@ register("task_list", TASK_HELP + (
     params([]), task_list, read_only=True, concurrency_safe=True)
 
 
-# --- s10.3: cron expressions [core] ---
+# --- s10.3: cron expressions [extra] ---
 # Five fields, local time: minute hour day-of-month month day-of-week. Each field
 # is a comma list of items: *, a number or a name, a range a-b, and any of these
 # with a step (*/15, 10-50/20, 5/10 = 5 to the field's end). Days of the week run
@@ -8507,7 +8509,7 @@ def next_fire(expr, after):
     return None
 
 
-# --- s10.4: schedules: due jobs fire when the REPL is idle [core] ---
+# --- s10.4: schedules: due jobs fire when the REPL is idle [extra] ---
 # A prompt that runs later by itself (seed: 定时任务). A job is a cron expression
 # and a prompt. Session-only jobs live in the session's state and end with it;
 # durable ones (an extra below) live in .agent/schedules.json. A checker thread

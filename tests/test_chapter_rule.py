@@ -35,10 +35,6 @@ CORE_BUDGET = 450          # lines of a chapter's [core] sub-sections: one sitti
 CORE_BUDGET_IN = {         # declared exceptions: (lines, why)
     "s09_memory": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter (SPEC 5): memory "
                    "(the instructions chain, auto memory) and sessions (append, read, resume)"),
-    "s10_tasks": (CORE_BUDGET + 210, "two mechanisms the design puts in one chapter (SPEC 5), each "
-                  "within one sitting, together one and a half: the task graph (the board on disk, "
-                  "its dependencies, the four task tools) and schedules (the cron matcher written by "
-                  "hand, the checker, firing when the REPL is idle, schedule_create)"),
     "s11_teams": (2 * CORE_BUDGET, "one mechanism run as two programs, the lead and each teammate, "
                   "with the files between them (the roster, an inbox per member) its third part"),
     "s12_worktree_mcp": (2 * CORE_BUDGET + 180, "two mechanisms the design puts in one chapter, "
