@@ -9979,38 +9979,26 @@ def work_in_flight():
 # .agent/team/<team>/: the roster config.json (s11.2), one JSONL inbox per member
 # (s11.3), and s10's task board, where work is claimed atomically (s11.5). The
 # lead spawns teammates (s11.1); a teammate works, idles and claims (s11.4); the
-# lead watches them and stops them at its end (s11.7). Requests that pair a
-# question with its answer, one file each, are an extra (s11.15).
+# lead stops them at its end (s11.7). Requests that pair a question with its
+# answer, one file each, are an extra (s11.27).
 # Trust: a team folder is made fresh by this run's lead (os.mkdir refuses one that
 # exists) and carries a random key that only the processes it starts are told, so
-# a team folder or an inbox that came with a cloned repository is never read.
+# a team folder or an inbox that came with a cloned repository is never read (s11.9).
 
 # --- s11.1: spawning a teammate [core] ---
 # A teammate is this same file run as `--teammate NAME --team TEAM`: a detached
-# process writing to <team>/<name>.log (a tmux pane, an extra below). Its first
-# prompt waits in its inbox. The join key and the lead's config travel in the
-# environment. The lead records the process (pid, start time, command line)
-# once the child has joined, from the pid it got when it started it, never from
-# a file: anyone could have written a pid there, and the lead signals only
-# processes it started.
-MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
-JOIN_WAIT = 30              # seconds the lead waits for a started teammate to join the team
-TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
+# process writing to <team>/<name>.log (a tmux pane, an extra: s11.32). Its first
+# prompt waits in its inbox. The lead's config travels in the environment. Once
+# the child has joined, the lead records its process from the pid it got when it
+# started it, never from a file (s11.12: a pid alone proves nothing).
 TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
-LEAD_PID_ENV = "AGENT_TEAM_LEAD"  # the lead's pid: a teammate whose lead has gone (even kill -9) stops
-PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "MODEL_ID",
-              "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY", "HOME", "PATH", "NO_PROXY", "no_proxy",
-              "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")  # the lead's config (~/.agent
-              # too) and network: a tmux pane starts from the tmux server's environment, not the lead's
 
 
 def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False,
                    isolation=None):  # s12: "worktree"
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
-    if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
-        raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
-                        "(send_message).")
+    check_spawner(state)  # the lead only: never a teammate, nor a subagent (s11.10)
     spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
     refuse_in_lane(state)  # s12: a team works from the project's own folder
     if not state.team:
@@ -10026,30 +10014,12 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
-    try:
-        ident = await_join(name, pid, proc, argv)
-    except BaseException:  # Ctrl+C while it joins: it was started by this call, so it is ours
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ToolError):
-            set_member(name, status="stopped")
-        raise
-    if ident is None:
-        set_member(name, status="stopped")
-        where = f"see {rel(log)}" if backend == "detached" else "see its tmux pane, if still open"
-        raise ToolError(f"{name} did not join the team within {JOIN_WAIT} s ({where}). Tell the user.")
+    ident = await_join(name, pid, proc, argv, backend, log)  # once it joined: its identity (s11.12)
     state.teammates[name] = {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
     set_member(name, pid=pid)
     where = "in a tmux pane" if backend == "tmux" else f"detached, output in {rel(log)}"
     return (f"Spawned {name} ({role}) in team {team['name']}, {where}. It works on your prompt, then "
             f"on ready tasks from the board; its messages reach you as <teammate-message> blocks.")
-
-
-def teammate_spec(agent_type):
-    """A teammate's agent definition ({}: general-purpose, unless a file defines that
-    name); ToolError naming the types for an unknown one, as the agent tool says."""
-    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
-    return {} if general else pick_agent(agent_type, False)
 
 
 def teammate_argv(name, team):
@@ -10073,22 +10043,6 @@ def start_detached(argv, env, log):
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                              env=os.environ | env, cwd=agent_state().workdir, start_new_session=True)
     return p.pid, p
-
-
-def await_join(name, pid, proc, argv):
-    """The child's identity once its roster record says it joined and its command line
-    is the one it was started with (before exec it is still a shell's, or empty)."""
-    deadline, folder = time.monotonic() + JOIN_WAIT, agent_state().team["dir"]
-    while time.monotonic() < deadline:
-        ident = process_identity(pid)
-        if ident is None or (proc and proc.poll() is not None):
-            return None
-        if " ".join(ident[1]) == " ".join(argv) and find_member(read_roster(folder), name).get("joined"):
-            return ident
-        time.sleep(0.05)
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)  # started by this call moments ago: ours
-    return None
 
 
 register("spawn_teammate", (
@@ -10115,45 +10069,22 @@ register("spawn_teammate", (
 # old roster or the new one and two changes never mix.
 TEAM_DIR = Path(AGENT_DIR) / "team"  # in the workspace: <team>/config.json, <team>/inbox/
 LEAD = "lead"               # the lead's member name: reserved, no teammate takes it
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")  # a team or member name is a file name
-MEMBER_STATUSES = ("working", "idle", "stopped")
-BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
-ROSTER_BYTES = 64_000       # a config.json larger than this is not read
-
-
-def check_name(value, what):
-    """A team or member name, which becomes a file name: never a path, never empty."""
-    name = str(value).strip()
-    if not NAME_PATTERN.fullmatch(name):
-        raise ToolError(f"{what} {value!r} is not a name: use 1-40 letters, digits, - and _, "
-                        f"starting with a letter or digit (e.g. 'alice', 'api-tests').")
-    return name
 
 
 def team_root():
-    """The workspace's .agent/team, created; refused when a planted link leads outside."""
-    ws = agent_state().workdir
-    folder = ws / TEAM_DIR
-    if not folder.resolve().is_relative_to(ws):
-        raise ToolError(f"{TEAM_DIR} leads outside the workspace (a symbolic link?). "
-                        f"Ask the user to remove it; teams work only inside.")
-    try:
-        os.close(open_folder(folder))  # s02's walk makes it, never through a link
-    except OSError as e:  # a file, a link or a FIFO where the folder goes, or on the way
-        raise ToolError(f"{TEAM_DIR} cannot be made ({e.strerror}); ask the user to remove what is there.")
+    """The workspace's .agent/team, created (never through a link: s11.9)."""
+    folder = agent_state().workdir / TEAM_DIR
+    make_team_root(folder)
     return folder
 
 
 def read_roster(folder):
     """The team's config.json as a dict; ToolError when it is unreadable or not a roster."""
     try:
-        roster = json.loads(read_plain(folder / "config.json", ROSTER_BYTES) or b"null")
+        roster = json.loads(roster_bytes(folder) or b"null")  # a plain file, size capped (s11.9)
     except ValueError:
         roster = None
-    members = roster.get("members") if isinstance(roster, dict) else None
-    if not isinstance(members, list) or not all(
-            isinstance(m, dict) and NAME_PATTERN.fullmatch(str(m.get("name", "")))
-            and m.get("status") in MEMBER_STATUSES for m in members):
+    if not is_roster(roster):  # members with a name and a known status (s11.10)
         raise ToolError(f"The roster {folder.name}/config.json cannot be read. Ask the user to "
                         f"check .agent/team/{folder.name}.")
     return roster
@@ -10194,19 +10125,13 @@ def member_record(name, role, agent_type, model, backend, pid=None, plan_mode_re
 
 
 def create_team(name):
-    """The lead makes a team: a fresh folder (mkdir fails on one that exists, so an
-    earlier run's or a clone's is never taken over), its inbox folder, and the roster
-    with the lead in it. Returns the folder; the key goes to each teammate it starts."""
+    """The lead makes a team: a fresh folder, its inbox folder, and the roster with
+    the lead in it. Returns the folder; the key goes to each teammate it starts."""
     state = agent_state()
-    if state.team:
-        raise ToolError(f"You already lead team {state.team['name']!r}: one team per session.")
+    check_no_team(state)  # one team per session (s11.10)
     name = check_name(name, "team name")
     folder = team_root() / name
-    try:
-        folder.mkdir()
-    except FileExistsError:
-        raise ToolError(f"{TEAM_DIR / name} already exists (from an earlier run, or it came with "
-                        f"the repository); it is not read. Pick another team name.")
+    make_new_folder(folder)  # never one that exists: an earlier run's, or a clone's (s11.9)
     (folder / "inbox").mkdir()
     key = os.urandom(16).hex()
     save_roster(folder, {"team": name, "lead": LEAD, "key": key, "created": now_stamp(),
@@ -10217,19 +10142,12 @@ def create_team(name):
 
 
 def join_team(team, member, key):
-    """A teammate process takes its place in the team it was started for: the folder
-    must hold a roster with the key its lead gave it, naming it as a member."""
+    """A teammate process takes its place in the team it was started for, named in
+    its roster (s11.9: a roster holding the key its lead gave it)."""
     state = agent_state()
     team, member = check_name(team, "team name"), check_name(member, "member name")
     folder = team_root() / team
-    if member == LEAD:
-        raise ToolError(f"{LEAD!r} leads a team (create_team); only a teammate joins one.")
-    if not folder.resolve().is_relative_to(state.workdir):
-        raise ToolError(f"{TEAM_DIR / team} leads outside the workspace (a symbolic link?).")
-    roster = read_roster(folder)
-    if roster.get("key") != key or not find_member(roster, member):
-        raise ToolError(f"Team {team!r} is not this run's, or has no member {member!r}: "
-                        f"a teammate joins only the team of the lead that started it.")
+    check_join(folder, team, member, key)  # the roster of the lead that started it (s11.9)
     state.team = {"name": team, "member": member, "dir": folder, "key": key}
     with team_roster() as roster:  # the lead waits for this stamp before it records the process
         find_member(roster, member).update(status="working", joined=now_stamp())
@@ -10239,21 +10157,17 @@ def join_team(team, member, key):
 def add_member(name, role, agent_type="general-purpose", model=None, backend="detached",
                pid=None, plan_mode_required=False):
     """The lead adds a teammate to the roster (spawning starts its process after)."""
-    if my_team()["member"] != LEAD:
-        raise ToolError("Only the lead adds teammates.")
+    check_adder()  # the lead only (s11.10)
     name = check_name(name, "teammate name")
     if name == LEAD:
         raise ToolError(f"{LEAD!r} is the lead's own name; give the teammate another.")
-    if backend not in BACKENDS:
-        raise ToolError(f"Unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}.")
+    check_backend(backend)  # s11.10
     role = check_text(role, "role", MAX_SUBJECT, one_line=True)
     with team_roster() as roster:
         if (old := find_member(roster, name)) and old["status"] != "stopped":
             raise ToolError(f"The team already has a member named {name!r}; pick another name.")
         roster["members"] = [m for m in roster["members"] if m is not old]  # a stopped one: respawned
-        if sum(m["status"] != "stopped" for m in roster["members"]) > MAX_TEAMMATES:
-            raise ToolError(f"The team has {MAX_TEAMMATES} teammates, the most it may. Give "
-                            f"work to one of them (send_message) instead.")
+        check_team_size(roster)  # at most MAX_TEAMMATES (s11.11)
         record = member_record(name, role, str(agent_type), model or model_id(), backend, pid,
                                plan_mode_required)
         roster["members"].append(record)
@@ -10263,13 +10177,7 @@ def add_member(name, role, agent_type="general-purpose", model=None, backend="de
 def set_member(name, **changes):
     """Change one member's record: a teammate its own status (working, idle), the lead
     any member's status, backend or pid. Returns the record."""
-    me = my_team()["member"]
-    if me != LEAD and (name != me or set(changes) - {"status"}):
-        raise ToolError("A teammate changes only its own status.")
-    if unknown := set(changes) - {"status", "backend", "pid"}:
-        raise ToolError(f"Cannot change {', '.join(sorted(unknown))}: only status, backend and pid.")
-    if "status" in changes and changes["status"] not in MEMBER_STATUSES:
-        raise ToolError(f"Unknown status {changes['status']!r}; use one of: {', '.join(MEMBER_STATUSES)}.")
+    check_change(name, changes)  # its own status only, from a teammate; known fields (s11.10)
     with team_roster() as roster:
         if not (record := find_member(roster, name)):
             raise ToolError(f"No member named {name!r} in the team.")
@@ -10285,19 +10193,13 @@ def set_member(name, **changes):
 # before the read (in this batch) or after the truncate (in the next). Nothing is
 # lost, nothing is read twice, whatever the number of processes.
 MESSAGE_CHARS = 8_000       # characters of one message's content
-INBOX_BYTES = 100_000       # bytes of unread messages one inbox holds: a send past it is refused
 MESSAGE_TYPES = ("message", "broadcast", "shutdown_request", "shutdown_response",
                  "plan_approval_request", "plan_approval_response",
-                 "permission_request", "permission_response")
-REQUEST_TYPES = ("shutdown_request", "plan_approval_request", "permission_request")  # carry a request_id
-RESPONSE_TYPES = ("shutdown_response", "plan_approval_response", "permission_response")  # + approve
-LEAD_ONLY = ("shutdown_request", "plan_approval_response", "permission_response")  # sent by the lead only
-TO_LEAD_ONLY = ("shutdown_response", "plan_approval_request", "permission_request")  # sent to the lead only
+                 "permission_request", "permission_response")  # all but the first two: s11.27
 AGENT_SENT = {  # types the program sends, never the model (send_message refuses them)
     "plan_approval_request": "exit_plan_mode sends it, with your plan",
     "permission_request": "a tool call that needs the user's yes sends it",
     "permission_response": "the user answers it at the lead's terminal"}
-LOCK_WAIT = 10              # seconds a member waits for an inbox's lock before it says "busy"
 
 
 def inbox_path(member):
@@ -10310,39 +10212,25 @@ def inbox_lock(inbox):
     (each call opens its own descriptor, as task_lock does, through the door too)."""
     fd = open_inside(inbox.with_suffix(".lock"), inbox.parent, os.O_RDWR | os.O_CREAT)
     try:
-        deadline = time.monotonic() + LOCK_WAIT  # a holder that never lets go costs a line, not the lead
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ToolError(f"{inbox.stem}'s inbox is busy (its lock was held for "
-                                    f"{LOCK_WAIT} s); try again later.")
-                time.sleep(0.01)
+        flock_or_busy(fd, inbox)  # an exclusive flock, waited for LOCK_WAIT s at most (s11.14)
         yield
     finally:
         os.close(fd)  # closing releases the flock
 
 
 def append_record(inbox, record):
-    """Add one message to an inbox; ToolError when the unread ones would pass INBOX_BYTES."""
+    """Add one message to an inbox, as one line (a plain file: s11.13)."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
     with inbox_lock(inbox):
         fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         with open(fd, "ab") as fh:
-            size = os.fstat(fd).st_size
-            if size + len(line) > INBOX_BYTES:
-                raise ToolError(f"{record['to']}'s inbox is full ({INBOX_BYTES // 1000} KB unread): "
-                                f"it has not read its messages yet. Wait, or send less.")
-            torn = size and os.pread(fd, 1, size - 1) != b"\n"  # a writer killed mid-line
-            fh.write(b"\n" + line if torn else line)
+            check_room(fd, line, record)  # at most INBOX_BYTES unread (s11.15)
+            fh.write(torn_end(fd) + line)  # after a line a killed writer left unfinished (s11.16)
 
 
 def take_inbox(inbox):
     """Every message in the inbox, which is left empty: read and truncated in one
-    locked step. (Sends keep it under INBOX_BYTES; anything past that was written by
-    someone else and is dropped with the rest.)"""
+    locked step (past INBOX_BYTES, dropped: s11.15)."""
     with inbox_lock(inbox):
         fd = open_inbox(inbox, os.O_RDWR)
         if fd is None:
@@ -10350,37 +10238,7 @@ def take_inbox(inbox):
         with open(fd, "r+b") as fh:
             data = fh.read(INBOX_BYTES)
             os.ftruncate(fd, 0)
-    return [r for line in data.splitlines() if (r := parse_record(line))]
-
-
-def parse_record(line):
-    """One inbox line as a message dict, or None when it is not one (a torn or foreign line)."""
-    try:
-        r = json.loads(line)
-    except ValueError:
-        return None
-    ok = isinstance(r, dict) and r.get("type") in MESSAGE_TYPES and isinstance(r.get("content"), str) \
-        and all(NAME_PATTERN.fullmatch(str(r.get(k, ""))) for k in ("from", "to")) \
-        and (r.get("request_id") is None or NAME_PATTERN.fullmatch(str(r["request_id"])))
-    return r if ok else None
-
-
-def check_message(sender, to, kind, approve):
-    """Who may send what to whom (seed: the structured types); ToolError says why not."""
-    if kind not in MESSAGE_TYPES:
-        raise ToolError(f"Unknown message type {kind!r}; use one of: {', '.join(MESSAGE_TYPES)}.")
-    if to == "*" and kind != "broadcast":
-        raise ToolError(f"A {kind} goes to one member by name; only a plain message goes to \"*\".")
-    if kind == "broadcast" and to != "*":
-        raise ToolError("A broadcast goes to \"*\" (everyone else); to one member, send a message.")
-    if kind in LEAD_ONLY and sender != LEAD:
-        raise ToolError(f"Only the lead sends {kind}.")
-    if kind in TO_LEAD_ONLY and to != LEAD:
-        raise ToolError(f"A {kind} goes to the lead only (to: \"{LEAD}\").")
-    if kind in RESPONSE_TYPES and not isinstance(approve, bool):
-        raise ToolError(f"A {kind} says approve true or false, with the reason in content.")
-    if kind not in RESPONSE_TYPES and approve is not None:
-        raise ToolError(f"approve goes with a response ({', '.join(RESPONSE_TYPES)}) only.")
+    return [r for line in data.splitlines() if (r := parse_record(line))]  # a line, checked (s11.16)
 
 
 def recipients(roster, to, sender):
@@ -10400,38 +10258,19 @@ def recipients(roster, to, sender):
 
 def post(to, type, content, request_id=None, approve=None):
     """Send a message as the running agent. Its `from` is this process's member name,
-    never an input. A request gets a fresh request_id and its file (s11.15); a response
-    is sent only for a pending request it answers. Returns (records sent, {name: why
-    not} for a broadcast's misses)."""
+    never an input. A request or a response goes through its protocol (s11.27).
+    Returns (records sent, {name: why not} for a broadcast's misses)."""
     team = my_team()
     sender, to = team["member"], str(to).strip()
     kind = "broadcast" if to == "*" and type == "message" else type
-    check_message(sender, to, kind, approve)
+    check_message(sender, to, kind, approve)  # who may send which type to whom (s11.27)
     content = check_text(content, "content", MESSAGE_CHARS)
-    if kind in REQUEST_TYPES and request_id is not None:
-        raise ToolError(f"A {kind} gets its request_id from the program: leave request_id out.")
-    if kind in RESPONSE_TYPES and not request_id:
-        raise ToolError(f"A {kind} answers a request: pass the request_id its message carried.")
-    request_id = f"req_{os.urandom(4).hex()}" if kind in REQUEST_TYPES else request_id
-    request_id = request_id and check_name(request_id, "request_id")
+    request_id = protocol_id(kind, request_id)  # a request's id is the program's (s11.27)
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
-    body |= {"approve": approve} if kind in RESPONSE_TYPES else {}
-    if kind in RESPONSE_TYPES:
-        with pending_request(request_id, kind, sender, to) as request:  # checked, then answered
-            result = deliver(team, to, sender, head, body)
-            request.update(state="approved" if approve else "rejected", answered=now_stamp(),
-                           answer=content[:REQUEST_SUMMARY])
-        after_answer(kind, approve)
-        return result
-    if kind in REQUEST_TYPES:
-        open_request(request_id, kind, sender, to, content)  # before it can be answered
-    try:
-        return deliver(team, to, sender, head, body)
-    except ToolError:
-        if kind in REQUEST_TYPES:
-            drop_request(request_id)  # never delivered: nobody can answer it
-        raise
+    if kind not in ("message", "broadcast"):
+        return post_protocol(team, to, sender, head, body, approve)
+    return deliver(team, to, sender, head, body)
 
 
 def deliver(team, to, sender, head, body):
@@ -10452,11 +10291,7 @@ def deliver(team, to, sender, head, body):
 
 def send_message(to, content, type="message", request_id=None, approve=None):
     """The model's way to post; the types the program itself sends are refused."""
-    if type in AGENT_SENT:
-        raise ToolError(f"A {type} is not sent with send_message: {AGENT_SENT[type]}.")
-    if agent_state().label:
-        raise ToolError("A subagent does not message the team: put it in your report, and your "
-                        "parent passes it on.")
+    check_speaker(type)  # never a type the program sends (s11.27), nor a subagent (s11.10)
     sent, missed = post(to, type, content, request_id, approve)
     if not sent and to == "*":
         raise ToolError("Nobody else is in the team yet." if not missed else
@@ -10491,14 +10326,10 @@ register("send_message", (
 # --- s11.4: the teammate's loop [core] ---
 # A teammate's main() joins, then works and idles until told to stop: each wake-up
 # (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
-# it is idle and looks at its inbox and the board every IDLE_POLL seconds. Idle for
-# IDLE_TIMEOUT, it tells the lead and stops. A shutdown_request from the lead ends
-# it at once: it answers shutdown_response and its roster record says stopped.
+# it is idle and looks at its inbox and the board every IDLE_POLL seconds (idle too
+# long, it stops: s11.19). A shutdown_request from the lead ends it at once: it
+# answers shutdown_response (s11.27) and its roster record says stopped.
 IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
-IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
-FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no task
-TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
-                            # its agent type says: without these a teammate cannot work in a team
 
 
 def start_teammate(argv):
@@ -10510,16 +10341,14 @@ def start_teammate(argv):
     if not name or not team or argv:
         raise ValueError("a teammate is started as: --teammate NAME --team TEAM (by its lead)")
     join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
-    pid = os.environ.pop(LEAD_PID_ENV, "")
-    lead = process_identity(pid) if pid.isdigit() else None  # the lead waits for this join: alive now
-    agent_state().team["lead_process"] = (int(pid), *lead) if lead else (int(pid or 0), None, [])  # gone
+    note_lead()  # the lead's process, to notice when it has gone (s11.20)
     return argv
 
 
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
-    if (settings := teammate_settings(record)) is None:
+    if (settings := teammate_settings(record)) is None:  # its agent type's tools, prompt, model (s11.29)
         return 1
     team["skip"] = set(read_roster(team["dir"]).get("foreign_tasks") or [])  # the user's no at the spawn
     intro, idle_since = teammate_intro(record, team), time.monotonic()
@@ -10528,7 +10357,7 @@ def teammate_loop(client, history):
         set_mode("plan", history)
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
-            if time.monotonic() - idle_since >= IDLE_TIMEOUT:
+            if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.19
                 return idle_out(me)
             time.sleep(IDLE_POLL)
             continue
@@ -10544,20 +10373,13 @@ def teammate_loop(client, history):
 
 
 def next_work(me, role):
-    """What wakes an idle teammate: its messages (the lead's answer to its plan too),
-    else a ready task it has just claimed. None: nothing yet; "shutdown": it agreed
-    to stop in its turn, or the lead asked while it was idle (answered yes here: an
-    idle teammate loses nothing), or in a turn that left the request unanswered."""
+    """What wakes an idle teammate: its messages, else a ready task it has just claimed.
+    None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.27, s11.20)."""
     team, news = agent_state().team, team_news()
-    if team.get("stopping"):
+    if team.get("stopping") or orphaned():  # orphaned: its lead's process has ended (s11.20)
         return "shutdown"
-    if lead_gone():
-        say("[the lead's process has ended: stopping]")
-        return "shutdown"
-    if id := team.pop("shutdown", None):
-        with contextlib.suppress(ToolError):  # the lead may have stopped waiting
-            post(LEAD, "shutdown_response", "Stopping now: I am idle.", request_id=id, approve=True)
-        return "shutdown"
+    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.27)
+        return agree_to_stop(id)
     if news:
         return "\n\n".join(news_texts(news))
     if not team.get("plan") and time.monotonic() >= team.get("pause_until", 0) \
@@ -10573,116 +10395,21 @@ def teammate_intro(record, team):
             f"come as <teammate-message> blocks; tasks come from the task board.")
 
 
-def teammate_tools(spec, record):
-    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
-    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
-    when it must plan first; it may keep agent, and never has spawn_teammate."""
-    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
-    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
-    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
-    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
-            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
-
-
-def teammate_settings(record):
-    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
-    system prompt (the agent's own, then the definition's), its model (the definition's,
-    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
-    try:
-        spec = teammate_spec(record.get("agent_type"))
-    except ToolError as e:
-        say(f"[{e}]")
-        with contextlib.suppress(ToolError):
-            post(LEAD, "message", f"I cannot start: {e}")
-        return None
-    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
-    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
-    return {"tools": teammate_tools(spec, record), "system": system,
-            "model": spec.get("model") or record.get("model")}
-
-
-def give_back(me, reason):
-    """A turn that failed (the API down, the turn cap): the tasks it held go back on the
-    board, the lead hears why, and this member claims nothing for FAILED_PAUSE seconds,
-    so an outage cannot make one teammate take the whole board."""
-    with task_board() as tasks:
-        held = [t for t in tasks.values() if t.get("owner") == me and t["status"] == "in_progress"]
-        for task in held:
-            task["owner"], task["status"] = "", "pending"
-    agent_state().team["pause_until"] = time.monotonic() + FAILED_PAUSE
-    back = f"; task(s) {', '.join('#' + t['id'] for t in held)} back on the board" if held else ""
-    with contextlib.suppress(ToolError):
-        post(LEAD, "message", f"My turn ended early ({reason}){back}. I claim nothing for {FAILED_PAUSE} s.")
-
-
-def idle_out(me):
-    """IDLE_TIMEOUT without work: stopped in the roster first, so the lead, once told, finds it so."""
-    with contextlib.suppress(ToolError):
-        set_member(me, status="stopped")
-    with contextlib.suppress(ToolError):
-        post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
-    return 0
-
-
-def lead_gone():
-    """Has the lead's process ended (killed before it could ask its teammates to stop)?"""
-    lead = agent_state().team.get("lead_process")
-    return lead is not None and not same_process(*lead)  # None: joined in-process (the tests)
-
-
 # --- s11.5: claiming work [core] ---
 # An idle teammate takes the first ready task on s10's board (seed 4.3: pending,
 # no owner, nothing blocking). Two teammates may see the same ready task at the
 # same moment, so the look and the take are one task_board() block under the
 # task lock, and the claimer uses what the claim returned: of claimers racing
-# for one task exactly one wins. A task whose owner's process has ended would
-# stay in progress forever; release_dead (the lead's side) puts it back on the board.
-# Who a task is for: the teammates of its role (task_create and task_update take a
-# role, the words of a spawn_teammate role; case and spacing aside), or the one the
-# lead made its owner (whatever the role); a task with neither is for anyone.
+# for one task exactly one wins. Who a task is for (its role) is an extra (s11.30).
 def claimable(tasks, task, owner):
     """Pending, nothing blocking it, and nobody's (or already this owner's: assigned)."""
     return task["status"] == "pending" and not blocking(tasks, task) \
         and (task.get("owner") or "") in ("", owner)
 
 
-def role_key(role):
-    return " ".join(str(role).split()).casefold()  # "Writes  the Tests" is "writes the tests"
-
-
-def set_task_role(task, role):
-    """task_create's and task_update's role: the teammate role a task is for, kept on
-    one line; "" makes it for anyone again. None: no change."""
-    if role is None:
-        return
-    role = check_text(" ".join(str(role).split()), "role", MAX_SUBJECT)
-    if role:
-        task["role"] = role
-    else:
-        task.pop("role", None)
-
-
-def fits(task, role):
-    """A task that names a role is for members of that role (case and spacing aside);
-    one that names none is for anyone."""
-    return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
-
-
 def take_task(task, owner):
     task["owner"], task["status"], task["claimed"] = owner, "in_progress", now_stamp()
     lane_binding(task)  # s12: claimed in a lane, worked in it
-
-
-def claim_task(id, owner):
-    """Claim one task for `owner`; True when this claim took it. Under the task lock,
-    so it is taken only while it is still claimable; False is final: find another."""
-    owner = check_name(owner, "owner")
-    with task_board() as tasks:
-        task = tasks.get(task_id(id))
-        if task is None or not claimable(tasks, task, owner):
-            return False
-        take_task(task, owner)
-        return True
 
 
 def claim_next(owner, role=None, skip=()):
@@ -10702,19 +10429,18 @@ def claim_next(owner, role=None, skip=()):
 # --- s11.6: news reaches the model [core] ---
 # Before each model call a member's new messages join the last user message,
 # after its tool results; the program acts on the protocol messages first
-# (teammate_news, lead_news: the requests below).
+# (teammate_news, lead_news: the requests, s11.27).
 def drain_inbox(messages):
     """Before a model call: the member's news joins the last user message, after its
-    tool results (results must come first), with what the lead was shown while it
-    waited at the prompt. The lead also looks at its teammates' processes here. A
-    subagent (it has a label) shares its teammate's team for questions, not its inbox."""
+    tool results (results must come first). A subagent (it has a label) shares its
+    teammate's team for questions, not its inbox."""
     state = agent_state()
     if not state.team or state.label or not messages or messages[-1]["role"] != "user":
         return
     if state.team["member"] == LEAD:
-        notice_dead(state)
+        notice_dead(state)  # a teammate whose process ended: its tasks back on the board (s11.22)
     try:
-        texts = state.team.pop("shown", []) + news_texts(team_news())
+        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.28)
     except ToolError as e:
         say(f"[inbox: {e}]")
         return
@@ -10741,126 +10467,28 @@ def news_texts(news):
     return [text for r, note in news for text in (teammate_block(r), note) if text]
 
 
-# --- s11.7: the lead's side [core] ---
-# While the lead's REPL waits for the user, it looks at the team every IDLE_POLL
-# seconds (team_turn): a teammate's message is shown at once and joins the next
-# model call; a permission question is asked then and there; a plan to approve
-# starts a turn, as the lead's model must judge it (plain messages do not: the
-# team never talks the lead into turns the user did not ask for). A teammate's
-# process that ended (killed, crashed) is noticed, here and before each model
-# call: its open tasks go back on the board for another to claim.
+# --- s11.7: the lead stops its team [core] ---
 # No teammate outlives the lead: when the lead's session ends (the REPL left, a
 # signal, an error), every teammate it started and that still runs gets a
-# shutdown_request, then SHUTDOWN_GRACE seconds, then SIGTERM, then SIGKILL. Each
-# is checked with same_process first: a pid alone may be someone else's by now.
-NEWS_SHOWN = 2_000          # characters of one message shown at the prompt (the model gets it all)
-SHUTDOWN_GRACE = 10         # seconds teammates get to stop after the lead's shutdown request
-KILL_WAIT = 3               # seconds a straggler gets after SIGTERM, before SIGKILL
-
-
-def team_turn():
-    """The lead's REPL, idle: the team's news shown at once and kept for the next model
-    call. The text of a turn when a plan waits for the lead's verdict, else None."""
-    state = agent_state()
-    team = state.team
-    if not team or team["member"] != LEAD or time.monotonic() - team.get("looked", 0) < IDLE_POLL:
-        return None
-    team["looked"] = time.monotonic()
-    notice_dead(state)
-    try:
-        news = team_news()
-    except ToolError as e:
-        say(f"[inbox: {e}]")
-        return None
-    for r, _ in news:
-        show_news(r["from"], teammate_block(r))
-    keep_bounded(team.setdefault("shown", []), news_texts(news))
-    if any(r["type"] == "plan_approval_request" for r, _ in news):
-        return ("A teammate's plan waits for your verdict: answer it with send_message "
-                "plan_approval_response {to, request_id, approve, content: feedback}.")
-    return None
-
-
-def notice_dead(state):
-    """Each teammate whose process has ended since the last look: marked stopped, its
-    open tasks released (release_dead), one line."""
-    for name, t in state.teammates.items():
-        if t.get("ended"):
-            continue
-        if t["proc"]:
-            t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
-        if same_process(t["pid"], t["start"], t["cmdline"]):
-            continue
-        t["ended"] = True
-        released = release_dead({name: (t["pid"], t["start"], t["cmdline"])})
-        with contextlib.suppress(ToolError):
-            set_member(name, status="stopped")
-        back = f"; task(s) {', '.join('#' + i for i in released)} back on the board" if released else ""
-        say(f"[{name}'s process has ended{back}]")
-
-
-def release_dead(procs):
-    """Put back on the board the open tasks of members whose process has ended. procs
-    maps a member's name to the (pid, start, cmdline) recorded when its starter
-    started it, never read from a file. Returns the ids released."""
-    dead = {name for name, (pid, start, cmdline) in procs.items() if not same_process(pid, start, cmdline)}
-    if not dead:
-        return []
-    with task_board() as tasks:
-        released = [t for t in tasks.values() if t.get("owner") in dead and t["status"] in OPEN_STATUSES]
-        for task in released:
-            task["owner"], task["status"] = "", "pending"
-    return sorted((t["id"] for t in released), key=int)
-
-
+# shutdown_request and SHUTDOWN_GRACE seconds to stop; one that is still running
+# then is signalled (s11.23). Running means the process the lead started, checked
+# with same_process (s11.12): a pid alone may be someone else's by now.
 def running_teammates(state):
-    for t in state.teammates.values():
-        if t["proc"]:
-            t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
-    return {n: t for n, t in state.teammates.items() if same_process(t["pid"], t["start"], t["cmdline"])}
-
-
-def wait_teammates(state, seconds):
-    """True once none of them runs; False when `seconds` passed first."""
-    deadline = time.monotonic() + seconds
-    while running_teammates(state):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def signal_teammates(state, signum):
-    for name, t in running_teammates(state).items():
-        with contextlib.suppress(OSError):
-            os.kill(t["pid"], signum)
-        with contextlib.suppress(ToolError):
-            set_member(name, status="stopped")
+    """The teammates whose process, the one this lead started, still runs (s11.12)."""
+    return {n: t for n, t in state.teammates.items() if still_running(t)}
 
 
 def stop_teammates(state):
-    """Ask, wait, then signal; Ctrl+C meanwhile is ignored (a second one is how people
-    leave, and would strand the rest). Their open tasks go back on the board."""
+    """Ask, wait, then signal (s11.23). Their open tasks go back on the board."""
     if not (running := running_teammates(state)):
         return
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
+    with ctrl_c_ignored():  # a second Ctrl+C is how people leave: it would strand the rest (s11.23)
         for name in running:
             with contextlib.suppress(ToolError):
                 post(name, "shutdown_request", "The lead's session is ending: stop now.")
-        if not wait_teammates(state, SHUTDOWN_GRACE):
-            signal_teammates(state, signal.SIGTERM)
-            if not wait_teammates(state, KILL_WAIT):
-                signal_teammates(state, signal.SIGKILL)
-                wait_teammates(state, KILL_WAIT)
-        with contextlib.suppress(ToolError, OSError):
-            release_dead({n: (t["pid"], t["start"], t["cmdline"]) for n, t in state.teammates.items()})
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, before)
+        see_them_stop(state)  # SHUTDOWN_GRACE s, then SIGTERM, SIGKILL; their tasks released (s11.23)
 
 
 @contextlib.contextmanager
@@ -10877,70 +10505,186 @@ def team_session():
             stop_teammates(state)
 
 
-# --- s11.8: an inbox is a plain file [hardening: skip on first read] ---
-# Stops: a planted link or FIFO at an inbox making a send write elsewhere or hang
-# Test: tests/test_s11_teams.py::test_an_inbox_that_is_a_link_or_a_fifo_is_never_followed
-def open_inbox(inbox, flags):
-    """The inbox's descriptor (None: there is none yet); ToolError when it is not a
-    plain file: a planted link, at it or on the way (s06's open_inside), is never
-    followed, a FIFO never read."""
+# --- s11.8: a name is a file name [hardening: skip on first read] ---
+# Stops: a team, member or request name such as ../x or a/b reaching outside its folder
+# Test: tests/test_s11_teams.py::test_a_name_is_a_file_name
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")  # a team or member name is a file name
+
+
+def check_name(value, what):
+    """A team or member name, which becomes a file name: never a path, never empty."""
+    name = str(value).strip()
+    if not NAME_PATTERN.fullmatch(name):
+        raise ToolError(f"{what} {value!r} is not a name: use 1-40 letters, digits, - and _, "
+                        f"starting with a letter or digit (e.g. 'alice', 'api-tests').")
+    return name
+
+
+# --- s11.9: a team folder this run did not make [hardening: skip on first read] ---
+# Stops: a .agent/team folder, roster or inbox that came with a cloned repository being read, joined or taken over
+# Test: tests/test_s11_teams.py::test_a_team_folder_this_run_did_not_make_is_never_read
+# The lead makes its team folder fresh (os.mkdir refuses one that exists), with a
+# random key that only the processes it starts are told, in their environment; a
+# teammate joins only a roster that holds it. No link on the way is followed.
+TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
+ROSTER_BYTES = 64_000       # a config.json larger than this is not read
+
+
+def make_team_root(folder):
+    """.agent/team made; refused when a planted link leads outside the workspace."""
+    if not folder.resolve().is_relative_to(agent_state().workdir):
+        raise ToolError(f"{TEAM_DIR} leads outside the workspace (a symbolic link?). "
+                        f"Ask the user to remove it; teams work only inside.")
     try:
-        fd = open_inside(inbox, inbox.parent, flags | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ToolError(f"The inbox {inbox.name} cannot be used ({e.strerror}); ask the user "
-                        f"to remove it.")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ToolError(f"The inbox {inbox.name} is not a plain file; ask the user to remove it.")
-    return fd
+        os.close(open_folder(folder))  # s02's walk makes it, never through a link
+    except OSError as e:  # a file, a link or a FIFO where the folder goes, or on the way
+        raise ToolError(f"{TEAM_DIR} cannot be made ({e.strerror}); ask the user to remove what is there.")
 
 
-# --- s11.9: a message is data [hardening: skip on first read] ---
-# Stops: a teammate's message closing its block or faking another, or passing for the program's own lines
-# Test: tests/test_s11_teams.py::test_a_tag_in_the_content_cannot_end_the_block_or_fake_another
-def teammate_block(r):
-    """One message as its reader's model sees it. The content is data: an opening or
-    closing tag in it is escaped, so it cannot end the block or fake another one."""
-    attrs = f'from="{r["from"]}" type="{r["type"]}"'
-    attrs += f' request_id="{r["request_id"]}"' if r.get("request_id") else ""
-    attrs += f' approve="{str(r["approve"]).lower()}"' if isinstance(r.get("approve"), bool) else ""
-    content = re.sub(r"(?i)<(\s*/?\s*teammate-message)", r"&lt;\1", r["content"])
-    return f"<teammate-message {attrs}>\n{content}\n</teammate-message>"
+def make_new_folder(folder):
+    """The team's folder, made now: mkdir fails on one that exists, so an earlier run's
+    or a clone's is never taken over."""
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        raise ToolError(f"{TEAM_DIR / folder.name} already exists (from an earlier run, or it came with "
+                        f"the repository); it is not read. Pick another team name.")
 
 
-def show_news(who, text):
-    """A teammate's words at the lead's terminal, every line marked with its name, so
-    none can pass for the program's own ("[... back on the board]", "Allow bash?")."""
-    text = text if len(text) <= NEWS_SHOWN else f"{text[:NEWS_SHOWN]} [... {len(text) - NEWS_SHOWN} more characters]"
-    say("\n".join(f"  {who}| {printable(line)}" for line in text.split("\n")))
+def roster_bytes(folder):
+    """config.json's bytes: None when missing, a link, a FIFO or past ROSTER_BYTES."""
+    return read_plain(folder / "config.json", ROSTER_BYTES)
 
 
-# --- s11.10: news kept, bounded [hardening: skip on first read] ---
-# Stops: a chatty teammate and a lead idle for an hour filling memory and the next request
-# Test: tests/test_s11_review.py::test_news_kept_while_the_lead_idles_is_bounded
-NEWS_KEPT = 200_000         # characters of news kept for the next model call; older ones are dropped
+def check_join(folder, team, member, key):
+    """A teammate joins only as a teammate, inside the workspace, the team of the lead
+    that started it: a roster with the key it was given, naming it as a member."""
+    if member == LEAD:
+        raise ToolError(f"{LEAD!r} leads a team (create_team); only a teammate joins one.")
+    if not folder.resolve().is_relative_to(agent_state().workdir):
+        raise ToolError(f"{TEAM_DIR / team} leads outside the workspace (a symbolic link?).")
+    roster = read_roster(folder)
+    if roster.get("key") != key or not find_member(roster, member):
+        raise ToolError(f"Team {team!r} is not this run's, or has no member {member!r}: "
+                        f"a teammate joins only the team of the lead that started it.")
 
 
-def keep_bounded(kept, items):
-    """Add news for a later model call, dropping the oldest past NEWS_KEPT characters (a
-    chatty teammate and a lead idle for an hour must not fill memory or the window)."""
-    kept.extend(items)
-    size = lambda x: len(x) if isinstance(x, str) else len(x["content"])  # noqa: E731
-    total, dropped = sum(map(size, kept)), 0
-    while total > NEWS_KEPT and len(kept) > 1:
-        total -= size(kept.pop(0))
-        dropped += 1
-    if dropped:
-        say(f"[{dropped} older message(s) dropped: more than {NEWS_KEPT} characters were waiting]")
+# --- s11.10: who changes the team [hardening: skip on first read] ---
+# Stops: a subagent or a teammate spawning, adding members or changing another's record, or a bad record breaking the roster
+# Test: tests/test_s11_teams.py::test_the_roster_holds_every_member_with_its_fields
+# Only the lead spawns and adds (a teammate's tools lack spawn_teammate, a subagent's
+# do not); a teammate changes only its own status; every record keeps a name and a
+# known status, or read_roster refuses the whole roster, for every member.
+MEMBER_STATUSES = ("working", "idle", "stopped")
+BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
 
 
-# --- s11.11: a pid is not a process [hardening: skip on first read] ---
+def check_spawner(state):
+    if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
+        raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
+                        "(send_message).")
+
+
+def check_speaker(type):
+    """send_message's caller: never for a type the program sends, never a subagent."""
+    if type in AGENT_SENT:
+        raise ToolError(f"A {type} is not sent with send_message: {AGENT_SENT[type]}.")
+    if agent_state().label:
+        raise ToolError("A subagent does not message the team: put it in your report, and your "
+                        "parent passes it on.")
+
+
+def check_no_team(state):
+    if state.team:
+        raise ToolError(f"You already lead team {state.team['name']!r}: one team per session.")
+
+
+def check_adder():
+    if my_team()["member"] != LEAD:
+        raise ToolError("Only the lead adds teammates.")
+
+
+def check_backend(backend):
+    if backend not in BACKENDS:
+        raise ToolError(f"Unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}.")
+
+
+def check_change(name, changes):
+    """set_member's change: a teammate its own status only; known fields and statuses."""
+    me = my_team()["member"]
+    if me != LEAD and (name != me or set(changes) - {"status"}):
+        raise ToolError("A teammate changes only its own status.")
+    if unknown := set(changes) - {"status", "backend", "pid"}:
+        raise ToolError(f"Cannot change {', '.join(sorted(unknown))}: only status, backend and pid.")
+    if "status" in changes and changes["status"] not in MEMBER_STATUSES:
+        raise ToolError(f"Unknown status {changes['status']!r}; use one of: {', '.join(MEMBER_STATUSES)}.")
+
+
+def is_roster(roster):
+    """What read_roster accepts: a dict whose members each have a name and a known status."""
+    members = roster.get("members") if isinstance(roster, dict) else None
+    return isinstance(members, list) and all(
+        isinstance(m, dict) and NAME_PATTERN.fullmatch(str(m.get("name", "")))
+        and m.get("status") in MEMBER_STATUSES for m in members)
+
+
+# --- s11.11: a team without end [hardening: skip on first read] ---
+# Stops: a model spawning teammates without end, each a process and a model session
+# Test: tests/test_s11_teams.py::test_lead_is_reserved_names_are_unique_and_the_team_is_capped
+MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
+
+
+def check_team_size(roster):
+    """Room for one more teammate: stopped members free their place."""
+    if sum(m["status"] != "stopped" for m in roster["members"]) > MAX_TEAMMATES:
+        raise ToolError(f"The team has {MAX_TEAMMATES} teammates, the most it may. Give "
+                        f"work to one of them (send_message) instead.")
+
+
+# --- s11.12: a pid is not a process [hardening: skip on first read] ---
 # Stops: a reused pid making the lead signal, or a dead owner's task look alive, for a stranger's process
 # Test: tests/test_s11_teams.py::test_same_process_needs_the_pid_its_start_time_and_its_command_line
 # The lead keeps (pid, start time, command line) of each teammate and checks all
-# three before it signals one or keeps its tasks.
+# three before it signals one or keeps its tasks. It records them once the child has
+# joined, from the pid it got when it started it: before exec the command line is
+# still a shell's, or empty, and a pid in a file could be anyone's.
+JOIN_WAIT = 30              # seconds the lead waits for a started teammate to join the team
+
+
+def await_join(name, pid, proc, argv, backend, log):
+    """The child's identity once its roster record says it joined and its command line
+    is the one it was started with. Killed (it was started by this call, so it is ours)
+    and marked stopped when it ended first, when JOIN_WAIT passed, or on Ctrl+C meanwhile."""
+    try:
+        ident = joined_identity(name, pid, proc, argv)
+    except BaseException:  # Ctrl+C while it joins
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+        raise
+    if ident is None:
+        set_member(name, status="stopped")
+        where = f"see {rel(log)}" if backend == "detached" else "see its tmux pane, if still open"
+        raise ToolError(f"{name} did not join the team within {JOIN_WAIT} s ({where}). Tell the user.")
+    return ident
+
+
+def joined_identity(name, pid, proc, argv):
+    """(start time, command line) once it joined; None when it ended or JOIN_WAIT passed."""
+    deadline, folder = time.monotonic() + JOIN_WAIT, agent_state().team["dir"]
+    while time.monotonic() < deadline:
+        ident = process_identity(pid)
+        if ident is None or (proc and proc.poll() is not None):
+            return None
+        if " ".join(ident[1]) == " ".join(argv) and find_member(read_roster(folder), name).get("joined"):
+            return ident
+        time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)  # started by this call moments ago: ours
+    return None
+
+
 def process_identity(pid):
     """(start time, command line) of a live process, or None: no such process, or a
     zombie (killed, not yet reaped: it keeps its pid). Linux reads /proc/<pid>;
@@ -10976,7 +10720,286 @@ def same_process(pid, start, cmdline):
     return pid is not None and process_identity(pid) == (start, list(cmdline))
 
 
-# --- s11.12: a task the run did not make [hardening: skip on first read] ---
+def still_running(t):
+    """Is a teammate's process (as state.teammates records it) still the one the lead started?"""
+    if t["proc"]:
+        t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
+    return same_process(t["pid"], t["start"], t["cmdline"])
+
+
+# --- s11.13: an inbox is a plain file [hardening: skip on first read] ---
+# Stops: a planted link or FIFO at an inbox making a send write elsewhere or hang
+# Test: tests/test_s11_teams.py::test_an_inbox_that_is_a_link_or_a_fifo_is_never_followed
+def open_inbox(inbox, flags):
+    """The inbox's descriptor (None: there is none yet); ToolError when it is not a
+    plain file: a planted link, at it or on the way (s06's open_inside), is never
+    followed, a FIFO never read."""
+    try:
+        fd = open_inside(inbox, inbox.parent, flags | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ToolError(f"The inbox {inbox.name} cannot be used ({e.strerror}); ask the user "
+                        f"to remove it.")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ToolError(f"The inbox {inbox.name} is not a plain file; ask the user to remove it.")
+    return fd
+
+
+# --- s11.14: an inbox lock held for ever [hardening: skip on first read] ---
+# Stops: a process that holds an inbox's lock and never lets go stalling every member that sends to it
+# Test: tests/test_s11_review.py::test_an_inbox_lock_held_forever_costs_a_line_not_the_lead
+LOCK_WAIT = 10              # seconds a member waits for an inbox's lock before it says "busy"
+
+
+def flock_or_busy(fd, inbox):
+    """An exclusive flock on fd, waited for LOCK_WAIT seconds at most: a holder that
+    never lets go costs a line, not the lead."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise ToolError(f"{inbox.stem}'s inbox is busy (its lock was held for "
+                                f"{LOCK_WAIT} s); try again later.")
+            time.sleep(0.01)
+
+
+# --- s11.15: an inbox that is full [hardening: skip on first read] ---
+# Stops: a flood of messages to a member that is not reading filling the disk and its next request
+# Test: tests/test_s11_teams.py::test_messages_and_inboxes_are_capped_and_a_full_inbox_refuses
+# A send that would take the unread messages past INBOX_BYTES is refused; a reader
+# takes at most that much (anything past it was written by someone else, and is
+# dropped with the rest).
+INBOX_BYTES = 100_000       # bytes of unread messages one inbox holds: a send past it is refused
+
+
+def check_room(fd, line, record):
+    if os.fstat(fd).st_size + len(line) > INBOX_BYTES:
+        raise ToolError(f"{record['to']}'s inbox is full ({INBOX_BYTES // 1000} KB unread): "
+                        f"it has not read its messages yet. Wait, or send less.")
+
+
+# --- s11.16: a line that is not a message [hardening: skip on first read] ---
+# Stops: a writer killed mid-line swallowing the next message, or a torn or foreign line read as one
+# Test: tests/test_s11_review.py::test_an_expired_question_is_not_asked_and_a_torn_line_swallows_no_message
+def torn_end(fd):
+    """A newline when the inbox ends inside a line (its writer was killed mid-write), so
+    the next message starts a line of its own; else nothing."""
+    size = os.fstat(fd).st_size
+    return b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
+
+
+def parse_record(line):
+    """One inbox line as a message dict, or None when it is not one (a torn or foreign line)."""
+    try:
+        r = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(r, dict) and r.get("type") in MESSAGE_TYPES and isinstance(r.get("content"), str) \
+        and all(NAME_PATTERN.fullmatch(str(r.get(k, ""))) for k in ("from", "to")) \
+        and (r.get("request_id") is None or NAME_PATTERN.fullmatch(str(r["request_id"])))
+    return r if ok else None
+
+
+# --- s11.17: a message is data [hardening: skip on first read] ---
+# Stops: a teammate's message closing its block or faking another, or passing for the program's own lines
+# Test: tests/test_s11_teams.py::test_a_tag_in_the_content_cannot_end_the_block_or_fake_another
+NEWS_SHOWN = 2_000          # characters of one message shown at the prompt (the model gets it all)
+
+
+def teammate_block(r):
+    """One message as its reader's model sees it. The content is data: an opening or
+    closing tag in it is escaped, so it cannot end the block or fake another one."""
+    attrs = f'from="{r["from"]}" type="{r["type"]}"'
+    attrs += f' request_id="{r["request_id"]}"' if r.get("request_id") else ""
+    attrs += f' approve="{str(r["approve"]).lower()}"' if isinstance(r.get("approve"), bool) else ""
+    content = re.sub(r"(?i)<(\s*/?\s*teammate-message)", r"&lt;\1", r["content"])
+    return f"<teammate-message {attrs}>\n{content}\n</teammate-message>"
+
+
+def show_news(who, text):
+    """A teammate's words at the lead's terminal, every line marked with its name, so
+    none can pass for the program's own ("[... back on the board]", "Allow bash?")."""
+    text = text if len(text) <= NEWS_SHOWN else f"{text[:NEWS_SHOWN]} [... {len(text) - NEWS_SHOWN} more characters]"
+    say("\n".join(f"  {who}| {printable(line)}" for line in text.split("\n")))
+
+
+# --- s11.18: news kept, bounded [hardening: skip on first read] ---
+# Stops: a chatty teammate and a lead idle for an hour filling memory and the next request
+# Test: tests/test_s11_review.py::test_news_kept_while_the_lead_idles_is_bounded
+NEWS_KEPT = 200_000         # characters of news kept for the next model call; older ones are dropped
+
+
+def keep_bounded(kept, items):
+    """Add news for a later model call, dropping the oldest past NEWS_KEPT characters (a
+    chatty teammate and a lead idle for an hour must not fill memory or the window)."""
+    kept.extend(items)
+    size = lambda x: len(x) if isinstance(x, str) else len(x["content"])  # noqa: E731
+    total, dropped = sum(map(size, kept)), 0
+    while total > NEWS_KEPT and len(kept) > 1:
+        total -= size(kept.pop(0))
+        dropped += 1
+    if dropped:
+        say(f"[{dropped} older message(s) dropped: more than {NEWS_KEPT} characters were waiting]")
+
+
+# --- s11.19: a teammate with nothing to do [hardening: skip on first read] ---
+# Stops: an idle teammate holding a process and a model session for ever once the work has run out
+# Test: tests/test_s11_work.py::test_an_idle_teammate_tells_the_lead_and_stops_after_the_idle_timeout
+IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
+
+
+def idle_out(me):
+    """IDLE_TIMEOUT without work: stopped in the roster first, so the lead, once told, finds it so."""
+    with contextlib.suppress(ToolError):
+        set_member(me, status="stopped")
+    with contextlib.suppress(ToolError):
+        post(LEAD, "message", f"Idle for {IDLE_TIMEOUT} s with nothing to do; stopping.")
+    return 0
+
+
+# --- s11.20: a lead that is gone [hardening: skip on first read] ---
+# Stops: teammates running on, unwatched, after their lead was killed with no time to ask them to stop
+# Test: tests/test_s11_protocols.py::test_an_idle_teammate_whose_lead_has_gone_stops
+# The lead's pid comes in the teammate's environment; the teammate records the
+# process's identity at its join, while the lead waits for it, so alive then.
+LEAD_PID_ENV = "AGENT_TEAM_LEAD"  # the lead's pid: a teammate whose lead has gone (even kill -9) stops
+
+
+def note_lead():
+    """The lead's process, as it is now, taken from the environment (and out of it)."""
+    pid = os.environ.pop(LEAD_PID_ENV, "")
+    lead = process_identity(pid) if pid.isdigit() else None  # the lead waits for this join: alive now
+    agent_state().team["lead_process"] = (int(pid), *lead) if lead else (int(pid or 0), None, [])  # gone
+
+
+def lead_gone():
+    """Has the lead's process ended (killed before it could ask its teammates to stop)?"""
+    lead = agent_state().team.get("lead_process")
+    return lead is not None and not same_process(*lead)  # None: joined in-process (the tests)
+
+
+def orphaned():
+    """lead_gone, said in one line: the teammate stops."""
+    if lead_gone():
+        say("[the lead's process has ended: stopping]")
+        return True
+    return False
+
+
+# --- s11.21: a turn that failed [hardening: skip on first read] ---
+# Stops: an outage making one teammate claim, fail and hold the whole board, its tasks in progress for ever
+# Test: tests/test_s11_review.py::test_a_failed_turn_gives_its_task_back_and_claims_nothing_for_a_while
+FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no task
+
+
+def give_back(me, reason):
+    """A turn that failed (the API down, the turn cap): the tasks it held go back on the
+    board, the lead hears why, and this member claims nothing for FAILED_PAUSE seconds,
+    so an outage cannot make one teammate take the whole board."""
+    with task_board() as tasks:
+        held = [t for t in tasks.values() if t.get("owner") == me and t["status"] == "in_progress"]
+        for task in held:
+            task["owner"], task["status"] = "", "pending"
+    agent_state().team["pause_until"] = time.monotonic() + FAILED_PAUSE
+    back = f"; task(s) {', '.join('#' + t['id'] for t in held)} back on the board" if held else ""
+    with contextlib.suppress(ToolError):
+        post(LEAD, "message", f"My turn ended early ({reason}){back}. I claim nothing for {FAILED_PAUSE} s.")
+
+
+# --- s11.22: a teammate whose process ended [hardening: skip on first read] ---
+# Stops: a killed or crashed teammate's tasks staying in progress for ever, claimed by nobody
+# Test: tests/test_s11_protocols.py::test_the_lead_notices_a_dead_teammate_and_its_task_goes_back_on_the_board
+# The lead looks at its teammates' processes at its prompt and before each model
+# call; one that ended is marked stopped and its open tasks go back on the board.
+def notice_dead(state):
+    """Each teammate whose process has ended since the last look: marked stopped, its
+    open tasks released (release_dead), one line."""
+    for name, t in state.teammates.items():
+        if t.get("ended"):
+            continue
+        if t["proc"]:
+            t["proc"].poll()  # reap a detached child that ended: a zombie keeps its pid
+        if same_process(t["pid"], t["start"], t["cmdline"]):
+            continue
+        t["ended"] = True
+        released = release_dead({name: (t["pid"], t["start"], t["cmdline"])})
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+        back = f"; task(s) {', '.join('#' + i for i in released)} back on the board" if released else ""
+        say(f"[{name}'s process has ended{back}]")
+
+
+def release_dead(procs):
+    """Put back on the board the open tasks of members whose process has ended. procs
+    maps a member's name to the (pid, start, cmdline) recorded when its starter
+    started it, never read from a file. Returns the ids released."""
+    dead = {name for name, (pid, start, cmdline) in procs.items() if not same_process(pid, start, cmdline)}
+    if not dead:
+        return []
+    with task_board() as tasks:
+        released = [t for t in tasks.values() if t.get("owner") in dead and t["status"] in OPEN_STATUSES]
+        for task in released:
+            task["owner"], task["status"] = "", "pending"
+    return sorted((t["id"] for t in released), key=int)
+
+
+# --- s11.23: a teammate that does not stop [hardening: skip on first read] ---
+# Stops: a teammate that ignores the shutdown request, or a second Ctrl+C, leaving processes behind the lead
+# Test: tests/test_s11_review.py::test_stopping_cannot_be_cut_short_by_ctrl_c_and_releases_the_stopped_ones_tasks
+# After the shutdown_request: SHUTDOWN_GRACE seconds, then SIGTERM, then KILL_WAIT
+# seconds, then SIGKILL, each only to a process still the one the lead started
+# (still_running). Ctrl+C meanwhile is ignored. Their open tasks go back on the board.
+SHUTDOWN_GRACE = 10         # seconds teammates get to stop after the lead's shutdown request
+KILL_WAIT = 3               # seconds a straggler gets after SIGTERM, before SIGKILL
+
+
+@contextlib.contextmanager
+def ctrl_c_ignored():
+    """SIGINT ignored in the block (set in the main thread only: no other may)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+
+
+def see_them_stop(state):
+    """Wait for the teammates asked to stop, signal the ones still running, release their tasks."""
+    if not wait_teammates(state, SHUTDOWN_GRACE):
+        signal_teammates(state, signal.SIGTERM)
+        if not wait_teammates(state, KILL_WAIT):
+            signal_teammates(state, signal.SIGKILL)
+            wait_teammates(state, KILL_WAIT)
+    with contextlib.suppress(ToolError, OSError):
+        release_dead({n: (t["pid"], t["start"], t["cmdline"]) for n, t in state.teammates.items()})
+
+
+def wait_teammates(state, seconds):
+    """True once none of them runs; False when `seconds` passed first."""
+    deadline = time.monotonic() + seconds
+    while running_teammates(state):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def signal_teammates(state, signum):
+    for name, t in running_teammates(state).items():
+        with contextlib.suppress(OSError):
+            os.kill(t["pid"], signum)
+        with contextlib.suppress(ToolError):
+            set_member(name, status="stopped")
+
+
+# --- s11.24: a task the run did not make [hardening: skip on first read] ---
 # Stops: a teammate claiming a task a cloned repository shipped, whose description is a prompt
 # Test: tests/test_s11_review.py::test_a_task_the_run_did_not_make_is_claimed_only_with_the_users_yes
 def foreign_tasks():
@@ -10998,14 +11021,14 @@ def foreign_tasks():
     return [] if answer.strip().lower() in ("y", "yes") else [t["id"] for t in foreign]
 
 
-# --- s11.13: the team's files out of the sandbox's reach [hardening: skip on first read] ---
+# --- s11.25: the team's files out of the sandbox's reach [hardening: skip on first read] ---
 # Stops: a sandboxed command rewriting an inbox, the roster or the board's lock
 # Test: tests/test_s11_review.py::test_a_sandboxed_command_cannot_reach_the_teams_files_or_the_boards_lock
 TEAM_HIDDEN = (".agent/team", ".agent/tasks/.lock")  # masked in the OS sandbox: a command that
                             # held their flock (a read-only mount allows one) would stall the team
 
 
-# --- s11.14: who it is, after a compaction [hardening: skip on first read] ---
+# --- s11.26: who it is, after a compaction [hardening: skip on first read] ---
 # Stops: a teammate whose first prompt was summarised away forgetting its name, role and team
 # Test: tests/test_s11_work.py::test_a_teammate_compacted_is_told_again_who_it_is
 def team_identity():
@@ -11023,7 +11046,7 @@ def team_identity():
     return [{"type": "text", "text": teammate_intro(record, state.team)}]
 
 
-# --- s11.15: requests and answers [extra] ---
+# --- s11.27: requests and answers [extra] ---
 # Three protocols (seed 4.1, 4.2) pair a request with its response by request_id:
 # the lead's shutdown_request -> the teammate's shutdown_response, a teammate's
 # plan_approval_request (sent by its exit_plan_mode) -> the lead's
@@ -11042,6 +11065,69 @@ REQUEST_BYTES = 20_000      # a requests/<id>.json larger than this is not read
 REQUEST_SUMMARY = 200       # characters of the request's and the answer's content kept in its file
 PERMISSION_WAIT = 300       # seconds a teammate waits for the user's answer at the lead's terminal: then no
 ANSWER_POLL = 0.2           # seconds between a waiting teammate's looks at its inbox
+REQUEST_TYPES = ("shutdown_request", "plan_approval_request", "permission_request")  # carry a request_id
+RESPONSE_TYPES = ("shutdown_response", "plan_approval_response", "permission_response")  # + approve
+LEAD_ONLY = ("shutdown_request", "plan_approval_response", "permission_response")  # sent by the lead only
+TO_LEAD_ONLY = ("shutdown_response", "plan_approval_request", "permission_request")  # sent to the lead only
+
+
+def check_message(sender, to, kind, approve):
+    """Who may send what to whom (seed: the structured types); ToolError says why not."""
+    if kind not in MESSAGE_TYPES:
+        raise ToolError(f"Unknown message type {kind!r}; use one of: {', '.join(MESSAGE_TYPES)}.")
+    if to == "*" and kind != "broadcast":
+        raise ToolError(f"A {kind} goes to one member by name; only a plain message goes to \"*\".")
+    if kind == "broadcast" and to != "*":
+        raise ToolError("A broadcast goes to \"*\" (everyone else); to one member, send a message.")
+    if kind in LEAD_ONLY and sender != LEAD:
+        raise ToolError(f"Only the lead sends {kind}.")
+    if kind in TO_LEAD_ONLY and to != LEAD:
+        raise ToolError(f"A {kind} goes to the lead only (to: \"{LEAD}\").")
+    if kind in RESPONSE_TYPES and not isinstance(approve, bool):
+        raise ToolError(f"A {kind} says approve true or false, with the reason in content.")
+    if kind not in RESPONSE_TYPES and approve is not None:
+        raise ToolError(f"approve goes with a response ({', '.join(RESPONSE_TYPES)}) only.")
+
+
+def protocol_id(kind, request_id):
+    """The request_id a message carries: the program makes a request's; a response
+    names the request it answers; a plain message keeps what it was given."""
+    if kind in REQUEST_TYPES and request_id is not None:
+        raise ToolError(f"A {kind} gets its request_id from the program: leave request_id out.")
+    if kind in RESPONSE_TYPES and not request_id:
+        raise ToolError(f"A {kind} answers a request: pass the request_id its message carried.")
+    request_id = f"req_{os.urandom(4).hex()}" if kind in REQUEST_TYPES else request_id
+    return request_id and check_name(request_id, "request_id")
+
+
+def post_protocol(team, to, sender, head, body, approve):
+    """post for a request or a response: a request gets its file before it can be
+    answered (and loses it when it could not be delivered); a response is sent only
+    for a pending request it answers, marked answered in the same locked step."""
+    kind, request_id, content = body["type"], body["request_id"], body["content"]
+    if kind in RESPONSE_TYPES:
+        body |= {"approve": approve}
+        with pending_request(request_id, kind, sender, to) as request:  # checked, then answered
+            result = deliver(team, to, sender, head, body)
+            request.update(state="approved" if approve else "rejected", answered=now_stamp(),
+                           answer=content[:REQUEST_SUMMARY])
+        after_answer(kind, approve)
+        return result
+    open_request(request_id, kind, sender, to, content)  # before it can be answered
+    try:
+        return deliver(team, to, sender, head, body)
+    except ToolError:
+        drop_request(request_id)  # never delivered: nobody can answer it
+        raise
+
+
+def agree_to_stop(id):
+    """An idle teammate's yes to the lead's shutdown_request (it loses nothing)."""
+    with contextlib.suppress(ToolError):  # the lead may have stopped waiting
+        post(LEAD, "shutdown_response", "Stopping now: I am idle.", request_id=id, approve=True)
+    return "shutdown"
+
+
 
 
 def requests_dir():
@@ -11245,10 +11331,128 @@ def lead_news(r):
     return None
 
 
-# --- s11.16: tmux panes [extra] ---
+# --- s11.28: the lead, idle at its prompt [extra] ---
+# While the lead's REPL waits for the user, it looks at the team every IDLE_POLL
+# seconds (team_turn): a teammate's message is shown at once and joins the next
+# model call; a permission question is asked then and there; a plan to approve
+# starts a turn, as the lead's model must judge it (plain messages do not: the
+# team never talks the lead into turns the user did not ask for).
+def team_turn():
+    """The lead's REPL, idle: the team's news shown at once and kept for the next model
+    call. The text of a turn when a plan waits for the lead's verdict, else None."""
+    state = agent_state()
+    team = state.team
+    if not team or team["member"] != LEAD or time.monotonic() - team.get("looked", 0) < IDLE_POLL:
+        return None
+    team["looked"] = time.monotonic()
+    notice_dead(state)
+    try:
+        news = team_news()
+    except ToolError as e:
+        say(f"[inbox: {e}]")
+        return None
+    for r, _ in news:
+        show_news(r["from"], teammate_block(r))
+    keep_bounded(team.setdefault("shown", []), news_texts(news))
+    if any(r["type"] == "plan_approval_request" for r, _ in news):
+        return ("A teammate's plan waits for your verdict: answer it with send_message "
+                "plan_approval_response {to, request_id, approve, content: feedback}.")
+    return None
+
+
+# --- s11.29: agent types for teammates [extra] ---
+# spawn_teammate's agent_type names an agent definition (s04): the teammate runs
+# with its tools, its prompt and its model.
+TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
+                            # its agent type says: without these a teammate cannot work in a team
+
+
+def teammate_spec(agent_type):
+    """A teammate's agent definition ({}: general-purpose, unless a file defines that
+    name); ToolError naming the types for an unknown one, as the agent tool says."""
+    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
+    return {} if general else pick_agent(agent_type, False)
+
+
+def teammate_tools(spec, record):
+    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
+    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
+    when it must plan first; it may keep agent, and never has spawn_teammate."""
+    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
+    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
+    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
+    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
+            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
+
+
+def teammate_settings(record):
+    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
+    system prompt (the agent's own, then the definition's), its model (the definition's,
+    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
+    try:
+        spec = teammate_spec(record.get("agent_type"))
+    except ToolError as e:
+        say(f"[{e}]")
+        with contextlib.suppress(ToolError):
+            post(LEAD, "message", f"I cannot start: {e}")
+        return None
+    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
+    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
+    return {"tools": teammate_tools(spec, record), "system": system,
+            "model": spec.get("model") or record.get("model")}
+
+
+# --- s11.30: roles on tasks [extra] ---
+# Who a task is for: the teammates of its role (task_create and task_update take a
+# role, the words of a spawn_teammate role; case and spacing aside), or the one the
+# lead made its owner (whatever the role); a task with neither is for anyone.
+def role_key(role):
+    return " ".join(str(role).split()).casefold()  # "Writes  the Tests" is "writes the tests"
+
+
+def set_task_role(task, role):
+    """task_create's and task_update's role: the teammate role a task is for, kept on
+    one line; "" makes it for anyone again. None: no change."""
+    if role is None:
+        return
+    role = check_text(" ".join(str(role).split()), "role", MAX_SUBJECT)
+    if role:
+        task["role"] = role
+    else:
+        task.pop("role", None)
+
+
+def fits(task, role):
+    """A task that names a role is for members of that role (case and spacing aside);
+    one that names none is for anyone."""
+    return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
+
+
+# --- s11.31: claiming one task by id [extra] ---
+# claim_next is how a teammate claims; claim_task takes one task by its id, in the
+# same locked step: nothing in the program calls it, a test or a tool of your own may.
+def claim_task(id, owner):
+    """Claim one task for `owner`; True when this claim took it. Under the task lock,
+    so it is taken only while it is still claimable; False is final: find another."""
+    owner = check_name(owner, "owner")
+    with task_board() as tasks:
+        task = tasks.get(task_id(id))
+        if task is None or not claimable(tasks, task, owner):
+            return False
+        take_task(task, owner)
+        return True
+
+
+# --- s11.32: tmux panes [extra] ---
 # When the lead runs inside tmux, each teammate gets a pane beside it (a workshop
 # watches the team side by side). Its environment goes on tmux's stdin: `-e`
 # words on a command line would show in ps.
+PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "MODEL_ID",
+              "AGENT_MAX_TURNS", "AGENT_AUTO_MEMORY", "HOME", "PATH", "NO_PROXY", "no_proxy",
+              "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")  # the lead's config (~/.agent
+              # too) and network: a tmux pane starts from the tmux server's environment, not the lead's
+
+
 def in_tmux():
     return bool(os.getenv("TMUX")) and shutil.which("tmux") is not None
 
@@ -11269,7 +11473,7 @@ def start_in_tmux(argv, env):
     return int(r.stdout.strip()), None
 
 
-# --- s11.17: the team's message log [extra] ---
+# --- s11.33: the team's message log [extra] ---
 # An inbox keeps only what is unread, so the team's record of what was said is a
 # log beside the inboxes, messages.jsonl: every delivered record, appended by its
 # sender under the log's own lock, until LOG_BYTES (then one line says so).
@@ -11306,7 +11510,7 @@ def append_log(fh, records):
         size += fh.write(line)
 
 
-# --- s11.18: /team [extra] ---
+# --- s11.34: /team [extra] ---
 TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
 
 
