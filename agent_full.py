@@ -10048,17 +10048,17 @@ def work_in_flight():
 # (s11.3), and s10's task board, where work is claimed atomically (s11.5). The
 # lead spawns teammates (s11.1); a teammate works, idles and claims (s11.4); the
 # lead stops them at its end (s11.7). Requests that pair a question with its
-# answer, one file each, are an extra (s11.27).
+# answer, one file each, are an extra (s11.28).
 # Trust: a team folder is made fresh by this run's lead (os.mkdir refuses one that
 # exists) and carries a random key that only the processes it starts are told, so
 # a team folder or an inbox that came with a cloned repository is never read (s11.9).
 
 # --- s11.1: spawning a teammate [core] ---
 # A teammate is this same file run as `--teammate NAME --team TEAM`: a detached
-# process writing to <team>/<name>.log (a tmux pane, an extra: s11.32). Its first
+# process writing to <team>/<name>.log (a tmux pane, an extra: s11.33). Its first
 # prompt waits in its inbox. The lead's config travels in the environment. Once
 # the child has joined, the lead records its process from the pid it got when it
-# started it, never from a file (s11.12: a pid alone proves nothing).
+# started it, never from a file (s11.13: a pid alone proves nothing).
 TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
 
 
@@ -10082,7 +10082,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
-    ident = await_join(name, pid, proc, argv, backend, log)  # once it joined: its identity (s11.12)
+    ident = await_join(name, pid, proc, argv, backend, log)  # once it joined: its identity (s11.13)
     state.teammates[name] = {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
     set_member(name, pid=pid)
     where = "in a tmux pane" if backend == "tmux" else f"detached, output in {rel(log)}"
@@ -10137,6 +10137,7 @@ register("spawn_teammate", (
 # old roster or the new one and two changes never mix.
 TEAM_DIR = Path(AGENT_DIR) / "team"  # in the workspace: <team>/config.json, <team>/inbox/
 LEAD = "lead"               # the lead's member name: reserved, no teammate takes it
+MEMBER_STATUSES = ("working", "idle", "stopped")
 
 
 def team_root():
@@ -10152,7 +10153,10 @@ def read_roster(folder):
         roster = json.loads(roster_bytes(folder) or b"null")  # a plain file, size capped (s11.9)
     except ValueError:
         roster = None
-    if not is_roster(roster):  # members with a name and a known status (s11.10)
+    members = roster.get("members") if isinstance(roster, dict) else None
+    if not isinstance(members, list) or not all(
+            isinstance(m, dict) and NAME_PATTERN.fullmatch(str(m.get("name", "")))  # s11.8
+            and m.get("status") in MEMBER_STATUSES for m in members):
         raise ToolError(f"The roster {folder.name}/config.json cannot be read. Ask the user to "
                         f"check .agent/team/{folder.name}.")
     return roster
@@ -10196,7 +10200,7 @@ def create_team(name):
     """The lead makes a team: a fresh folder, its inbox folder, and the roster with
     the lead in it. Returns the folder; the key goes to each teammate it starts."""
     state = agent_state()
-    check_no_team(state)  # one team per session (s11.10)
+    check_no_team(state)  # one team per session (s11.11)
     name = check_name(name, "team name")
     folder = team_root() / name
     make_new_folder(folder)  # never one that exists: an earlier run's, or a clone's (s11.9)
@@ -10225,17 +10229,17 @@ def join_team(team, member, key):
 def add_member(name, role, agent_type="general-purpose", model=None, backend="detached",
                pid=None, plan_mode_required=False):
     """The lead adds a teammate to the roster (spawning starts its process after)."""
-    check_adder()  # the lead only (s11.10)
+    check_adder()  # the lead only (s11.11)
     name = check_name(name, "teammate name")
     if name == LEAD:
         raise ToolError(f"{LEAD!r} is the lead's own name; give the teammate another.")
-    check_backend(backend)  # s11.10
+    check_backend(backend)  # s11.11
     role = check_text(role, "role", MAX_SUBJECT, one_line=True)
     with team_roster() as roster:
         if (old := find_member(roster, name)) and old["status"] != "stopped":
             raise ToolError(f"The team already has a member named {name!r}; pick another name.")
         roster["members"] = [m for m in roster["members"] if m is not old]  # a stopped one: respawned
-        check_team_size(roster)  # at most MAX_TEAMMATES (s11.11)
+        check_team_size(roster)  # at most MAX_TEAMMATES (s11.12)
         record = member_record(name, role, str(agent_type), model or model_id(), backend, pid,
                                plan_mode_required)
         roster["members"].append(record)
@@ -10245,7 +10249,7 @@ def add_member(name, role, agent_type="general-purpose", model=None, backend="de
 def set_member(name, **changes):
     """Change one member's record: a teammate its own status (working, idle), the lead
     any member's status, backend or pid. Returns the record."""
-    check_change(name, changes)  # its own status only, from a teammate; known fields (s11.10)
+    check_change(name, changes)  # its own status only, from a teammate; known fields (s11.11)
     with team_roster() as roster:
         if not (record := find_member(roster, name)):
             raise ToolError(f"No member named {name!r} in the team.")
@@ -10263,7 +10267,7 @@ def set_member(name, **changes):
 MESSAGE_CHARS = 8_000       # characters of one message's content
 MESSAGE_TYPES = ("message", "broadcast", "shutdown_request", "shutdown_response",
                  "plan_approval_request", "plan_approval_response",
-                 "permission_request", "permission_response")  # all but the first two: s11.27
+                 "permission_request", "permission_response")  # all but the first two: s11.28
 AGENT_SENT = {  # types the program sends, never the model (send_message refuses them)
     "plan_approval_request": "exit_plan_mode sends it, with your plan",
     "permission_request": "a tool call that needs the user's yes sends it",
@@ -10280,25 +10284,25 @@ def inbox_lock(inbox):
     (each call opens its own descriptor, as task_lock does, through the door too)."""
     fd = open_inside(inbox.with_suffix(".lock"), inbox.parent, os.O_RDWR | os.O_CREAT)
     try:
-        flock_or_busy(fd, inbox)  # an exclusive flock, waited for LOCK_WAIT s at most (s11.14)
+        flock_or_busy(fd, inbox)  # an exclusive flock, waited for LOCK_WAIT s at most (s11.15)
         yield
     finally:
         os.close(fd)  # closing releases the flock
 
 
 def append_record(inbox, record):
-    """Add one message to an inbox, as one line (a plain file: s11.13)."""
+    """Add one message to an inbox, as one line (a plain file: s11.14)."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
     with inbox_lock(inbox):
         fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         with open(fd, "ab") as fh:
-            check_room(fd, line, record)  # at most INBOX_BYTES unread (s11.15)
-            fh.write(torn_end(fd) + line)  # after a line a killed writer left unfinished (s11.16)
+            check_room(fd, line, record)  # at most INBOX_BYTES unread (s11.16)
+            fh.write(torn_end(fd) + line)  # after a line a killed writer left unfinished (s11.17)
 
 
 def take_inbox(inbox):
     """Every message in the inbox, which is left empty: read and truncated in one
-    locked step (past INBOX_BYTES, dropped: s11.15)."""
+    locked step (past INBOX_BYTES, dropped: s11.16)."""
     with inbox_lock(inbox):
         fd = open_inbox(inbox, os.O_RDWR)
         if fd is None:
@@ -10306,7 +10310,7 @@ def take_inbox(inbox):
         with open(fd, "r+b") as fh:
             data = fh.read(INBOX_BYTES)
             os.ftruncate(fd, 0)
-    return [r for line in data.splitlines() if (r := parse_record(line))]  # a line, checked (s11.16)
+    return [r for line in data.splitlines() if (r := parse_record(line))]  # a line, checked (s11.17)
 
 
 def recipients(roster, to, sender):
@@ -10326,14 +10330,14 @@ def recipients(roster, to, sender):
 
 def post(to, type, content, request_id=None, approve=None):
     """Send a message as the running agent. Its `from` is this process's member name,
-    never an input. A request or a response goes through its protocol (s11.27).
+    never an input. A request or a response goes through its protocol (s11.28).
     Returns (records sent, {name: why not} for a broadcast's misses)."""
     team = my_team()
     sender, to = team["member"], str(to).strip()
     kind = "broadcast" if to == "*" and type == "message" else type
-    check_message(sender, to, kind, approve)  # who may send which type to whom (s11.27)
+    check_message(sender, to, kind, approve)  # who may send which type to whom (s11.28)
     content = check_text(content, "content", MESSAGE_CHARS)
-    request_id = protocol_id(kind, request_id)  # a request's id is the program's (s11.27)
+    request_id = protocol_id(kind, request_id)  # a request's id is the program's (s11.28)
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
     if kind not in ("message", "broadcast"):
@@ -10359,7 +10363,7 @@ def deliver(team, to, sender, head, body):
 
 def send_message(to, content, type="message", request_id=None, approve=None):
     """The model's way to post; the types the program itself sends are refused."""
-    check_speaker(type)  # never a type the program sends (s11.27), nor a subagent (s11.10)
+    check_speaker(type)  # never a type the program sends (s11.28), nor a subagent (s11.10)
     sent, missed = post(to, type, content, request_id, approve)
     if not sent and to == "*":
         raise ToolError("Nobody else is in the team yet." if not missed else
@@ -10395,8 +10399,8 @@ register("send_message", (
 # A teammate's main() joins, then works and idles until told to stop: each wake-up
 # (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
 # it is idle and looks at its inbox and the board every IDLE_POLL seconds (idle too
-# long, it stops: s11.19). A shutdown_request from the lead ends it at once: it
-# answers shutdown_response (s11.27) and its roster record says stopped.
+# long, it stops: s11.20). A shutdown_request from the lead ends it at once: it
+# answers shutdown_response (s11.28) and its roster record says stopped.
 IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
 
 
@@ -10409,14 +10413,14 @@ def start_teammate(argv):
     if not name or not team or argv:
         raise ValueError("a teammate is started as: --teammate NAME --team TEAM (by its lead)")
     join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
-    note_lead()  # the lead's process, to notice when it has gone (s11.20)
+    note_lead()  # the lead's process, to notice when it has gone (s11.21)
     return argv
 
 
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
-    if (settings := teammate_settings(record)) is None:  # its agent type's tools, prompt, model (s11.29)
+    if (settings := teammate_settings(record)) is None:  # its agent type's tools, prompt, model (s11.30)
         return 1
     team["skip"] = set(read_roster(team["dir"]).get("foreign_tasks") or [])  # the user's no at the spawn
     intro, idle_since = teammate_intro(record, team), time.monotonic()
@@ -10425,7 +10429,7 @@ def teammate_loop(client, history):
         set_mode("plan", history)
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
-            if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.19
+            if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.20
                 return idle_out(me)
             time.sleep(IDLE_POLL)
             continue
@@ -10442,11 +10446,11 @@ def teammate_loop(client, history):
 
 def next_work(me, role):
     """What wakes an idle teammate: its messages, else a ready task it has just claimed.
-    None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.27, s11.20)."""
+    None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.28, s11.21)."""
     team, news = agent_state().team, team_news()
-    if team.get("stopping") or orphaned():  # orphaned: its lead's process has ended (s11.20)
+    if team.get("stopping") or orphaned():  # orphaned: its lead's process has ended (s11.21)
         return "shutdown"
-    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.27)
+    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.28)
         return agree_to_stop(id)
     if news:
         return "\n\n".join(news_texts(news))
@@ -10468,7 +10472,7 @@ def teammate_intro(record, team):
 # no owner, nothing blocking). Two teammates may see the same ready task at the
 # same moment, so the look and the take are one task_board() block under the
 # task lock, and the claimer uses what the claim returned: of claimers racing
-# for one task exactly one wins. Who a task is for (its role) is an extra (s11.30).
+# for one task exactly one wins. Who a task is for (its role) is an extra (s11.31).
 def claimable(tasks, task, owner):
     """Pending, nothing blocking it, and nobody's (or already this owner's: assigned)."""
     return task["status"] == "pending" and not blocking(tasks, task) \
@@ -10497,7 +10501,7 @@ def claim_next(owner, role=None, skip=()):
 # --- s11.6: news reaches the model [core] ---
 # Before each model call a member's new messages join the last user message,
 # after its tool results; the program acts on the protocol messages first
-# (teammate_news, lead_news: the requests, s11.27).
+# (teammate_news, lead_news: the requests, s11.28).
 def drain_inbox(messages):
     """Before a model call: the member's news joins the last user message, after its
     tool results (results must come first). A subagent (it has a label) shares its
@@ -10506,9 +10510,9 @@ def drain_inbox(messages):
     if not state.team or state.label or not messages or messages[-1]["role"] != "user":
         return
     if state.team["member"] == LEAD:
-        notice_dead(state)  # a teammate whose process ended: its tasks back on the board (s11.22)
+        notice_dead(state)  # a teammate whose process ended: its tasks back on the board (s11.23)
     try:
-        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.28)
+        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.29)
     except ToolError as e:
         say(f"[inbox: {e}]")
         return
@@ -10539,24 +10543,24 @@ def news_texts(news):
 # No teammate outlives the lead: when the lead's session ends (the REPL left, a
 # signal, an error), every teammate it started and that still runs gets a
 # shutdown_request and SHUTDOWN_GRACE seconds to stop; one that is still running
-# then is signalled (s11.23). Running means the process the lead started, checked
-# with same_process (s11.12): a pid alone may be someone else's by now.
+# then is signalled (s11.24). Running means the process the lead started, checked
+# with same_process (s11.13): a pid alone may be someone else's by now.
 def running_teammates(state):
-    """The teammates whose process, the one this lead started, still runs (s11.12)."""
+    """The teammates whose process, the one this lead started, still runs (s11.13)."""
     return {n: t for n, t in state.teammates.items() if still_running(t)}
 
 
 def stop_teammates(state):
-    """Ask, wait, then signal (s11.23). Their open tasks go back on the board."""
+    """Ask, wait, then signal (s11.24). Their open tasks go back on the board."""
     if not (running := running_teammates(state)):
         return
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
-    with ctrl_c_ignored():  # a second Ctrl+C is how people leave: it would strand the rest (s11.23)
+    with ctrl_c_ignored():  # a second Ctrl+C is how people leave: it would strand the rest (s11.24)
         for name in running:
             with contextlib.suppress(ToolError):
                 post(name, "shutdown_request", "The lead's session is ending: stop now.")
-        see_them_stop(state)  # SHUTDOWN_GRACE s, then SIGTERM, SIGKILL; their tasks released (s11.23)
+        see_them_stop(state)  # SHUTDOWN_GRACE s, then SIGTERM, SIGKILL; their tasks released (s11.24)
 
 
 @contextlib.contextmanager
@@ -10637,16 +10641,11 @@ def check_join(folder, team, member, key):
                         f"a teammate joins only the team of the lead that started it.")
 
 
-# --- s11.10: who changes the team [hardening: skip on first read] ---
-# Stops: a subagent or a teammate spawning, adding members or changing another's record, or a bad record breaking the roster
-# Test: tests/test_s11_teams.py::test_the_roster_holds_every_member_with_its_fields
-# Only the lead spawns and adds (a teammate's tools lack spawn_teammate, a subagent's
-# do not); a teammate changes only its own status; every record keeps a name and a
-# known status, or read_roster refuses the whole roster, for every member.
-MEMBER_STATUSES = ("working", "idle", "stopped")
-BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
-
-
+# --- s11.10: only the lead spawns, only members speak [hardening: skip on first read] ---
+# Stops: a subagent (or a teammate) starting teammates, or a subagent messaging the team in its teammate's name
+# Test: tests/test_s11_protocols.py::test_a_teammates_subagent_asks_through_the_lead_and_never_messages_or_spawns
+# A teammate's tools lack spawn_teammate (s11.30), but a subagent's do not; and the
+# model never sends the types the program sends itself.
 def check_spawner(state):
     if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
@@ -10660,6 +10659,14 @@ def check_speaker(type):
     if agent_state().label:
         raise ToolError("A subagent does not message the team: put it in your report, and your "
                         "parent passes it on.")
+
+
+# --- s11.11: the roster changed as the program means [hardening: skip on first read] ---
+# Stops: a teammate's program adding members or changing another's record, or a bad status making the roster unreadable
+# Test: tests/test_s11_teams.py::test_the_roster_holds_every_member_with_its_fields
+# A teammate changes only its own status; a record keeps a known backend and a
+# known status (read_roster refuses a roster with one it does not know, for everyone).
+BACKENDS = ("terminal", "tmux", "detached")  # terminal: the lead, in the user's own
 
 
 def check_no_team(state):
@@ -10688,15 +10695,8 @@ def check_change(name, changes):
         raise ToolError(f"Unknown status {changes['status']!r}; use one of: {', '.join(MEMBER_STATUSES)}.")
 
 
-def is_roster(roster):
-    """What read_roster accepts: a dict whose members each have a name and a known status."""
-    members = roster.get("members") if isinstance(roster, dict) else None
-    return isinstance(members, list) and all(
-        isinstance(m, dict) and NAME_PATTERN.fullmatch(str(m.get("name", "")))
-        and m.get("status") in MEMBER_STATUSES for m in members)
 
-
-# --- s11.11: a team without end [hardening: skip on first read] ---
+# --- s11.12: a team without end [hardening: skip on first read] ---
 # Stops: a model spawning teammates without end, each a process and a model session
 # Test: tests/test_s11_teams.py::test_lead_is_reserved_names_are_unique_and_the_team_is_capped
 MAX_TEAMMATES = 10          # members besides the lead: each is a process and a model session
@@ -10709,7 +10709,7 @@ def check_team_size(roster):
                         f"work to one of them (send_message) instead.")
 
 
-# --- s11.12: a pid is not a process [hardening: skip on first read] ---
+# --- s11.13: a pid is not a process [hardening: skip on first read] ---
 # Stops: a reused pid making the lead signal, or a dead owner's task look alive, for a stranger's process
 # Test: tests/test_s11_teams.py::test_same_process_needs_the_pid_its_start_time_and_its_command_line
 # The lead keeps (pid, start time, command line) of each teammate and checks all
@@ -10795,7 +10795,7 @@ def still_running(t):
     return same_process(t["pid"], t["start"], t["cmdline"])
 
 
-# --- s11.13: an inbox is a plain file [hardening: skip on first read] ---
+# --- s11.14: an inbox is a plain file [hardening: skip on first read] ---
 # Stops: a planted link or FIFO at an inbox making a send write elsewhere or hang
 # Test: tests/test_s11_teams.py::test_an_inbox_that_is_a_link_or_a_fifo_is_never_followed
 def open_inbox(inbox, flags):
@@ -10815,7 +10815,7 @@ def open_inbox(inbox, flags):
     return fd
 
 
-# --- s11.14: an inbox lock held for ever [hardening: skip on first read] ---
+# --- s11.15: an inbox lock held for ever [hardening: skip on first read] ---
 # Stops: a process that holds an inbox's lock and never lets go stalling every member that sends to it
 # Test: tests/test_s11_review.py::test_an_inbox_lock_held_forever_costs_a_line_not_the_lead
 LOCK_WAIT = 10              # seconds a member waits for an inbox's lock before it says "busy"
@@ -10836,7 +10836,7 @@ def flock_or_busy(fd, inbox):
             time.sleep(0.01)
 
 
-# --- s11.15: an inbox that is full [hardening: skip on first read] ---
+# --- s11.16: an inbox that is full [hardening: skip on first read] ---
 # Stops: a flood of messages to a member that is not reading filling the disk and its next request
 # Test: tests/test_s11_teams.py::test_messages_and_inboxes_are_capped_and_a_full_inbox_refuses
 # A send that would take the unread messages past INBOX_BYTES is refused; a reader
@@ -10851,7 +10851,7 @@ def check_room(fd, line, record):
                         f"it has not read its messages yet. Wait, or send less.")
 
 
-# --- s11.16: a line that is not a message [hardening: skip on first read] ---
+# --- s11.17: a line that is not a message [hardening: skip on first read] ---
 # Stops: a writer killed mid-line swallowing the next message, or a torn or foreign line read as one
 # Test: tests/test_s11_review.py::test_an_expired_question_is_not_asked_and_a_torn_line_swallows_no_message
 def torn_end(fd):
@@ -10873,7 +10873,7 @@ def parse_record(line):
     return r if ok else None
 
 
-# --- s11.17: a message is data [hardening: skip on first read] ---
+# --- s11.18: a message is data [hardening: skip on first read] ---
 # Stops: a teammate's message closing its block or faking another, or passing for the program's own lines
 # Test: tests/test_s11_teams.py::test_a_tag_in_the_content_cannot_end_the_block_or_fake_another
 NEWS_SHOWN = 2_000          # characters of one message shown at the prompt (the model gets it all)
@@ -10896,7 +10896,7 @@ def show_news(who, text):
     say("\n".join(f"  {who}| {printable(line)}" for line in text.split("\n")))
 
 
-# --- s11.18: news kept, bounded [hardening: skip on first read] ---
+# --- s11.19: news kept, bounded [hardening: skip on first read] ---
 # Stops: a chatty teammate and a lead idle for an hour filling memory and the next request
 # Test: tests/test_s11_review.py::test_news_kept_while_the_lead_idles_is_bounded
 NEWS_KEPT = 200_000         # characters of news kept for the next model call; older ones are dropped
@@ -10915,7 +10915,7 @@ def keep_bounded(kept, items):
         say(f"[{dropped} older message(s) dropped: more than {NEWS_KEPT} characters were waiting]")
 
 
-# --- s11.19: a teammate with nothing to do [hardening: skip on first read] ---
+# --- s11.20: a teammate with nothing to do [hardening: skip on first read] ---
 # Stops: an idle teammate holding a process and a model session for ever once the work has run out
 # Test: tests/test_s11_work.py::test_an_idle_teammate_tells_the_lead_and_stops_after_the_idle_timeout
 IDLE_TIMEOUT = 600          # seconds without work before a teammate tells the lead and stops
@@ -10930,7 +10930,7 @@ def idle_out(me):
     return 0
 
 
-# --- s11.20: a lead that is gone [hardening: skip on first read] ---
+# --- s11.21: a lead that is gone [hardening: skip on first read] ---
 # Stops: teammates running on, unwatched, after their lead was killed with no time to ask them to stop
 # Test: tests/test_s11_protocols.py::test_an_idle_teammate_whose_lead_has_gone_stops
 # The lead's pid comes in the teammate's environment; the teammate records the
@@ -10959,7 +10959,7 @@ def orphaned():
     return False
 
 
-# --- s11.21: a turn that failed [hardening: skip on first read] ---
+# --- s11.22: a turn that failed [hardening: skip on first read] ---
 # Stops: an outage making one teammate claim, fail and hold the whole board, its tasks in progress for ever
 # Test: tests/test_s11_review.py::test_a_failed_turn_gives_its_task_back_and_claims_nothing_for_a_while
 FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no task
@@ -10979,7 +10979,7 @@ def give_back(me, reason):
         post(LEAD, "message", f"My turn ended early ({reason}){back}. I claim nothing for {FAILED_PAUSE} s.")
 
 
-# --- s11.22: a teammate whose process ended [hardening: skip on first read] ---
+# --- s11.23: a teammate whose process ended [hardening: skip on first read] ---
 # Stops: a killed or crashed teammate's tasks staying in progress for ever, claimed by nobody
 # Test: tests/test_s11_protocols.py::test_the_lead_notices_a_dead_teammate_and_its_task_goes_back_on_the_board
 # The lead looks at its teammates' processes at its prompt and before each model
@@ -11016,7 +11016,7 @@ def release_dead(procs):
     return sorted((t["id"] for t in released), key=int)
 
 
-# --- s11.23: a teammate that does not stop [hardening: skip on first read] ---
+# --- s11.24: a teammate that does not stop [hardening: skip on first read] ---
 # Stops: a teammate that ignores the shutdown request, or a second Ctrl+C, leaving processes behind the lead
 # Test: tests/test_s11_review.py::test_stopping_cannot_be_cut_short_by_ctrl_c_and_releases_the_stopped_ones_tasks
 # After the shutdown_request: SHUTDOWN_GRACE seconds, then SIGTERM, then KILL_WAIT
@@ -11067,7 +11067,7 @@ def signal_teammates(state, signum):
             set_member(name, status="stopped")
 
 
-# --- s11.24: a task the run did not make [hardening: skip on first read] ---
+# --- s11.25: a task the run did not make [hardening: skip on first read] ---
 # Stops: a teammate claiming a task a cloned repository shipped, whose description is a prompt
 # Test: tests/test_s11_review.py::test_a_task_the_run_did_not_make_is_claimed_only_with_the_users_yes
 def foreign_tasks():
@@ -11089,14 +11089,14 @@ def foreign_tasks():
     return [] if answer.strip().lower() in ("y", "yes") else [t["id"] for t in foreign]
 
 
-# --- s11.25: the team's files out of the sandbox's reach [hardening: skip on first read] ---
+# --- s11.26: the team's files out of the sandbox's reach [hardening: skip on first read] ---
 # Stops: a sandboxed command rewriting an inbox, the roster or the board's lock
 # Test: tests/test_s11_review.py::test_a_sandboxed_command_cannot_reach_the_teams_files_or_the_boards_lock
 TEAM_HIDDEN = (".agent/team", ".agent/tasks/.lock")  # masked in the OS sandbox: a command that
                             # held their flock (a read-only mount allows one) would stall the team
 
 
-# --- s11.26: who it is, after a compaction [hardening: skip on first read] ---
+# --- s11.27: who it is, after a compaction [hardening: skip on first read] ---
 # Stops: a teammate whose first prompt was summarised away forgetting its name, role and team
 # Test: tests/test_s11_work.py::test_a_teammate_compacted_is_told_again_who_it_is
 def team_identity():
@@ -11114,7 +11114,7 @@ def team_identity():
     return [{"type": "text", "text": teammate_intro(record, state.team)}]
 
 
-# --- s11.27: requests and answers [extra] ---
+# --- s11.28: requests and answers [extra] ---
 # Three protocols (seed 4.1, 4.2) pair a request with its response by request_id:
 # the lead's shutdown_request -> the teammate's shutdown_response, a teammate's
 # plan_approval_request (sent by its exit_plan_mode) -> the lead's
@@ -11399,7 +11399,7 @@ def lead_news(r):
     return None
 
 
-# --- s11.28: the lead, idle at its prompt [extra] ---
+# --- s11.29: the lead, idle at its prompt [extra] ---
 # While the lead's REPL waits for the user, it looks at the team every IDLE_POLL
 # seconds (team_turn): a teammate's message is shown at once and joins the next
 # model call; a permission question is asked then and there; a plan to approve
@@ -11428,7 +11428,7 @@ def team_turn():
     return None
 
 
-# --- s11.29: agent types for teammates [extra] ---
+# --- s11.30: agent types for teammates [extra] ---
 # spawn_teammate's agent_type names an agent definition (s04): the teammate runs
 # with its tools, its prompt and its model.
 TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
@@ -11470,7 +11470,7 @@ def teammate_settings(record):
             "model": spec.get("model") or record.get("model")}
 
 
-# --- s11.30: roles on tasks [extra] ---
+# --- s11.31: roles on tasks [extra] ---
 # Who a task is for: the teammates of its role (task_create and task_update take a
 # role, the words of a spawn_teammate role; case and spacing aside), or the one the
 # lead made its owner (whatever the role); a task with neither is for anyone.
@@ -11496,7 +11496,7 @@ def fits(task, role):
     return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
 
 
-# --- s11.31: claiming one task by id [extra] ---
+# --- s11.32: claiming one task by id [extra] ---
 # claim_next is how a teammate claims; claim_task takes one task by its id, in the
 # same locked step: nothing in the program calls it, a test or a tool of your own may.
 def claim_task(id, owner):
@@ -11511,7 +11511,7 @@ def claim_task(id, owner):
         return True
 
 
-# --- s11.32: tmux panes [extra] ---
+# --- s11.33: tmux panes [extra] ---
 # When the lead runs inside tmux, each teammate gets a pane beside it (a workshop
 # watches the team side by side). Its environment goes on tmux's stdin: `-e`
 # words on a command line would show in ps.
@@ -11541,7 +11541,7 @@ def start_in_tmux(argv, env):
     return int(r.stdout.strip()), None
 
 
-# --- s11.33: the team's message log [extra] ---
+# --- s11.34: the team's message log [extra] ---
 # An inbox keeps only what is unread, so the team's record of what was said is a
 # log beside the inboxes, messages.jsonl: every delivered record, appended by its
 # sender under the log's own lock, until LOG_BYTES (then one line says so).
@@ -11578,7 +11578,7 @@ def append_log(fh, records):
         size += fh.write(line)
 
 
-# --- s11.34: /team [extra] ---
+# --- s11.35: /team [extra] ---
 TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
 
 
