@@ -172,7 +172,7 @@ class AgentState:
         self.team = {}  # s11: its team (name, member: its own name, dir, key), made or joined in this run
         self.teammates = {}  # s11: name -> the process the lead started: pid, start, cmdline (process_identity)
         self.worktree = None  # s12: the lane it works in (name, path, branch, admin, origin); None: none
-        self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.34)
+        self.discovered = []  # s12: deferred MCP tools it loaded with tool_search, in that order (s12.53)
         self.agent_type = ""  # full: a subagent's type: Claude Code's SubagentStart/Stop matchers test it
 
 
@@ -11644,36 +11644,29 @@ command("team", "Show the team: each member's role, status, process, unread inbo
 # worktree is a second checkout of the same repository on a branch of its own:
 # what an agent changes there, the main workspace never sees until someone
 # merges it. Lanes live in .agent/worktrees/<name> on branch agent/<name>
-# (s12.1: made or reused; set up in s12.17), are entered, listed and closed with
-# three tools (s12.2), logged in .agent/worktrees/events.jsonl (s12.20), and give
-# a subagent or a teammate a checkout of its own (s12.16).
-# Tools from other programs, over MCP, follow (core s12.3-s12.5; the rest from s12.23).
+# (s12.1: made or reused; set up in s12.28), are entered, listed and closed with
+# three tools (s12.2), logged in .agent/worktrees/events.jsonl (s12.31), and give
+# a subagent or a teammate a checkout of its own (s12.27).
+# Tools from other programs, over MCP, follow (core s12.3-s12.5; the rest from s12.34).
 # Entering a lane never chdirs the process: the agent's workdir (AgentState)
 # points into it, so every tool, bash's cwd and the sandbox's writable root
 # follow, while other agents of the process stay where they are. The task
 # board, the lanes and their log stay with the project: project_dir().
 # Trust: a cloned repository may ship anything under .agent/worktrees. A lane is
 # used only when its .git pointer names an admin folder of this repository that
-# names it back, and every git command of the manager runs pinned to that
-# folder (--git-dir, --work-tree), with no hooks, no fsmonitor and no signing:
-# nothing an agent wrote in its lane runs when the manager or, later, the human
-# uses git there.
+# names it back (s12.11), and every git command of the manager runs pinned to
+# that folder (--git-dir, --work-tree; s12.8), with no hooks, no fsmonitor and
+# no signing (s12.7): nothing an agent wrote in its lane runs when the manager
+# or, later, the human uses git there.
 
 # --- s12.1: a lane: made or reused [core] ---
 # make_lane: reuse the lane when find_lane accepts it, else `git worktree add`
 # on a new branch agent/<name>, then the setup a fresh checkout lacks (an extra
-# below). Every git command of the manager runs pinned to the lane's own admin
-# folder (--git-dir, --work-tree), with no hooks, no fsmonitor and no signing:
-# nothing an agent wrote in its lane runs when the manager uses git there.
+# below). The manager runs git itself (git()), for the lane and in it.
 WORKTREES_DIR = Path(AGENT_DIR) / "worktrees"  # in the workspace: <name>/, <name>.lock, events.jsonl
 WORKTREE_BRANCH = "agent/"  # a lane's branch is agent/<name>
 WORKTREE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a slug: 1-64 characters, no "/"
-MAX_WORKTREES = 20          # lanes one project holds at once (each is a full checkout on disk)
 GIT_TIMEOUT = 120           # seconds for one git command of the manager (a big checkout takes a while)
-GIT_LOCK_RETRY = 0.5        # seconds before the one retry of a git command that met another's index.lock
-GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
-             "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
-POINTER_BYTES = 4_096       # a .git pointer or gitdir file larger than this is not a lane's
 
 
 def project_dir(state):
@@ -11684,28 +11677,27 @@ def project_dir(state):
 
 def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     """Run git for the manager (a list, never a shell line) and return its stdout
-    (None when it failed and check is off). In a lane it is pinned to the lane's
-    admin folder, whatever its .git file says now. quiet: with GIT_QUIET (off only
-    to read the config as it is). data: its stdin. Another git holding index.lock
-    (the human's, an agent's in another process) gets one retry. ToolError when it
-    fails (check) or cannot run."""
-    pin = [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
-    argv, name = ["git", *(GIT_QUIET if quiet else ()), *pin, *args], git_subcommand(args)
-    common = Path(lane["admin"]).parents[1] if lane else Path(cwd) / ".git"  # s07's rule 1: git reads no
-    env = git_env() | ({"GIT_COMMON_DIR": str(common)} if common.is_dir() and not common.is_symlink() else {})
-    for retry in (True, False):  # commondir (a command running beside may plant one): it is named here
-        try:
-            p = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True,
-                               stdin=subprocess.DEVNULL if data is None else None,
-                               encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ToolError(f"git {name} could not run ({e}). Tell the user.")
-        if not (retry and p.returncode and "index.lock" in p.stderr):
-            break
-        time.sleep(GIT_LOCK_RETRY)
+    (None when it failed and check is off). lane: the lane it runs for (s12.8).
+    quiet: with GIT_QUIET (s12.7; off only to read the config as it is). data:
+    its stdin. ToolError when it fails (check) or cannot run."""
+    argv, name = ["git", *(GIT_QUIET if quiet else ()), *lane_pin(lane), *args], git_subcommand(args)
+    env = git_env() | common_dir(cwd, lane)  # s12.6, s12.9: nothing outside the call steers it
+    p = run_git(argv, cwd, env, data, name)
+    if p.returncode and "index.lock" in p.stderr:  # another git was at work there (s12.10)
+        p = git_again(argv, cwd, env, data, name)
     if check and p.returncode:
         raise ToolError(f"git {name} failed: {(p.stderr or p.stdout).strip()[:500]}")
     return p.stdout if p.returncode == 0 else None
+
+
+def run_git(argv, cwd, env, data, name):
+    """One run of git, its output as text; ToolError when it cannot run at all."""
+    try:
+        return subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True,
+                              stdin=subprocess.DEVNULL if data is None else None,
+                              encoding="utf-8", errors="replace", timeout=GIT_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolError(f"git {name} could not run ({e}). Tell the user.")
 
 
 def repository(origin):
@@ -11737,53 +11729,28 @@ def lanes_dir(origin):
 
 def check_lane_name(name):
     """A lane's name becomes a folder and a branch name: a slug, never a path or an option."""
-    name = str(name)
-    if name.startswith("-"):
-        raise ToolError(f"{name!r} starts with '-', which git would read as an option: pick a name "
-                        f"such as 'fix-parser'.")
+    name = not_an_option(str(name))  # s12.13
     if not WORKTREE_NAME.fullmatch(name) or ".." in name or name.endswith("."):
         raise ToolError(f"{name!r} is not a worktree name: use 1-64 letters, digits, '.', '_' and "
                         f"'-', starting with a letter or digit, without '..' or '/'.")
-    # Beside the lanes lie <name>.lock and the log, events.jsonl with its events.lock:
-    # a lane named like one of them would be taken for it (case-blind file systems too).
-    if name.lower() == "events" or name.lower().endswith((".lock", ".jsonl")):
-        raise ToolError(f"{name!r} is not a worktree name: 'events' and names ending in .lock or "
-                        f".jsonl are kept for the lanes' locks and their log (events.jsonl, "
-                        f"events.lock). Pick another, such as 'fix-parser'.")
-    return name
-
-
-def text_file(path):
-    """A small plain file's text (stripped), or None: missing, a link, a FIFO, too big."""
-    data = read_plain(path, POINTER_BYTES)  # s11: O_NOFOLLOW, O_NONBLOCK, bounded
-    return None if data is None else data.decode("utf-8", "replace").strip()
+    return not_reserved(name)  # s12.12: the names of the lanes' locks and their log
 
 
 def find_lane(origin, name):
     """The lane when .agent/worktrees/<name> is a worktree of this repository (seed:
     复用): its .git pointer names an admin folder in <repository>/worktrees that names
-    this folder back, and HEAD there is a commit. Its "ready" says whether it was
-    made to the end (lane_ready); a half-made one may have no HEAD yet. None when
-    the folder does not exist; ToolError for anything else, which is left alone."""
+    this folder back (s12.11), and HEAD there is a commit (or it is half made: "ready",
+    s12.21). None when the folder does not exist; ToolError for anything else, left alone."""
     common, folder = repository(origin), lanes_dir(origin)
     path = folder / check_lane_name(name)
     if not os.path.lexists(path):
         return None
-    bad = ToolError(f"{WORKTREES_DIR / name} exists but is not a worktree of this repository (it "
-                    f"may have come with the clone); it is left alone. Pick another name, or ask "
-                    f"the user to remove it.")
-    pointer = None if path.is_symlink() or not path.is_dir() else text_file(path / ".git")
-    if not pointer or not pointer.startswith("gitdir:"):
-        raise bad
-    admin = (path / pointer.removeprefix("gitdir:").strip()).resolve()
-    back = text_file(admin / "gitdir")
-    if admin.parent != common / "worktrees" or not back or (path / back).resolve() != path / ".git":
-        raise bad
+    admin = lane_admin(path, common, name)  # its .git file says "gitdir: <admin folder>"
     lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name,
             "ready": lane_ready(admin)}
     head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)
     if not head and lane["ready"]:
-        raise bad
+        raise not_a_lane(name)
     ref = (git(path, "symbolic-ref", "-q", "HEAD", lane=lane, check=False) or "").strip()
     return lane | {"head": head and head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
 
@@ -11791,48 +11758,38 @@ def find_lane(origin, name):
 def make_lane(origin, name, base=None):
     """(lane, made): the lane `name`, reused when find_lane accepts it, else added on
     a new branch agent/<name> from base (or on that branch, when it is left from an
-    earlier lane) and set up. A base is for a new lane: one that names another
-    commit than an existing lane's or a kept branch's is refused. Under the lanes'
-    lock: two makers never race. The lane is made locked (git worktree add --lock)
-    and marked ready only once set up, so one left half made by a kill is known."""
+    earlier lane) and set up (s12.28). A base is for a new lane: one that names
+    another commit than an existing lane's or a kept branch's is refused (s12.15).
+    Under the lanes' lock: two makers never race. A lane left half made by a kill
+    is known (s12.21)."""
     folder = lanes_dir(origin)
     with task_lock(folder):  # s10: the same flock, on .agent/worktrees/.lock
         lane = find_lane(origin, name)
         if lane and not lane["ready"]:
             lane = half_made(lane)
         if lane:
-            same_base(lane["head"], base and base_commit(origin, base), base, f"Worktree {name} exists already",
-                      "call worktree_create without base to go on in it, or pick another name")
+            lane_base(lane, origin, base)  # s12.15: a base elsewhere is refused
             return lane | {"reused": True}, False  # logged once entered (enter_lane)
-        if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
-            raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "
-                            f"one first (worktree_list, then worktree_closeout remove).")
+        check_room(folder)  # s12.14: at most MAX_WORKTREES lanes
         git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
         start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
         kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
-        same_base(kept and kept.strip(), base and start, base, f"Branch {branch} is left from an earlier "
-                  f"worktree {name}", f"leave base out to go on from it, pick another name, or ask the "
-                  f"user to delete the branch (git branch -D {branch})")
+        branch_base(kept, start, base, branch, name)  # s12.15
         new = [] if kept else ["-b", branch]
         path = str(folder / name)
-        git(origin, "worktree", "add", "-q", "--lock", "--reason", LANE_MAKING, *new, "--", path,
-            branch if kept else start)
+        git(origin, "worktree", "add", "-q", *MAKING, *new, "--", path, branch if kept else start)
         lane = find_lane(origin, name)
         if lane is None:
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
         lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)
-        git(origin, "worktree", "unlock", "--", path)
-        with contextlib.suppress(OSError):  # unwritten, it is taken for a lane from before the marker
-            (lane["admin"] / LANE_READY).write_text(now_stamp() + "\n")
+        mark_ready(origin, lane, path)  # s12.21: made to the end
         log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
         return lane | {"ready": True}, True
 
 
 def base_commit(origin, base):
-    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD. A
-    base starting with "-" is refused here, so git never reads one as an option."""
-    if base is not None and (str(base).startswith("-") or not str(base).strip()):
-        raise ToolError(f"base {base!r} is refused: give a branch, tag or commit id, not an option.")
+    """The commit a new lane starts from: `base` (a branch, tag or id), or HEAD."""
+    base_not_an_option(base)  # s12.13
     rev = str(base) if base is not None else "HEAD"
     sha = git(origin, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
     if sha:
@@ -11840,14 +11797,6 @@ def base_commit(origin, base):
     if base is None:
         raise ToolError("The repository has no commit yet: ask the user to make a first commit.")
     raise ToolError(f"base {base!r} is no commit here: give a branch, tag or commit id (git log shows them).")
-
-
-def set_up_lane(lane):
-    """What a checkout lacks (git copies only tracked files); notes of what was done."""
-    origin = Path(lane["origin"])
-    notes = [copy_local_config(origin, lane["path"]), carry_hooks_path(origin, lane)]
-    notes += link_shared_dirs(origin, lane["path"]) + copy_included(origin, lane["path"])
-    return [n for n in notes if n]
 
 
 # --- s12.2: the worktree tools: enter, list, close out [core] ---
@@ -11858,18 +11807,14 @@ def set_up_lane(lane):
 # the human first when that would lose work: changes not committed, commits no
 # other branch has, files only the lane's own .agent holds.
 WORKTREE_ACTIONS = ("keep", "remove")  # worktree_closeout's actions
-WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
 
 
 def enter_lane(state, lane, assigned=False):
     """Make the lane `state`'s workdir (never a chdir): its tools, bash and sandbox
     work there, its file-read records start fresh. assigned: the program gave it
     to this agent (a child, a teammate), and closes it at the agent's end."""
-    fd = lock_lane(lane, shared=True)
-    if fd is None:
-        raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
-    if lane.pop("reused", False):  # logged now that it is this agent's, not before a refusal
-        log_event(Path(lane["origin"]), "reuse", lane["name"], by=who(state), head=lane["head"])
+    fd = enter_lock(lane)  # s12.16: refused while another agent is in it
+    log_reuse(state, lane)  # s12.31
     state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
     state.workdir, state.files = Path(lane["path"]), {}
     log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))
@@ -11879,10 +11824,7 @@ def leave_lane(state):
     """Back to where it came from, with fresh file-read records; the lock let go."""
     lane = state.worktree
     state.workdir, state.files, state.worktree = Path(lane["came_from"]), {}, None
-    if lane.get("lock") is not None:
-        with contextlib.suppress(OSError):
-            os.utime(lane["lock"])
-            os.close(lane["lock"])
+    release(lane.get("lock"))  # s12.16
     log_event(Path(lane["origin"]), "leave", lane["name"], by=who(state))
 
 
@@ -11893,8 +11835,7 @@ def excluded(lane):
 
 def lane_changes(lane):
     """Paths changed or new in the lane (git status, each new file named), its .agent
-    and links aside. A folder, ending in "/", is a nested repository: a .git of its
-    own inside the lane, which git does not look into (nested_repos)."""
+    and links aside; a folder, ending in "/", is a nested repository (s12.23)."""
     out = git(lane["path"], "status", "--porcelain", "-z", "--untracked-files=all",
               "--ignore-submodules=all", "--", ".", *excluded(lane), lane=lane)
     entries, paths = iter(out.split("\0")), []
@@ -11929,8 +11870,7 @@ def drop_lane(lane, why, locked=False):
     git(origin, "worktree", "remove", "--force", *(["--force"] if locked else []), "--", str(lane["path"]))
     if lane.get("branch") == WORKTREE_BRANCH + lane["name"] and not keep_branch:
         git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
-    with contextlib.suppress(OSError):
-        lane_lock_file(lane).unlink()
+    drop_lock_file(lane)  # s12.16
     unbind_tasks(origin, lane["name"])
     log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
 
@@ -11941,22 +11881,12 @@ def branch_name(lane):
 
 def lane_status(lane):
     """One line: changes, commits no other branch has, the diffstat's summary, and
-    the nested repositories that are never committed."""
+    the nested repositories that are never committed (s12.23)."""
     changes, extra = lane_changes(lane), unmerged(lane)
     summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()
     parts = [f"{len(changes)} uncommitted change(s)" if changes else "no uncommitted changes",
              f"{extra} unmerged commit(s)" if extra else "nothing unmerged"]
-    nested = nested_repos(changes)
-    return ", ".join(parts) + (f"; {summary}" if extra else "") + (
-        f"; nested repositories (never committed): {', '.join(nested)}" if nested else "")
-
-
-def apart_text(state):
-    """What keeps a lane's agent in its lane: the OS sandbox, or only its own care."""
-    if sandboxed(state):
-        return "Your bash cannot commit there or write the main workspace."
-    return ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
-            "command inside it, and do not commit there.")
+    return ", ".join(parts) + (f"; {summary}" if extra else "") + nested_status(changes)
 
 
 def worktree_create(name, base=None):
@@ -11986,13 +11916,9 @@ def lane_line(origin, path, here):
         return f"{printable(path.name)}  [not a worktree of this repository: left alone]"
     if not lane["ready"]:
         return f"{lane['name']}  [half made: git or the agent was stopped while making it]"
-    fd = lock_lane(lane, touch=False) if lane["name"] != here else None
-    use = "you are here" if lane["name"] == here else "free" if fd is not None else "in use"
-    if fd is not None:
-        os.close(fd)
-    tasks = bound_tasks(origin, lane["name"])
+    use = "you are here" if lane["name"] == here else lane_use(lane)  # s12.16: free or in use
     return (f"{lane['name']}  [{use}] branch {branch_name(lane)} at {lane['head'][:12]}; "
-            f"{lane_status(lane)}" + (f"; tasks {', '.join('#' + t for t in tasks)}" if tasks else ""))
+            f"{lane_status(lane)}" + tasks_note(origin, lane["name"]))  # s12.32
 
 
 def worktree_list():
@@ -12004,9 +11930,8 @@ def worktree_list():
     paths = [p for p in sorted(folder.iterdir()) if p.is_dir() or p.is_symlink()]
     if not paths:
         return "No worktrees. worktree_create {name} makes one."
-    lines = [lane_line(origin, p, here) for p in paths[:WORKTREE_LIST_LIMIT]]
-    more = [f"... and {len(paths) - WORKTREE_LIST_LIMIT} more folders"] if len(paths) > WORKTREE_LIST_LIMIT else []
-    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more)
+    lines = [lane_line(origin, p, here) for p in paths[:WORKTREE_LIST_LIMIT]]  # s12.14
+    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more_folders(paths))
 
 
 def confirm_loss(lane, changes, extra, local=()):
@@ -12014,8 +11939,7 @@ def confirm_loss(lane, changes, extra, local=()):
     a teammate's question goes to the lead's terminal; a background agent cannot ask)."""
     loss = ", ".join(filter(None, [f"{len(changes)} uncommitted change(s)" if changes else "",
                                    f"{extra} commit(s) no other branch has" if extra else "",
-                                   f"{len(local)} file(s) under its own {AGENT_DIR} (plans, saved "
-                                   f"output)" if local else ""]))
+                                   local_files(local)]))  # s12.24
     answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {branch_name(lane)}? It has "
                                  f"{loss}, which would be lost. [y/N] "))
     if answer.strip().lower() not in ("y", "yes"):
@@ -12039,32 +11963,19 @@ def worktree_closeout(name, action):
             raise
         lane = None  # deleted or broken under the agent: it still leaves
     if lane is None and inside_it:
-        leave_lane(state)
-        return (f"Worktree {name} is gone or no longer a worktree (changed outside the agent); you "
-                f"are back in {state.workdir}. Read files again before editing.")
+        return left_gone(state, name)  # s12.19
     if lane is None:
         raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
     if not lane["ready"]:
         raise ToolError(half_made_text(lane))
-    if inside_it and (running := lane_work(lane)):
-        raise ToolError(f"{', '.join(r['id'] for r in running)} still running in worktree {name}: wait "
-                        f"for its <task-notification>, or background_stop it, then close the worktree.")
+    if inside_it:
+        check_idle(lane)  # s12.25: no background work of its own still running there
     fd = take_lane(state, lane, inside_it) if inside_it or action == "remove" else None
-    if fd is None and inside_it:
-        raise ToolError(f"A subagent still works in worktree {name}; wait for it or stop it "
-                        f"(background_stop), then close the worktree.")
-    if fd is None and action == "remove":
-        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
+    check_taken(fd, name, inside_it, action)  # s12.16: refused while another agent is in it
     try:
         return close_out(state, lane, action, inside_it)
     finally:
-        if fd is not None and state.worktree and state.worktree["name"] == name:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # still in it (the user said no): its lock again
-            state.worktree["lock"] = fd
-        elif fd is not None:
-            with contextlib.suppress(OSError):
-                os.utime(fd)  # when it was last used, for stale cleanup
-            os.close(fd)
+        let_go(state, fd, name)  # s12.16: the lock held shared again, or closed
 
 
 def close_out(state, lane, action, inside_it):
@@ -12128,13 +12039,10 @@ register("worktree_closeout", (
 #     mcp_servers:
 #       github: {command: npx, args: [-y, "@modelcontextprotocol/server-github"],
 #                env: {GITHUB_TOKEN: "${GITHUB_TOKEN}"}}
-#       docs: {type: http, url: "https://docs.example.com/mcp", defer: true,
-#              headers: {Authorization: "Bearer ${DOCS_TOKEN:-none}"}, timeout: 30}
 # A server is the human's program, not the model's: it runs outside the sandbox,
 # with the environment bash gets (never the agent's own key).
 MCP_KEYS = {"type", "command", "args", "env", "url", "headers", "defer", "timeout"}
 MCP_TYPES = ("stdio", "http")  # Claude Code's names; "http" is Streamable HTTP
-MCP_KIND_KEYS = {"stdio": {"command", "args", "env"}, "http": {"url", "headers"}}  # the rest: either
 MCP_NAME = re.compile(r"(?=.{1,32}$)[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")  # no "__": tools are
                              # mcp__<server>__<tool>; a file name too (its log)
 MCP_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")  # ${VAR}, ${VAR:-default}
@@ -12145,11 +12053,9 @@ MCP_MAX_TIMEOUT = 3_600      # seconds: the most a config may set
 def expand_vars(text):
     """${VAR} and ${VAR:-default} from the environment (the default also for an empty
     value, as in the shell). ValueError: a variable unset with no default, or the
-    agent's own credential, which no server is ever given."""
+    agent's own credential (s12.34)."""
     def one(m):
-        name, default = m[1], m[2]
-        if name in own_names():
-            raise ValueError(f"${{{name}}} is the agent's own credential: it is never passed on")
+        name, default = not_own(m[1]), m[2]
         value = os.environ.get(name)
         if value is None and default is None:
             raise ValueError(f"${{{name}}} is not set (write ${{{name}:-default}} for a fallback)")
@@ -12184,14 +12090,11 @@ def parse_server(name, raw):
     if kind not in MCP_TYPES:
         raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
                          f"the old HTTP+SSE transport is gone)")
-    if stray := sorted(set(map(str, raw)) & (MCP_KIND_KEYS["http" if kind == "stdio" else "stdio"])):
-        raise ValueError(f"{stray[0]!r} does not belong to a {kind} server (the trust question shows "
-                         f"what it runs: one kind, never both)")
+    one_kind(raw, kind)  # s12.35: no key of the other kind
     timeout, defer = raw.get("timeout", MCP_CALL_TIMEOUT), raw.get("defer")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MCP_MAX_TIMEOUT:
         raise ValueError(f"timeout must be a number of seconds, above 0 and at most {MCP_MAX_TIMEOUT}")
-    if defer is not None and not isinstance(defer, bool):
-        raise ValueError("defer must be true or false")
+    check_defer(defer)  # s12.53
     spec = {"type": kind, "timeout": timeout, "defer": defer}
     if kind == "stdio":
         if not isinstance(raw.get("command"), str) or not raw["command"].strip():
@@ -12231,18 +12134,14 @@ def server_specs(state):
 # the request waiting on its id (a table of pending requests, a queue of one
 # each). A request from the server (ping, roots/list) is answered at once, a
 # notification handled (tools/list_changed) or skipped, and a line that is not
-# JSON-RPC is logged and skipped: a stray print must not end a session, unless
-# there are many. When stdout ends the server is gone, and every pending
-# request fails at once, not at its timeout. Writes have a deadline too: a
-# server that stops reading its stdin fills the pipe, and a blocking write
-# would hang the caller (and, through the lock, every later one) for good; so
-# the pipe is non-blocking, and a write that cannot finish in time kills it.
+# JSON-RPC is logged and skipped: a stray print must not end a session (unless
+# there are many: s12.37). When stdout ends the server is gone, and every
+# pending request fails at once, not at its timeout. A write has a deadline
+# (s12.36).
 MCP_PROTOCOL = "2025-11-25"  # the revision deployed servers speak (the docstring: 2026-07-28)
 MCP_VERSIONS = (MCP_PROTOCOL, "2025-06-18", "2025-03-26")  # what a server may answer that we speak
 MCP_CLOSE_WAIT = 2           # seconds a server gets to exit once its stdin closes, then SIGTERM
 MCP_SEND_WAIT = 5            # seconds a notification or an answer may take to write (a request: its timeout)
-MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
-MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
 
 
 class McpError(Exception):
@@ -12257,15 +12156,10 @@ class NoAnswer(McpError):
     """No answer within the request's timeout; the server was told to cancel it."""
 
 
-class SessionEnded(ServerFailed):
-    """HTTP 404 on our session id: the server forgot the session; a new one may be opened."""
-
-
 def incoming(server, message):
     """A message the server started: the reply to send back, or None (a notification)."""
     method, rid = message.get("method"), message.get("id")
-    if method == "notifications/tools/list_changed":
-        server["stale"] = True  # the loop asks for the new list before its next request (mcp_news)
+    note_list_changed(server, method)  # s12.50
     if rid is None:
         return None
     if method == "ping":
@@ -12297,26 +12191,18 @@ class StdioTransport:
                                          env=child_env() | spec["env"], start_new_session=True)
         except (OSError, ValueError) as e:  # not found, not executable, a NUL in an argument
             raise ServerFailed(f"cannot start {spec['command']}: {getattr(e, 'strerror', None) or e}")
-        os.set_blocking(self.proc.stdin.fileno(), False)  # send() waits with select, up to a deadline
+        os.set_blocking(self.proc.stdin.fileno(), False)  # send() waits up to a deadline (s12.36)
         threading.Thread(target=self.read_loop, daemon=True).start()
         threading.Thread(target=drain_stderr, args=(self.proc.stderr, self.log), daemon=True).start()
 
     def send(self, message, timeout=MCP_SEND_WAIT):
-        """One line on its stdin within `timeout` seconds. A write that cannot finish in
-        time (it stopped reading) kills the server: the connection is failed, not stuck."""
-        data = memoryview((json.dumps(message, ensure_ascii=False) + "\n").encode())  # one line: json
-        deadline = time.monotonic() + timeout                                      # escapes newlines
+        """One line on its stdin within `timeout` seconds, one writer at a time."""
+        data = (json.dumps(message, ensure_ascii=False) + "\n").encode()  # one line: json escapes newlines
+        deadline = time.monotonic() + timeout
         if not self.lock.acquire(timeout=timeout):  # another write is stuck; it ends at its deadline
             raise NoAnswer(f"its input stayed blocked for {timeout:g} s")
         try:
-            fd = self.proc.stdin.fileno()  # ValueError once close() closed it
-            while data:
-                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
-                    self.error = self.error or f"it stopped reading its input (a write waited {timeout:g} s)"
-                    self.kill()  # its output ends too: the reader fails every pending request
-                    raise ServerFailed(self.error)
-                with contextlib.suppress(BlockingIOError):  # the pipe filled up again meanwhile
-                    data = data[os.write(fd, data):]
+            write_within(self, data, deadline, timeout)  # s12.36: or the server is killed
         except (OSError, ValueError) as e:  # a broken pipe: it has ended
             raise ServerFailed(self.error or f"writing to it failed: {e}")
         finally:
@@ -12358,10 +12244,7 @@ class StdioTransport:
         why = "it closed its output"
         try:
             while line := self.proc.stdout.readline(MCP_MESSAGE_BYTES + 1):
-                if len(line) > MCP_MESSAGE_BYTES:
-                    why = f"it sent a message over {MCP_MESSAGE_BYTES:,} bytes"
-                    break
-                if why_stop := self.take(line):
+                if why_stop := too_long(line) or self.take(line):  # s12.37: a line is bounded
                     why = why_stop
                     break
         except (OSError, ValueError) as e:
@@ -12375,11 +12258,7 @@ class StdioTransport:
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             message = None
         if not isinstance(message, dict):
-            if line.strip():
-                self.garbage += 1
-                write_log(self.log, b"[stdout, not JSON-RPC, skipped] " + line[:500].rstrip() + b"\n")
-            return (f"it printed {self.garbage} lines that are not JSON-RPC on stdout"
-                    if self.garbage >= MCP_GARBAGE_LINES else None)
+            return skip_line(self, line)  # logged and skipped; too many end it (s12.37)
         if "method" in message:
             if reply := incoming(self.server, message):
                 with contextlib.suppress(McpError):
@@ -12411,22 +12290,16 @@ class StdioTransport:
                 break
 
     def close(self):
-        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL. The pipe
-        is closed under the lock, so no write ever goes to a file number reused since."""
+        """The spec's shutdown: close its stdin, wait, then SIGTERM, then SIGKILL."""
         self.error = self.error or "closed"
-        if self.lock.acquire(timeout=MCP_CLOSE_WAIT):  # a stuck write: the kill below ends it
-            with contextlib.suppress(OSError, ValueError):
-                self.proc.stdin.close()
-            self.lock.release()
+        close_input(self)  # s12.36: under the lock, unless a write is stuck
         try:
             self.proc.wait(MCP_CLOSE_WAIT)
         except subprocess.TimeoutExpired:
             self.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # what it left running in its session
-        if self.log:
-            with contextlib.suppress(OSError):
-                self.log["file"].close()
+        close_log(self.log)  # s12.44
 
 
 # --- s12.5: connecting, and the tools [core] ---
@@ -12448,9 +12321,6 @@ MCP_TOOLS = {}               # registered name -> {server, tool, deferred, line}
 MCP_LOCK = threading.Lock()  # connect threads and the loop share the records
 MCP_STARTUP_WAIT = 5         # seconds the first prompt waits for servers; a slower one joins later
 MCP_CONNECT_TIMEOUT = 30     # seconds for one server's handshake and tool list
-MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
-MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
-MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
 
 
 @contextlib.contextmanager
@@ -12470,8 +12340,7 @@ def start_mcp(wait=None):
     specs = server_specs(state)
     for name, (spec, source, raw) in specs.items():  # the questions first, one at a time
         MCP_SERVERS[name] = server = new_server(name, spec, source, raw, state.workdir)
-        if not files_trusted(server):
-            say(f"[mcp {name}: {server['error']}]")
+        ask_files(server)  # s12.43: a project's server whose script changed asks again
     if not (starting := [MCP_SERVERS[n] for n in specs if not MCP_SERVERS[n]["refused"]]):
         return
     say(f"[mcp: connecting to {len(starting)} server(s): {', '.join(s['name'] for s in starting)}]")
@@ -12506,10 +12375,7 @@ def connect(server):
     transport = None
     try:
         transport = (StdioTransport if server["spec"]["type"] == "stdio" else HttpTransport)(server)
-        with MCP_LOCK:
-            server["opening"] = transport  # close_mcp stops a handshake that is still going on
-        if server["closed"]:
-            raise ServerFailed("closed")
+        opening(server, transport)  # s12.39: the session's end stops its handshake
         tools = list_tools(transport) if "tools" in hello(transport, server) else []
     except McpError as e:  # transports turn their own failures (OSError, httpx's) into these
         if transport:
@@ -12518,7 +12384,7 @@ def connect(server):
             server.update(state="failed", error=str(e), transport=None)
         return False
     with MCP_LOCK:
-        if server["closed"]:  # the session ended while it connected
+        if server["closed"]:  # the session ended while it connected (s12.39)
             transport.close()
             return False
         server.update(state="connected", error=None, transport=transport, stale=False,
@@ -12540,16 +12406,14 @@ def hello(transport, server):
 
 
 def list_tools(transport, timeout=MCP_CONNECT_TIMEOUT):
-    """Every page of tools/list, following nextCursor; a cursor seen before ends it (a
-    server that loops), and so does MCP_MAX_TOOLS."""
+    """Every page of tools/list, following nextCursor, within bounds (s12.38)."""
     tools, cursor, seen = [], None, set()
-    while len(tools) < MCP_MAX_TOOLS:
+    while more_pages(tools, cursor, seen):
         page = transport.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
         tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
         cursor = page.get("nextCursor")
-        if not isinstance(cursor, str) or not cursor or cursor in seen:
+        if not isinstance(cursor, str) or not cursor:
             break
-        seen.add(cursor)
     return tools[:MCP_MAX_TOOLS]
 
 
@@ -12560,17 +12424,9 @@ def new_server(name, spec, source, raw, workdir):
             "lock": threading.Lock()}
 
 
-def log_note(server):
-    return f" (log: {rel(server['workdir'] / MCP_LOG_DIR / (server['name'] + '.log'))})" \
-        if server["spec"]["type"] == "stdio" else ""
-
-
 def close_mcp():
     """The session's end: every server closed at once (each may take MCP_CLOSE_WAIT)."""
-    with MCP_LOCK:
-        servers = list(MCP_SERVERS.values())
-        for s in servers:
-            s["closed"] = True
+    servers = mark_closed()  # s12.39: one still connecting stops too
     transports = [t for s in servers for t in {s["transport"], s.get("opening")} if t]
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(transports)))) as pool:
         list(pool.map(lambda t: t.close(), transports))
@@ -12597,35 +12453,25 @@ def register_tools(server):
     drop_tools(server["name"])
     for tool in map(utf8_clean, server["tools"]):
         name, description = tool_name(server["name"], tool["name"], set(TOOL_HANDLERS)), tool_description(tool)
-        why = "a second tool of that name" if name in TOOL_HANDLERS else schema_problem(tool.get("inputSchema"))
-        size = 0 if why else estimate_tokens({"name": name, "description": description,
-                                              "input_schema": tool["inputSchema"]})
-        if size > MCP_TOOL_TOKENS:
-            why = f"its definition is ~{size:,} tokens, over the {MCP_TOOL_TOKENS:,} one tool may take"
-        if why:
+        why = "a second tool of that name" if name in TOOL_HANDLERS else tool_problem(name, description, tool)
+        if why:  # s12.45: a definition the API would refuse
             warn_once(printable(f"[mcp {server['name']}: tool {tool['name']!r} left out: {why}]"))
             continue
         hint = (tool.get("annotations") or {}).get("readOnlyHint") is True
         register(name, description, tool["inputSchema"], mcp_handler(server["name"], tool["name"]),
                  read_only=False, concurrency_safe=hint)  # the hint: parallel, never unasked
-        first = description.splitlines()[0].replace("<", "&lt;").replace(">", "&gt;")  # data, never a tag
         MCP_TOOLS[name] = {"server": server["name"], "tool": tool["name"], "deferred": False,
-                           "line": first if len(first) <= 120 else first[:117] + "..."}
+                           "line": listing_line(description)}  # s12.53
 
 
 def tool_name(server, tool, taken):
-    """mcp__<server>__<tool> in the characters the API allows; a name over 64 characters,
-    or one that two tools would share, ends in a hash of the original, so it stays unique
-    and the same in every session."""
-    name = f"mcp__{server}__{re.sub(r'[^A-Za-z0-9_-]', '_', tool)}"
-    if len(name) > 64 or name in taken:
-        name = f"{name[:55]}_{hashlib.sha1(tool.encode()).hexdigest()[:8]}"
-    return name
+    """mcp__<server>__<tool> in the characters the API allows (unique and short: s12.46)."""
+    return unique_name(f"mcp__{server}__{re.sub(r'[^A-Za-z0-9_-]', '_', tool)}", tool, taken)
 
 
 def tool_description(tool):
     text = str(tool.get("description") or tool.get("title") or "").strip() or f"The MCP tool {tool['name']}."
-    return text if len(text) <= MCP_DESCRIPTION_CHARS else text[:MCP_DESCRIPTION_CHARS] + " [...]"
+    return capped_description(text)  # s12.47
 
 
 def mcp_names(server_name):
@@ -12644,7 +12490,7 @@ def drop_tools(server_name):
 
 def mcp_news(messages):
     """Before each model call: late servers and changed lists join the registry (the main
-    agent only, so one thread changes TOOLS); then the deferred tools are named (s12.34)."""
+    agent only, so one thread changes TOOLS); then the deferred tools are named (s12.53)."""
     state = agent_state()
     if not state.label and state.cancel is None:
         refresh_stale()
@@ -12665,12 +12511,9 @@ def call_mcp_tool(server_name, tool, args):
         raise ToolError(f"MCP server {server_name} is not connected in this session.")
     try:
         result = call_on(server, {"name": tool, "arguments": args})
-    except ServerFailed as e:
-        more = MCP_MAX_RESTARTS - server["restarts"]
-        raise ToolError(printable(
-            f"MCP server {server_name} failed during this call: {e}{log_note(server)}. "
-            + (f"The next call of one of its tools restarts it ({more} restart(s) left)."
-               if more > 0 else "It will not be restarted again: carry on without its tools.")))
+    except ServerFailed as e:  # restart_note: s12.40
+        raise ToolError(printable(f"MCP server {server_name} failed during this call: {e}"
+                                  f"{log_note(server)}. {restart_note(server)}"))
     except NoAnswer as e:
         raise ToolError(f"{server_name}/{tool}: {e}, so the call was cancelled. Do without it, or ask "
                         f"the user to raise the server's timeout: ({server['spec']['timeout']:g} s now).")
@@ -12681,41 +12524,23 @@ def call_mcp_tool(server_name, tool, args):
 
 
 def call_on(server, params):
-    """tools/call on the server's connection (server_up). An HTTP session the server
-    ended did nothing with the call: server_up opens a new one, and the call goes again."""
+    """tools/call on the server's connection (server_up)."""
     try:
         return server_up(server).request("tools/call", params, server["spec"]["timeout"])
-    except SessionEnded:
+    except SessionEnded:  # s12.49: the server ended an HTTP session, which did nothing with the call
         return server_up(server).request("tools/call", params, server["spec"]["timeout"])
 
 
 def call_result(result):
-    """A tools/call result as a tool_result's content: the text blocks joined (images as
-    image blocks after them), structuredContent as JSON text when no text says it already
-    (servers should send both), isError as a ToolError."""
-    texts, images, more = [], [], 0
+    """A tools/call result as a tool_result's content: the text blocks joined (the
+    rest as s12.51 says: images as image blocks after them), isError as a ToolError."""
+    texts, images = [], []
     for block in result.get("content") or []:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
+        if isinstance(block, dict) and block.get("type") == "text":
             texts.append(str(block.get("text", "")))
-        elif kind == "image" and (mime := block.get("mimeType")) in MCP_IMAGE_TYPES:
-            if why := image_problem(mime, block.get("data")):
-                texts.append(f"[image content ({mime}), not shown: {why}]")
-            elif len(images) < MCP_MAX_IMAGES:
-                images.append({"type": "image", "source": {"type": "base64", "media_type": mime,
-                                                            "data": block["data"]}})
-            else:
-                more += 1
-        elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
-            texts.append(str(res["text"]))
-        elif kind == "resource_link":
-            texts.append(f"[resource link: {block.get('name', '')} {block.get('uri', '')}]")
         else:
-            texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
-    if (data := result.get("structuredContent")) is not None and not texts:
-        texts.append(json.dumps(data, ensure_ascii=False))
-    if more:
-        texts.append(f"[{more} more image(s) not shown: one result carries at most {MCP_MAX_IMAGES}]")
+            other_content(block, texts, images)
+    texts += structured(result, texts) + too_many_images(images)
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
@@ -12728,8 +12553,7 @@ def mcp_input_problem(name, schema, args):
     if not isinstance(args, dict):
         return "input must be a JSON object"
     if name in hidden_tools():
-        return (f"its definition is not loaded (a deferred tool): call tool_search with query "
-                f"\"select:{name}\" first, then call it with the input its schema asks for")
+        return not_loaded(name)  # s12.53: a deferred tool
     missing = [k for k in schema.get("required") or [] if k not in args]
     return f"missing required field '{missing[0]}'" if missing else None
 
@@ -12757,7 +12581,133 @@ def git_subcommand(args):
     return "(no command)"
 
 
-# --- s12.7: a base must be where the lane is [hardening: skip on first read] ---
+# --- s12.7: the manager's git runs no hook [hardening: skip on first read] ---
+# Stops: a hook, a file monitor or a signing program an agent wrote running when the manager commits its lane
+# Test: tests/test_s12_worktrees.py::test_the_manager_commits_without_hooks_and_leaves_out_agent_and_links
+# Nothing an agent wrote in its lane runs when the manager, or later the human,
+# uses git there.
+GIT_QUIET = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",  # what the manager's
+             "-c", "commit.gpgsign=false")  # git never runs: hooks, a file monitor, a signing prompt
+
+
+# --- s12.8: pinned to the lane's admin folder [hardening: skip on first read] ---
+# Stops: an agent that points its lane's .git file at another repository steering the manager's git there
+# Test: tests/test_s12_worktree_review.py::test_the_managers_git_stays_pinned_to_the_lane_whatever_its_pointer_says
+def lane_pin(lane):
+    """git's options for a command in a lane: its admin folder and its folder, named
+    (--git-dir, --work-tree), whatever its .git file says now. [] outside a lane."""
+    return [f"--git-dir={lane['admin']}", f"--work-tree={lane['path']}"] if lane else []
+
+
+# --- s12.9: a commondir planted beside the manager's git [hardening: skip on first read] ---
+# Stops: a commondir file a command running beside plants sending the manager's git to another repository
+# Test: tests/test_s12_worktrees.py::test_the_managers_git_obeys_no_commondir_a_command_beside_it_planted
+def common_dir(cwd, lane):
+    """GIT_COMMON_DIR for the manager's git: the repository's folder, named, so git
+    reads no commondir file (s07's rule 1: a command running beside may plant one in
+    the lane's admin folder or in .git). {} when that is no plain folder."""
+    common = Path(lane["admin"]).parents[1] if lane else Path(cwd) / ".git"
+    return {"GIT_COMMON_DIR": str(common)} if common.is_dir() and not common.is_symlink() else {}
+
+
+# --- s12.10: another git's index.lock, one retry [hardening: skip on first read] ---
+# Stops: the manager's commit failing because the human's git, or another agent's, held index.lock a moment
+# Test: tests/test_s12_worktree_review.py::test_the_managers_commit_retries_once_when_another_git_holds_index_lock
+GIT_LOCK_RETRY = 0.5        # seconds before the one retry of a git command that met another's index.lock
+
+
+def git_again(argv, cwd, env, data, name):
+    """git's second and last run, a moment after another git (the human's, an agent's in
+    another process) held index.lock."""
+    time.sleep(GIT_LOCK_RETRY)
+    return run_git(argv, cwd, env, data, name)
+
+
+# --- s12.11: a lane's .git pointer, checked both ways [hardening: skip on first read] ---
+# Stops: a folder a cloned repository planted under .agent/worktrees, its .git pointing anywhere, taken for a lane
+# Test: tests/test_s12_worktrees.py::test_a_planted_lane_with_a_pointer_elsewhere_is_left_alone
+POINTER_BYTES = 4_096       # a .git pointer or gitdir file larger than this is not a lane's
+
+
+def lane_admin(path, common, name):
+    """The lane's admin folder, from its .git file ("gitdir: <folder>"), when that folder
+    is in <repository>/worktrees and names this folder back (its gitdir file). A link,
+    a .git folder, an admin folder elsewhere: not_a_lane."""
+    pointer = None if path.is_symlink() or not path.is_dir() else text_file(path / ".git")
+    if not pointer or not pointer.startswith("gitdir:"):
+        raise not_a_lane(name)
+    admin = (path / pointer.removeprefix("gitdir:").strip()).resolve()
+    back = text_file(admin / "gitdir")
+    if admin.parent != common / "worktrees" or not back or (path / back).resolve() != path / ".git":
+        raise not_a_lane(name)
+    return admin
+
+
+def not_a_lane(name):
+    return ToolError(f"{WORKTREES_DIR / name} exists but is not a worktree of this repository (it "
+                     f"may have come with the clone); it is left alone. Pick another name, or ask "
+                     f"the user to remove it.")
+
+
+def text_file(path):
+    """A small plain file's text (stripped), or None: missing, a link, a FIFO, too big."""
+    data = read_plain(path, POINTER_BYTES)  # s11: O_NOFOLLOW, O_NONBLOCK, bounded
+    return None if data is None else data.decode("utf-8", "replace").strip()
+
+
+# --- s12.12: the names of the lanes' locks and log, kept [hardening: skip on first read] ---
+# Stops: a lane named events, or ending in .lock or .jsonl, taken for a lane's lock or the event log
+# Test: tests/test_s12_worktree_review.py::test_names_of_the_lanes_locks_and_log_are_reserved
+def not_reserved(name):
+    """check_lane_name's last step. Beside the lanes lie <name>.lock and the log,
+    events.jsonl with its events.lock: a lane named like one of them would be taken
+    for it (case-blind file systems too)."""
+    if name.lower() == "events" or name.lower().endswith((".lock", ".jsonl")):
+        raise ToolError(f"{name!r} is not a worktree name: 'events' and names ending in .lock or "
+                        f".jsonl are kept for the lanes' locks and their log (events.jsonl, "
+                        f"events.lock). Pick another, such as 'fix-parser'.")
+    return name
+
+
+# --- s12.13: a name or a base never read as an option [hardening: skip on first read] ---
+# Stops: a lane name or a base such as --orphan or -D reaching git as an option
+# Test: tests/test_s12_worktrees.py::test_a_base_that_is_an_option_or_no_commit_is_refused
+def not_an_option(name):
+    """check_lane_name's first step: a name starting with "-" is refused in words of its
+    own (the slug check refuses it too), as git would read it as an option."""
+    if name.startswith("-"):
+        raise ToolError(f"{name!r} starts with '-', which git would read as an option: pick a name "
+                        f"such as 'fix-parser'.")
+    return name
+
+
+def base_not_an_option(base):
+    """base_commit's first step: a base starting with "-" (or blank) is refused, so git
+    never reads one as an option."""
+    if base is not None and (str(base).startswith("-") or not str(base).strip()):
+        raise ToolError(f"base {base!r} is refused: give a branch, tag or commit id, not an option.")
+
+
+# --- s12.14: lanes capped, their list bounded [hardening: skip on first read] ---
+# Stops: an agent filling the disk with checkouts, or one listing turning into thousands of git commands
+# Test: tests/test_s12_worktrees.py::test_lanes_are_capped_and_worktree_list_is_bounded
+MAX_WORKTREES = 20          # lanes one project holds at once (each is a full checkout on disk)
+WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
+
+
+def check_room(folder):
+    """make_lane's: a new lane only while the project holds fewer than MAX_WORKTREES."""
+    if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
+        raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "
+                        f"one first (worktree_list, then worktree_closeout remove).")
+
+
+def more_folders(paths):
+    """worktree_list's last line: how many folders past WORKTREE_LIST_LIMIT it did not look at."""
+    return [f"... and {len(paths) - WORKTREE_LIST_LIMIT} more folders"] if len(paths) > WORKTREE_LIST_LIMIT else []
+
+
+# --- s12.15: a base must be where the lane is [hardening: skip on first read] ---
 # Stops: a base given for a kept branch or lane silently ignored, the lane starting elsewhere
 # Test: tests/test_s12_worktree_review.py::test_a_base_other_than_where_a_kept_branch_or_lane_is_is_refused
 def same_base(head, start, base, what, instead):
@@ -12766,7 +12716,20 @@ def same_base(head, start, base, what, instead):
         raise ToolError(f"{what}, at {head[:12]}, not at base {base!r} ({start[:12]}): {instead}.")
 
 
-# --- s12.8: in use is a lock [hardening: skip on first read] ---
+def lane_base(lane, origin, base):
+    """make_lane's check on a lane it reuses."""
+    same_base(lane["head"], base and base_commit(origin, base), base, f"Worktree {lane['name']} exists "
+              f"already", "call worktree_create without base to go on in it, or pick another name")
+
+
+def branch_base(kept, start, base, branch, name):
+    """make_lane's check on a branch agent/<name> left from an earlier lane."""
+    same_base(kept and kept.strip(), base and start, base, f"Branch {branch} is left from an earlier "
+              f"worktree {name}", f"leave base out to go on from it, pick another name, or ask the "
+              f"user to delete the branch (git branch -D {branch})")
+
+
+# --- s12.16: in use is a lock [hardening: skip on first read] ---
 # Stops: an agent removing or entering a lane another agent works in
 # Test: tests/test_s12_worktrees.py::test_a_lane_in_use_by_another_agent_cannot_be_removed_or_entered
 # "In use" is a flock, so a lane its agent left by crashing (even kill -9) is
@@ -12799,6 +12762,14 @@ def lock_lane(lane, touch=True, shared=False):
     return fd
 
 
+def enter_lock(lane):
+    """enter_lane's: the lane's lock, shared from then on; refused when an agent holds it."""
+    fd = lock_lane(lane, shared=True)
+    if fd is None:
+        raise ToolError(f"Worktree {lane['name']} is in use by another agent. Pick another name.")
+    return fd
+
+
 def share_lock(lane):
     """The lane's lock taken shared beside the agent in it (a descriptor), or None."""
     try:
@@ -12826,6 +12797,49 @@ def take_lane(state, lane, inside_it):
     return fd
 
 
+def release(fd):
+    """An agent's shared lock on its lane (fd, or None) let go; the lock file's time is
+    when the lane was last used (stale cleanup reads it)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+            os.close(fd)
+
+
+def check_taken(fd, name, inside_it, action):
+    """worktree_closeout's refusal when it needed the lane's lock and did not get it (fd None)."""
+    if fd is None and inside_it:
+        raise ToolError(f"A subagent still works in worktree {name}; wait for it or stop it "
+                        f"(background_stop), then close the worktree.")
+    if fd is None and action == "remove":
+        raise ToolError(f"Worktree {name} is in use by another agent; it cannot be removed now.")
+
+
+def drop_lock_file(lane):
+    with contextlib.suppress(OSError):
+        lane_lock_file(lane).unlink()
+
+
+def lane_use(lane):
+    """worktree_list's word for a lane the caller is not in: free, or in use (its lock held)."""
+    fd = lock_lane(lane, touch=False)
+    if fd is not None:
+        os.close(fd)
+    return "free" if fd is not None else "in use"
+
+
+def let_go(state, fd, name):
+    """worktree_closeout's exclusive lock (fd) once close_out is done: shared again for
+    an agent still in the lane (the user said no to removing it), else closed."""
+    if fd is not None and state.worktree and state.worktree["name"] == name:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # still in it (the user said no): its lock again
+        state.worktree["lock"] = fd
+    elif fd is not None:
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # when it was last used, for stale cleanup
+        os.close(fd)
+
+
 def join_lane(child):
     """A background subagent that works in its parent's lane holds the lane's lock
     shared until it ends (close_child_lane): the lane is in use while it works, even
@@ -12834,7 +12848,7 @@ def join_lane(child):
         child.worktree = child.worktree | {"lock": share_lock(child.worktree)}
 
 
-# --- s12.9: who may open and close lanes [hardening: skip on first read] ---
+# --- s12.17: who may open and close lanes [hardening: skip on first read] ---
 # Stops: a subagent opening or closing a lane and being left in it when it ends
 # Test: tests/test_s12_worktree_review.py::test_a_subagent_may_not_open_or_close_a_lane_but_a_teammate_may
 def check_free(state):
@@ -12853,7 +12867,29 @@ def check_free(state):
                         "\"worktree\" on its agent call; do this task where you are.")
 
 
-# --- s12.10: a project's trust is the project's [hardening: skip on first read] ---
+# --- s12.18: apart by directory only, said so [hardening: skip on first read] ---
+# Stops: an agent without the OS sandbox told that its bash cannot leave its lane
+# Test: tests/test_s12_worktree_review.py::test_without_the_sandbox_a_lane_is_said_to_be_apart_by_directory_only
+def apart_text(state):
+    """What keeps a lane's agent in its lane: the OS sandbox, or only its own care."""
+    if sandboxed(state):
+        return "Your bash cannot commit there or write the main workspace."
+    return ("The OS sandbox is off, so the worktree is apart by directory only: keep every "
+            "command inside it, and do not commit there.")
+
+
+# --- s12.19: a lane gone from under its agent [hardening: skip on first read] ---
+# Stops: an agent whose lane was deleted or broken outside it stuck there, every closeout refused
+# Test: tests/test_s12_worktrees.py::test_an_agent_whose_lane_was_deleted_under_it_can_still_leave
+def left_gone(state, name):
+    """worktree_closeout for an agent whose lane find_lane no longer finds (deleted by
+    hand, or changed by a command outside the agent): the agent still leaves."""
+    leave_lane(state)
+    return (f"Worktree {name} is gone or no longer a worktree (changed outside the agent); you "
+            f"are back in {state.workdir}. Read files again before editing.")
+
+
+# --- s12.20: a project's trust is the project's [hardening: skip on first read] ---
 # Stops: a project skill's or config's yes asked again (or given) per lane
 # Test: tests/test_s12_worktree_review.py::test_a_project_skills_trust_is_the_projects_in_a_lane_too
 def project_rel(name):
@@ -12863,13 +12899,22 @@ def project_rel(name):
     return path.relative_to(origin).as_posix() if path.is_absolute() and path.is_relative_to(origin) else name
 
 
-# --- s12.11: a lane half made by a crash [hardening: skip on first read] ---
+# --- s12.21: a lane half made by a crash [hardening: skip on first read] ---
 # Stops: a lane whose `git worktree add` or setup was cut off being used as if it were whole
 # Test: tests/test_s12_worktree_review.py::test_a_half_made_agent_lane_is_made_again
-# find_lane and make_lane read the marker make_lane writes once a lane is set up.
+# make_lane adds a lane locked (git worktree add --lock) and marks it ready only
+# once it is set up; find_lane reads the marker.
 LANE_READY = "agent-ready"  # a file in the lane's admin folder (in the main .git): its set-up is done
 LANE_MAKING = "agent worktree manager: setting up"  # git's lock on a lane while it is made
 GIT_ADDING = "initializing"  # what git's own lock says while `worktree add` runs (LC_ALL=C)
+MAKING = ("--lock", "--reason", LANE_MAKING)  # make_lane's `git worktree add`: locked while made
+
+
+def mark_ready(origin, lane, path):
+    """make_lane's last step once the lane is set up: git's lock off, LANE_READY written."""
+    git(origin, "worktree", "unlock", "--", path)
+    with contextlib.suppress(OSError):  # unwritten, it is taken for a lane from before the marker
+        (lane["admin"] / LANE_READY).write_text(now_stamp() + "\n")
 
 
 def lane_ready(admin):
@@ -12898,7 +12943,7 @@ def half_made_text(lane):
             f"{WORKTREES_DIR / lane['name']}")
 
 
-# --- s12.12: a redirected git pointer [hardening: skip on first read] ---
+# --- s12.22: a redirected git pointer [hardening: skip on first read] ---
 # Stops: an agent pointing its lane's .git file at another repository, whose config the human's git then obeys
 # Test: tests/test_s12_worktrees.py::test_a_redirected_git_pointer_is_put_back_and_never_obeyed
 # commit_lane puts the lane's .git file back as git wrote it.
@@ -12916,7 +12961,7 @@ def restore_pointer(lane):
     return True
 
 
-# --- s12.13: nested repositories are never committed [hardening: skip on first read] ---
+# --- s12.23: nested repositories are never committed [hardening: skip on first read] ---
 # Stops: a repository the agent made inside its lane committed as a gitlink the human's git then follows
 # Test: tests/test_s12_worktree_review.py::test_a_nested_repository_is_never_committed_and_the_parent_is_told
 def nested_repos(changes):
@@ -12924,6 +12969,12 @@ def nested_repos(changes):
     each as a gitlink (a submodule), and the human's next git status in the lane would
     then run what that repository's config says (its fsmonitor)."""
     return [p.rstrip("/") for p in changes if p.endswith("/")]
+
+
+def nested_status(changes):
+    """lane_status's part for the nested repositories among a lane's changes."""
+    nested = nested_repos(changes)
+    return f"; nested repositories (never committed): {', '.join(nested)}" if nested else ""
 
 
 def nested_note(nested):
@@ -12938,11 +12989,15 @@ def new_gitlinks(lane):
     return sorted(staged - links(git(lane["path"], "ls-tree", "-r", "-z", "HEAD", lane=lane)))
 
 
-# --- s12.14: the lane's own work, counted before removal [hardening: skip on first read] ---
-# Stops: removing a lane that still holds files only its own .agent keeps, or background work running in it
+# --- s12.24: the lane's own work, counted before removal [hardening: skip on first read] ---
+# Stops: removing a lane without asking when it holds files only its own .agent keeps
 # Test: tests/test_s12_worktree_review.py::test_removing_a_lane_counts_what_only_its_own_agent_folder_holds
 LANE_LOCAL_LIMIT = 1_000    # files under a lane's own .agent counted before removing it
-LANE_SETTLE_WAIT = 30       # seconds a closing lane waits for background work in it, then stops it
+
+
+def local_files(local):
+    """confirm_loss's words for the files only the lane's own .agent holds ("" for none)."""
+    return f"{len(local)} file(s) under its own {AGENT_DIR} (plans, saved output)" if local else ""
 
 
 def lane_local(lane):
@@ -12958,6 +13013,20 @@ def lane_local(lane):
         if len(found) >= LANE_LOCAL_LIMIT:
             break
     return [f for f in found if f != "config.local.yaml"][:LANE_LOCAL_LIMIT]
+
+
+# --- s12.25: background work in a lane, waited for [hardening: skip on first read] ---
+# Stops: a lane closed, committed or removed while a background command or agent still writes in it
+# Test: tests/test_s12_worktree_review.py::test_an_agent_cannot_close_its_lane_while_its_background_work_runs_there
+LANE_SETTLE_WAIT = 30       # seconds a closing lane waits for background work in it, then stops it
+
+
+def check_idle(lane):
+    """worktree_closeout's, for the agent in the lane: refused while its own background
+    work runs there."""
+    if running := lane_work(lane):
+        raise ToolError(f"{', '.join(r['id'] for r in running)} still running in worktree {lane['name']}: "
+                        f"wait for its <task-notification>, or background_stop it, then close the worktree.")
 
 
 def lane_work(lane):
@@ -12985,7 +13054,7 @@ def settle_lane(lane):
         [f"stopped {', '.join(r['id'] for r in late)}, still running after {LANE_SETTLE_WAIT} s"] if late else [])
 
 
-# --- s12.15: read rules hold in every lane [hardening: skip on first read] ---
+# --- s12.26: read rules hold in every lane [hardening: skip on first read] ---
 # Stops: a file a read-deny rule hides in the project read through a lane's copy
 # Test: tests/test_s12_worktree_review.py::test_read_deny_rules_are_judged_in_the_project_from_a_lane_and_for_every_lane
 def as_project(path, state):
@@ -13013,7 +13082,7 @@ def mask_walk(state):
         yield dirpath, dirnames, filenames
 
 
-# --- s12.16: a lane for a subagent or a teammate [extra] ---
+# --- s12.27: a lane for a subagent or a teammate [extra] ---
 # isolation "worktree" (the agent tool's or spawn_teammate's input, or a
 # definition's `isolation: worktree`) gives a child a lane of its own, named
 # agent-<8 hex> (seed: 与 Subagents 的配合): made from the parent's commit, the
@@ -13239,7 +13308,7 @@ def worktree_session():
             leave_lane(state)
 
 
-# --- s12.17: setting a lane up [extra] ---
+# --- s12.28: setting a lane up [extra] ---
 # set_up_lane's steps (seed: 创建后设置): the local config, links to big shared
 # folders (worktree.symlink_directories), and the ignored files
 # .worktreeinclude asks for. Each step takes only plain files and folders
@@ -13248,6 +13317,14 @@ INCLUDE_FILE_BYTES = 64_000  # a bigger .worktreeinclude is not read
 INCLUDE_MAX_FILES = 500     # ignored files .worktreeinclude may copy into one lane
 INCLUDE_MAX_BYTES = 50_000_000  # bytes they may add up to
 LINK_DIR = re.compile(r"[A-Za-z0-9_@+.-]+(/[A-Za-z0-9_@+.-]+)*")  # a symlink_directories entry
+
+
+def set_up_lane(lane):
+    """What a checkout lacks (git copies only tracked files); notes of what was done."""
+    origin = Path(lane["origin"])
+    notes = [copy_local_config(origin, lane["path"]), carry_hooks_path(origin, lane)]
+    notes += link_shared_dirs(origin, lane["path"]) + copy_included(origin, lane["path"])
+    return [n for n in notes if n]
 
 
 def copy_local_config(origin, path):
@@ -13397,7 +13474,7 @@ def copy_included(origin, path):
                       f"{INCLUDE_MAX_BYTES // 1_000_000} MB)"] if left else [])
 
 
-# --- s12.18: the hooks path, carried [hardening: skip on first read] ---
+# --- s12.29: the hooks path, carried [hardening: skip on first read] ---
 # Stops: a relative core.hooksPath making git run hooks from the lane's own copy, which its agent may change
 # Test: tests/test_s12_worktree_review.py::test_carrying_the_hooks_path_says_it_turned_on_worktree_config
 def carry_hooks_path(origin, lane):
@@ -13414,7 +13491,7 @@ def carry_hooks_path(origin, lane):
             f"= true, which per-worktree settings need)")
 
 
-# --- s12.19: a copy never through a link [hardening: skip on first read] ---
+# --- s12.30: a copy never through a link [hardening: skip on first read] ---
 # Stops: a tracked symbolic link in the lane making a setup copy write outside it
 # Test: tests/test_s12_worktrees.py::test_a_copy_never_goes_through_a_link_in_the_lane
 def copy_plain(src, dst, root):
@@ -13435,7 +13512,7 @@ def copy_plain(src, dst, root):
     return len(data)
 
 
-# --- s12.20: the event log [extra] ---
+# --- s12.31: the event log [extra] ---
 # Every step of a lane is one line in .agent/worktrees/events.jsonl.
 EVENTS_BYTES = 1_000_000    # events.jsonl past this takes one last line saying so, then nothing
 EVENTS_FULL = (json.dumps({"event": "log_full", "detail": f"events.jsonl reached {EVENTS_BYTES} "
@@ -13446,6 +13523,12 @@ def who(state=None):
     """An agent as the event log names it: a subagent's label, a teammate's name, or main."""
     state = state or agent_state()
     return state.label or (state.team or {}).get("member") or "main"
+
+
+def log_reuse(state, lane):
+    """A reused lane is logged once an agent enters it (enter_lane), not before a refusal."""
+    if lane.pop("reused", False):
+        log_event(Path(lane["origin"]), "reuse", lane["name"], by=who(state), head=lane["head"])
 
 
 def log_event(origin, event, name, by=None, **detail):
@@ -13467,7 +13550,7 @@ def log_event(origin, event, name, by=None, **detail):
         warn_once(f"[the worktree event log is not written: {e}]")
 
 
-# --- s12.21: tasks bound to lanes [extra] ---
+# --- s12.32: tasks bound to lanes [extra] ---
 # A task can name the lane it is worked in (seed: TaskRecord).
 def bind_task(task, worktree):
     """task_update's worktree: the lane a task is worked in (seed: TaskRecord); "" unbinds."""
@@ -13486,6 +13569,12 @@ def lane_binding(task):
         task["worktree"] = lane["name"]
 
 
+def tasks_note(origin, name):
+    """worktree_list's note of the tasks bound to a lane."""
+    tasks = bound_tasks(origin, name)
+    return f"; tasks {', '.join('#' + t for t in tasks)}" if tasks else ""
+
+
 def bound_tasks(origin, name):
     folder = origin / TASKS_DIR
     tasks = [read_task(folder / f"{i}.json") for i in task_ids(folder)] if folder.is_dir() else []
@@ -13502,7 +13591,7 @@ def unbind_tasks(origin, name):
                 task.pop("worktree")
 
 
-# --- s12.22: stale lanes [extra] ---
+# --- s12.33: stale lanes [extra] ---
 # At start-up (seed: 过期 Worktree 的后台清理) agent-made lanes unused for a day,
 # with nothing in them, are removed.
 STALE_WORKTREE_AGE = 24 * 3600  # seconds an agent-made lane lies unused before start-up removes it
@@ -13550,10 +13639,132 @@ def remove_if_stale(origin, name):
         os.close(fd)
 
 
-# --- s12.23: a crashed server restarts, a few times [hardening: skip on first read] ---
+# --- s12.34: the agent's own key, never a server's [hardening: skip on first read] ---
+# Stops: a config (a cloned repository's too) writing ${ANTHROPIC_API_KEY} into a server's env, args or headers
+# Test: tests/test_s12_mcp.py::test_variables_expand_and_secrets_stay_home
+def not_own(name):
+    """expand_vars' check on a variable it is about to expand: the agent's own credential
+    (own_names) is never passed on, to a command or to a URL. Returns the name."""
+    if name in own_names():
+        raise ValueError(f"${{{name}}} is the agent's own credential: it is never passed on")
+    return name
+
+
+# --- s12.35: one kind of server, never both [hardening: skip on first read] ---
+# Stops: a server with a url and a command, the trust question showing the one and the other one running
+# Test: tests/test_s12_mcp_review.py::test_the_question_shows_the_kind_parse_server_runs
+MCP_KIND_KEYS = {"stdio": {"command", "args", "env"}, "http": {"url", "headers"}}  # the rest: either
+
+
+def one_kind(raw, kind):
+    """parse_server's: a key of the other kind is refused, so what the human was asked
+    about (server_line reads the same kind) is what runs."""
+    if stray := sorted(set(map(str, raw)) & (MCP_KIND_KEYS["http" if kind == "stdio" else "stdio"])):
+        raise ValueError(f"{stray[0]!r} does not belong to a {kind} server (the trust question shows "
+                         f"what it runs: one kind, never both)")
+
+
+# --- s12.36: a server that stops reading its input [hardening: skip on first read] ---
+# Stops: a server that stops reading its stdin hanging the caller, and through the lock every later one, for good
+# Test: tests/test_s12_mcp_review.py::test_a_server_that_stops_reading_fails_within_the_timeout
+# Such a server fills the pipe, and a blocking write would wait forever; so the
+# pipe is non-blocking (StdioTransport), and a write that cannot finish by its
+# deadline kills the server.
+def write_within(transport, data, deadline, timeout):
+    """send()'s write, holding the lock: all of data by the deadline, or the server is
+    killed and ServerFailed raised (the connection is failed, not stuck)."""
+    fd, data = transport.proc.stdin.fileno(), memoryview(data)  # ValueError once close() closed it
+    while data:
+        if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+            transport.error = transport.error or f"it stopped reading its input (a write waited {timeout:g} s)"
+            transport.kill()  # its output ends too: the reader fails every pending request
+            raise ServerFailed(transport.error)
+        with contextlib.suppress(BlockingIOError):  # the pipe filled up again meanwhile
+            data = data[os.write(fd, data):]
+
+
+def close_input(transport):
+    """close()'s first step: its stdin closed under the lock, so no write ever goes to a
+    file number reused since; a write stuck past MCP_CLOSE_WAIT is left to the kill."""
+    if transport.lock.acquire(timeout=MCP_CLOSE_WAIT):  # a stuck write: the kill below ends it
+        with contextlib.suppress(OSError, ValueError):
+            transport.proc.stdin.close()
+        transport.lock.release()
+
+
+# --- s12.37: a server's stdout, bounded [hardening: skip on first read] ---
+# Stops: a server printing garbage without end, or one endless line, holding its connection (and memory)
+# Test: tests/test_s12_mcp.py::test_a_broken_server_gives_is_error_and_the_session_goes_on
+MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory stays bounded
+MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
+
+
+def too_long(line):
+    """Why a stdout line (read up to MCP_MESSAGE_BYTES + 1) ends the connection, or None."""
+    return f"it sent a message over {MCP_MESSAGE_BYTES:,} bytes" if len(line) > MCP_MESSAGE_BYTES else None
+
+
+def skip_line(transport, line):
+    """A stdout line that is not JSON-RPC: logged and skipped. Returns why the connection
+    must end once MCP_GARBAGE_LINES of them came, else None."""
+    if line.strip():
+        transport.garbage += 1
+        write_log(transport.log, b"[stdout, not JSON-RPC, skipped] " + line[:500].rstrip() + b"\n")
+    return (f"it printed {transport.garbage} lines that are not JSON-RPC on stdout"
+            if transport.garbage >= MCP_GARBAGE_LINES else None)
+
+
+# --- s12.38: a server's tool list, bounded [hardening: skip on first read] ---
+# Stops: a server that pages tools/list without end, or repeats a cursor, holding the start-up and memory
+# Test: tests/test_s12_mcp_review.py::test_tools_list_stops_at_max_tools_and_at_a_cursor_seen_before
+MCP_MAX_TOOLS = 500          # tools taken from one server; tools/list pages stop there
+
+
+def more_pages(tools, cursor, seen):
+    """list_tools' loop test: on while fewer than MCP_MAX_TOOLS came and the cursor is
+    not one seen before (a server that loops)."""
+    if cursor in seen:
+        return False
+    seen.add(cursor)
+    return len(tools) < MCP_MAX_TOOLS
+
+
+# --- s12.39: a session that ends while a server connects [hardening: skip on first read] ---
+# Stops: a server still in its handshake when the session ends left running, or connected after it
+# Test: tests/test_s12_mcp_review.py::test_the_sessions_end_stops_a_server_still_in_its_handshake
+def opening(server, transport):
+    """connect's: the transport named in the record before its handshake, so close_mcp
+    can stop it; ServerFailed when the session has ended already."""
+    with MCP_LOCK:
+        server["opening"] = transport  # close_mcp stops a handshake that is still going on
+    if server["closed"]:
+        raise ServerFailed("closed")
+
+
+def mark_closed():
+    """close_mcp's first step: every server marked closed (a connect still going on
+    stops at its next step), and the list of them."""
+    with MCP_LOCK:
+        servers = list(MCP_SERVERS.values())
+        for s in servers:
+            s["closed"] = True
+    return servers
+
+
+# --- s12.40: a crashed server restarts, a few times [hardening: skip on first read] ---
 # Stops: one crash of a server losing its tools for the session, or a crashing one restarted without end
 # Test: tests/test_s12_mcp.py::test_a_crash_fails_every_pending_call_at_once_and_the_next_call_restarts
 # call_on asks server_up for the live connection.
+MCP_MAX_RESTARTS = 3         # restarts of a failed server per session, each at a call of its tools
+
+
+def restart_note(server):
+    """call_mcp_tool's word on a server that failed during a call: will the next call restart it?"""
+    more = MCP_MAX_RESTARTS - server["restarts"]
+    return (f"The next call of one of its tools restarts it ({more} restart(s) left)."
+            if more > 0 else "It will not be restarted again: carry on without its tools.")
+
+
 def server_up(server):
     """The server's live connection; a failed one is restarted, at most MCP_MAX_RESTARTS
     times in a session. ToolError when it cannot be used."""
@@ -13584,7 +13795,7 @@ def server_up(server):
         return server["transport"]
 
 
-# --- s12.24: .mcp.json [extra] ---
+# --- s12.41: .mcp.json [extra] ---
 # Claude Code's file, {"mcpServers": {name: {...}}}: read once it is trusted.
 MCP_FILE = ".mcp.json"       # in the workspace: Claude Code's {"mcpServers": {name: {...}}}
 MCP_FILE_BYTES = 1_000_000   # a bigger .mcp.json is not read (a clone may ship any file)
@@ -13609,7 +13820,7 @@ def mcp_json(state):
     return [(MCP_FILE, servers)] if servers else []
 
 
-# --- s12.25: a project's servers need a yes [hardening: skip on first read] ---
+# --- s12.42: a project's servers need a yes [hardening: skip on first read] ---
 # Stops: a cloned repository's .mcp.json starting programs, or sending secrets to a URL, unasked
 # Test: tests/test_s12_mcp.py::test_project_servers_start_only_in_a_trusted_workspace
 # A cloned repository ships .mcp.json, so a project's servers start only once the
@@ -13674,7 +13885,7 @@ def mcp_trusted(path, servers, state):
     return yes
 
 
-# --- s12.26: a server's script changed since the yes [hardening: skip on first read] ---
+# --- s12.43: a server's script changed since the yes [hardening: skip on first read] ---
 # Stops: a trusted server's script the agent rewrote starting unasked
 # Test: tests/test_s12_mcp_review.py::test_a_rewritten_server_script_asks_again
 # The file is not all that runs: `python srv.py` runs srv.py, which the agent can
@@ -13727,6 +13938,12 @@ def changed_files(server):
     return out
 
 
+def ask_files(server):
+    """start_mcp's question for one server, before any starts: one line when it is refused."""
+    if not files_trusted(server):
+        say(f"[mcp {server['name']}: {server['error']}]")
+
+
 def files_trusted(server):
     """May a project's server start with its workspace files as they are now? A file
     changed since the human trusted it asks again (--trust-workspace says yes; no
@@ -13750,11 +13967,16 @@ def files_trusted(server):
     return yes
 
 
-# --- s12.27: a server's stderr, bounded [hardening: skip on first read] ---
+# --- s12.44: a server's stderr, bounded [hardening: skip on first read] ---
 # Stops: a chatty server filling its stderr pipe (and blocking) or the disk, or its log written through a link
 # Test: tests/test_s12_mcp_review.py::test_the_stderr_log_is_capped
 MCP_LOG_DIR = Path(AGENT_DIR) / "mcp"  # in the workspace: <server>.log, each server's stderr
 MCP_LOG_BYTES = 1_000_000    # bytes of stderr one connection writes to its log (one old log kept)
+
+
+def log_note(server):
+    return f" (log: {rel(server['workdir'] / MCP_LOG_DIR / (server['name'] + '.log'))})" \
+        if server["spec"]["type"] == "stdio" else ""
 
 
 def open_log(server):
@@ -13787,6 +14009,12 @@ def write_log(log, data):
         log["file"].flush()
 
 
+def close_log(log):
+    if log:
+        with contextlib.suppress(OSError):
+            log["file"].close()
+
+
 def drain_stderr(stream, log):
     """The server's stderr into its log; read to the end even past the cap, or the server
     would block on a full pipe."""
@@ -13795,7 +14023,7 @@ def drain_stderr(stream, log):
             write_log(log, chunk)
 
 
-# --- s12.28: tool schemas the API accepts [hardening: skip on first read] ---
+# --- s12.45: tool schemas the API accepts [hardening: skip on first read] ---
 # Stops: one server's tool with a schema the API refuses failing every request of the session
 # Test: tests/test_s12_mcp_review.py::test_a_nested_bad_schema_is_left_out_and_every_request_stays_valid
 # register_tools leaves out a tool whose definition the API would refuse, with
@@ -13804,6 +14032,16 @@ MCP_TOOL_TOKENS = 5_000      # tokens of one tool's definition; a bigger one is 
 PROPERTY_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what the API allows as an input field name
 SCHEMA_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")  # JSON Schema's
 MCP_SCHEMA_DEPTH = 32        # nesting levels of an inputSchema walked; a deeper one is refused
+
+
+def tool_problem(name, description, tool):
+    """Why register_tools leaves a tool out, or None: its schema, or its size."""
+    why = schema_problem(tool.get("inputSchema"))
+    size = 0 if why else estimate_tokens({"name": name, "description": description,
+                                          "input_schema": tool["inputSchema"]})
+    if size > MCP_TOOL_TOKENS:
+        why = f"its definition is ~{size:,} tokens, over the {MCP_TOOL_TOKENS:,} one tool may take"
+    return why
 
 
 def schema_problem(schema):
@@ -13847,7 +14085,29 @@ def subschema_problem(schema, where, depth):
     return next((why for w, v in subs if (why := subschema_problem(v, w, depth + 1))), None)
 
 
-# --- s12.29: text no request can carry [hardening: skip on first read] ---
+# --- s12.46: tool names the API accepts [hardening: skip on first read] ---
+# Stops: a tool name over 64 characters, or one two tools share, making every request of the session fail
+# Test: tests/test_s12_mcp.py::test_big_results_go_to_disk_and_bad_tools_are_left_out
+def unique_name(name, tool, taken):
+    """tool_name's last step: a name over 64 characters, or one that two tools would
+    share, ends in a hash of the original, so it stays unique and the same in every
+    session."""
+    if len(name) > 64 or name in taken:
+        name = f"{name[:55]}_{hashlib.sha1(tool.encode()).hexdigest()[:8]}"
+    return name
+
+
+# --- s12.47: a tool's description, capped [hardening: skip on first read] ---
+# Stops: one server's tool description of megabytes taking the context of every request
+# Test: tests/test_s12_mcp_review.py::test_a_long_description_is_capped
+MCP_DESCRIPTION_CHARS = 2_048  # characters of a tool's description kept (Claude Code's cap)
+
+
+def capped_description(text):
+    return text if len(text) <= MCP_DESCRIPTION_CHARS else text[:MCP_DESCRIPTION_CHARS] + " [...]"
+
+
+# --- s12.48: text no request can carry [hardening: skip on first read] ---
 # Stops: a lone surrogate in a server's description or result making every later request fail
 # Test: tests/test_s12_mcp_review.py::test_lone_surrogates_in_a_result_with_an_image_and_in_a_description
 def utf8_clean(value):
@@ -13865,7 +14125,7 @@ def result_content(content):
     return clean(content or "(empty)")
 
 
-# --- s12.30: Streamable HTTP [extra] ---
+# --- s12.49: Streamable HTTP [extra] ---
 # The server is a URL. Every message is one POST with Accept: application/json,
 # text/event-stream; a notification gets 202 and no body, a request either one
 # JSON response or an event stream (SSE) that may carry the server's own
@@ -13880,8 +14140,15 @@ def result_content(content):
 # headers. Between our requests the server talks on a stream of its own, a GET
 # we keep open (a server without one answers 405): its requests are answered
 # with a POST each, its notifications handled as on stdio. The HTTP client is
-# the one the SDK brings (httpx2, the successor of httpx).
+# the one the SDK brings (httpx2, the successor of httpx). In the config:
+#     mcp_servers:
+#       docs: {type: http, url: "https://docs.example.com/mcp", defer: true,
+#              headers: {Authorization: "Bearer ${DOCS_TOKEN:-none}"}, timeout: 30}
 MCP_LISTEN_PAUSE = 1         # seconds before an HTTP server's own stream is opened again after it ends
+
+
+class SessionEnded(ServerFailed):
+    """HTTP 404 on our session id: the server forgot the session; a new one may be opened."""
 
 
 class HttpTransport:
@@ -14040,9 +14307,14 @@ def sse_messages(reply, deadline):
             raise httpx.ReadTimeout("no answer before the deadline")
 
 
-# --- s12.31: a server's tool list changes [extra] ---
+# --- s12.50: a server's tool list changes [extra] ---
 # A server that sends notifications/tools/list_changed gets its list read again
 # before the next request.
+def note_list_changed(server, method):
+    if method == "notifications/tools/list_changed":
+        server["stale"] = True  # the loop asks for the new list before its next request (mcp_news)
+
+
 def refresh_stale():
     """Servers that sent tools/list_changed: the list again, and the registry if it differs."""
     for server in [s for s in MCP_SERVERS.values() if s["stale"] and s["state"] == "connected"]:
@@ -14057,13 +14329,46 @@ def refresh_stale():
             say(f"[mcp {server['name']}: its tool list changed: {len(tools)} tool(s) now]")
 
 
-# --- s12.32: image results [extra] ---
-# A tool result's images go to the model as image blocks, checked first.
+# --- s12.51: results beyond text [extra] ---
+# A tool result's images go to the model as image blocks, checked first; a
+# resource's text as text; a link or any other content as a line naming it.
 MCP_IMAGE_MAGIC = {"image/png": ((0, b"\x89PNG\r\n\x1a\n"),), "image/jpeg": ((0, b"\xff\xd8\xff"),),
                    "image/gif": ((0, b"GIF8"),), "image/webp": ((0, b"RIFF"), (8, b"WEBP"))}  # offset, bytes
 MCP_IMAGE_TYPES = tuple(MCP_IMAGE_MAGIC)  # what the API shows
 MCP_IMAGE_CHARS = 5_242_880  # base64 characters of one image: the API's limit (5 MiB of base64)
 MCP_MAX_IMAGES = 5           # images one result carries (5 at the limit stay under a 32 MB request)
+
+
+def other_content(block, texts, images):
+    """call_result's content that is not text, into texts or images (each valid image:
+    too_many_images cuts them to MCP_MAX_IMAGES)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "image" and (mime := block.get("mimeType")) in MCP_IMAGE_TYPES:
+        if why := image_problem(mime, block.get("data")):
+            texts.append(f"[image content ({mime}), not shown: {why}]")
+        else:
+            images.append({"type": "image", "source": {"type": "base64", "media_type": mime,
+                                                        "data": block["data"]}})
+    elif kind == "resource" and isinstance(res := block.get("resource"), dict) and "text" in res:
+        texts.append(str(res["text"]))
+    elif kind == "resource_link":
+        texts.append(f"[resource link: {block.get('name', '')} {block.get('uri', '')}]")
+    else:
+        texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
+
+
+def structured(result, texts):
+    """structuredContent as JSON text, when no text block says it already (servers should
+    send both)."""
+    data = result.get("structuredContent")
+    return [json.dumps(data, ensure_ascii=False)] if data is not None and not texts else []
+
+
+def too_many_images(images):
+    """The images past MCP_MAX_IMAGES taken out of a result; the line that says so, if any."""
+    more = len(images) - MCP_MAX_IMAGES
+    del images[MCP_MAX_IMAGES:]
+    return [f"[{more} more image(s) not shown: one result carries at most {MCP_MAX_IMAGES}]"] if more > 0 else []
 
 
 def image_problem(mime, data):
@@ -14099,7 +14404,7 @@ def persist_blocks(block, result):
     return result
 
 
-# --- s12.33: /mcp [extra] ---
+# --- s12.52: /mcp [extra] ---
 def server_state(server):
     transport = server["transport"]
     return "failed" if server["state"] == "connected" and transport and transport.error else server["state"]
@@ -14127,7 +14432,7 @@ def show_mcp(args, ctx):
 command("mcp", "List the MCP servers: transport, state, tool count and where each is configured", show_mcp)
 
 
-# --- s12.34: deferred tools [extra] ---
+# --- s12.53: deferred tools [extra] ---
 # Sixty tool definitions cost tens of thousands of tokens in every request, and
 # a long menu makes the model choose worse (seed: 工具延迟加载). Past a budget, or
 # for a server set to defer: true, MCP tools stay out of the request: their
@@ -14170,6 +14475,24 @@ def plan_deferral():
 def agent_tools():
     state = agent_state()
     return TOOLS if state.tools is None else state.tools
+
+
+def listing_line(description):
+    """A deferred tool's line in the reminder: its description's first line, as data."""
+    first = description.splitlines()[0].replace("<", "&lt;").replace(">", "&gt;")  # data, never a tag
+    return first if len(first) <= 120 else first[:117] + "..."
+
+
+def check_defer(defer):
+    """parse_server's check of a server's defer setting."""
+    if defer is not None and not isinstance(defer, bool):
+        raise ValueError("defer must be true or false")
+
+
+def not_loaded(name):
+    """mcp_input_problem's answer for a deferred tool called before tool_search loaded it."""
+    return (f"its definition is not loaded (a deferred tool): call tool_search with query "
+            f"\"select:{name}\" first, then call it with the input its schema asks for")
 
 
 def hidden_tools(tools=None):

@@ -429,6 +429,36 @@ def test_tools_list_stops_at_max_tools_and_at_a_cursor_seen_before(mod, servers,
     assert [m["method"] for m in recorded(log, "tools/list")].count("tools/list") == 2   # "again" twice: stop
 
 
+def children_with(word):
+    """Pids of this process's live children whose command line has `word` (Linux's /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[1]) == os.getpid() and word.encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+@each
+def test_the_sessions_end_stops_a_server_still_in_its_handshake(mod, servers):
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("finds the server's process through /proc")
+    up = servers({"slow": {"command": PY, "args": [TINY, "--slow-start", "61"]}}, wait=0.2)
+    server = up["slow"]                            # close_mcp empties MCP_SERVERS: keep the record
+    for _ in range(500):
+        if children_with("61"):                    # it runs; initialize waits 61 s for its answer
+            break
+        time.sleep(0.01)
+    assert server["state"] == "connecting" and children_with("61")
+    mod.close_mcp()
+    assert not children_with("61"), "the server was left running in its handshake"
+    assert server["state"] != "connected" and not mod.mcp_names("slow")
+
+
 @each
 def test_a_long_description_is_capped(mod, servers):
     servers({"odd": odd({"tools": [{"name": "long", "description": "w" * 5_000, "inputSchema": {"type": "object"}}]})})
