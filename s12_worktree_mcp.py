@@ -11709,7 +11709,7 @@ def make_lane(origin, name, base=None):
         branch_base(kept, start, base, branch, name)  # s12.15
         new = [] if kept else ["-b", branch]
         path = str(folder / name)
-        git(origin, "worktree", "add", "-q", *MAKING, *new, "--", path, branch if kept else start)
+        git(origin, "worktree", "add", "-q", *MAKING, *new, "--", path, branch if kept else start)  # s12.21
         lane = find_lane(origin, name)
         if lane is None:
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
