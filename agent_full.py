@@ -11824,7 +11824,7 @@ def leave_lane(state):
     """Back to where it came from, with fresh file-read records; the lock let go."""
     lane = state.worktree
     state.workdir, state.files, state.worktree = Path(lane["came_from"]), {}, None
-    release(lane.get("lock"))  # s12.16
+    release_lock(lane.get("lock"))  # s12.16
     log_event(Path(lane["origin"]), "leave", lane["name"], by=who(state))
 
 
@@ -12244,7 +12244,7 @@ class StdioTransport:
         why = "it closed its output"
         try:
             while line := self.proc.stdout.readline(MCP_MESSAGE_BYTES + 1):
-                if why_stop := too_long(line) or self.take(line):  # s12.37: a line is bounded
+                if why_stop := line_too_long(line) or self.take(line):  # s12.37: a line is bounded
                     why = why_stop
                     break
         except (OSError, ValueError) as e:
@@ -12375,7 +12375,7 @@ def connect(server):
     transport = None
     try:
         transport = (StdioTransport if server["spec"]["type"] == "stdio" else HttpTransport)(server)
-        opening(server, transport)  # s12.39: the session's end stops its handshake
+        name_opening(server, transport)  # s12.39: the session's end stops its handshake
         tools = list_tools(transport) if "tools" in hello(transport, server) else []
     except McpError as e:  # transports turn their own failures (OSError, httpx's) into these
         if transport:
@@ -12540,7 +12540,7 @@ def call_result(result):
             texts.append(str(block.get("text", "")))
         else:
             other_content(block, texts, images)
-    texts += structured(result, texts) + too_many_images(images)
+    texts += structured_text(result, texts) + too_many_images(images)
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
@@ -12797,7 +12797,7 @@ def take_lane(state, lane, inside_it):
     return fd
 
 
-def release(fd):
+def release_lock(fd):
     """An agent's shared lock on its lane (fd, or None) let go; the lock file's time is
     when the lane was last used (stale cleanup reads it)."""
     if fd is not None:
@@ -13699,7 +13699,7 @@ MCP_MESSAGE_BYTES = 16_000_000  # bytes of one message (a line, a reply): memory
 MCP_GARBAGE_LINES = 100      # stdout lines that are not JSON-RPC before a server counts as broken
 
 
-def too_long(line):
+def line_too_long(line):
     """Why a stdout line (read up to MCP_MESSAGE_BYTES + 1) ends the connection, or None."""
     return f"it sent a message over {MCP_MESSAGE_BYTES:,} bytes" if len(line) > MCP_MESSAGE_BYTES else None
 
@@ -13732,7 +13732,7 @@ def more_pages(tools, cursor, seen):
 # --- s12.39: a session that ends while a server connects [hardening: skip on first read] ---
 # Stops: a server still in its handshake when the session ends left running, or connected after it
 # Test: tests/test_s12_mcp_review.py::test_the_sessions_end_stops_a_server_still_in_its_handshake
-def opening(server, transport):
+def name_opening(server, transport):
     """connect's: the transport named in the record before its handshake, so close_mcp
     can stop it; ServerFailed when the session has ended already."""
     with MCP_LOCK:
@@ -14357,7 +14357,7 @@ def other_content(block, texts, images):
         texts.append(f"[{kind or 'unknown'} content ({block.get('mimeType', 'no type') if isinstance(block, dict) else 'no type'}), not shown]")
 
 
-def structured(result, texts):
+def structured_text(result, texts):
     """structuredContent as JSON text, when no text block says it already (servers should
     send both)."""
     data = result.get("structuredContent")
