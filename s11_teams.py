@@ -6750,7 +6750,7 @@ PROMPT_TOOLS = """Tool guidance:
 def session_environment(state):
     """The environment as it was at session start, computed once (shared with subagents)."""
     if "environment" not in state.session:
-        branch = git_branch(state.workdir)
+        branch = git_branch(state.workdir)  # read from .git/HEAD (s09.22)
         state.session["environment"] = (
             f"Environment at session start:\nWorking directory: {state.workdir}\n"
             f"Platform: {sys.platform}, shell {os.path.basename(os.environ.get('SHELL', 'sh'))}\n"
@@ -6758,20 +6758,6 @@ def session_environment(state):
             f"Git: {f'branch {branch}' if branch else 'not a git repository'}\n"
             f"Model: {model_id()}")
     return state.session["environment"]
-
-
-def git_branch(workdir):
-    """The checked-out branch, read from .git/HEAD (no process: this runs on every start)."""
-    root = repo_root(workdir)
-    if root is None:
-        return ""
-    git = root / ".git"
-    with contextlib.suppress(OSError, ValueError):
-        if git.is_file():  # a worktree: "gitdir: <path>"
-            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
-        head = (git / "HEAD").read_text(errors="replace").strip()
-        return head.removeprefix("ref: refs/heads/") if head.startswith("ref:") else f"(detached at {head[:12]})"
-    return ""
 
 
 def prompt_sections(state):
@@ -6789,7 +6775,7 @@ def assemble_prompt():
 # The chain (seed, after Codex): ~/.agent, then each folder from the git root
 # down to the working directory, at most one file per folder. Root first, so a
 # nearer file comes later and weighs more. @path includes the file's text (an
-# extra below). attach_context puts the chain, with the memory indexes, in front
+# extra: s09.25). attach_context puts the chain, with the memory indexes, in front
 # of the conversation's first prompt.
 INSTRUCTION_NAMES = ("AGENTS.override.md", "AGENTS.md", "CLAUDE.md")  # per folder: the first found
 INSTRUCTIONS_CAP = 32 * 1024  # bytes of instructions in all (Codex's default): a huge file is cut
@@ -6815,11 +6801,10 @@ def instruction_files(state):
 
 
 def load_instructions(state):
-    """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes."""
+    """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes (s09.7)."""
     parts, budget = [], [2 * INSTRUCTIONS_CAP]
     for path in instruction_files(state):
-        own = path.parent == Path.home() / ".agent"  # the user's own file: a link (dotfiles) is fine
-        if not own and (why := include_allowed(path.resolve(), state, repo_root(state.workdir) or state.workdir)):
+        if why := instruction_refused(path, state):  # a link to a key, a denied file (s09.6)
             parts.append(f"# From {path}\n\n(not read: {why})")
             continue
         try:
@@ -6829,13 +6814,7 @@ def load_instructions(state):
             continue
         budget[0] -= len(raw)
         parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
-    text = "\n\n".join(parts)
-    data = text.encode("utf-8")
-    if len(data) <= INSTRUCTIONS_CAP:
-        return text
-    kept = data[:INSTRUCTIONS_CAP].decode("utf-8", "ignore")
-    return kept + (f"\n\n[instructions cut: {len(data) - INSTRUCTIONS_CAP} of {len(data)} bytes "
-                   f"left out, from {kept.rsplit('# From ', 1)[-1].split(chr(10))[0]} on]")
+    return cut_instructions("\n\n".join(parts))
 
 
 def context_blocks(state):
@@ -6874,16 +6853,11 @@ def attach_context(messages):
 #   boundary  {"n"}: the history starts again (a compaction, a resume), once the
 #             n messages it announces have followed it
 #   mode      {"mode"}: the permission mode
-#   context, state, files: the context state beside the messages (a sub-section
-#             below, "the context state, kept for a resume")
+#   context, state, files: the context state beside the messages (s09.11)
 # Each record is flushed before the loop acts on it: the reply (and the marks its
 # call made) before its tools run, the prompt and the results before the next
 # model call.
 SESSION_LOCK = threading.Lock()  # one writer at a time appends to a session file
-GAP_HOURS = 24              # a resumed session older than this gets a reminder
-GAP_REMINDER = ("<system-reminder>\nThis session is resumed: its last message was {age} "
-                "ago ({when}). Files may have changed since; read them again before you rely "
-                "on what the history says about them.\n</system-reminder>")
 
 
 def sessions_dir(state):
@@ -6894,12 +6868,6 @@ def new_session(state):
     stamp_ = time.strftime("%Y%m%d-%H%M%S")
     return {"path": sessions_dir(state) / f"{stamp_}-{random.randrange(16**4):04x}.jsonl",
             "written": 0, "last": None, "fresh": True}  # fresh: its file is made at the first write
-
-
-def session_id(state):
-    """The session's id, the name of its file: --resume takes it, hooks are told it.
-    A subagent writes no file of its own: it has its parent's."""
-    return state.record["path"].stem if state.record else state.parent_session or state.run_id
 
 
 def write_records(records):
@@ -6914,25 +6882,12 @@ def write_records(records):
         if not os.getenv(TEAMMATE_ENV):  # s11: a teammate's session is not the user's to --continue
             register_session(state, path)
     try:
-        keep_out_of_git(path.parent)  # conversations stay out of git
-        fd = open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # no planted link
-        with open(fd, "a", encoding="utf-8") as fh:
+        with open(open_session_file(path, state), "a", encoding="utf-8") as fh:  # no planted link (s09.9)
             fh.write("".join(json.dumps(r | {"ts": time.time()}, ensure_ascii=False, default=str) + "\n"
                              for r in records))
             fh.flush()
     except OSError as e:
         warn_once(f"[session not saved ({e.strerror or e}): a resume will miss this part]")
-
-
-def saved(message):
-    """A message as the session file keeps it: without the loop's private marks
-    (_usage, _sent, ...), which change after the message is written ("context"
-    records keep them: context_records)."""
-    out = {k: v for k, v in message.items() if not k.startswith("_")}
-    if isinstance(out.get("content"), list):
-        out["content"] = [{k: v for k, v in b.items() if not k.startswith("_")} if isinstance(b, dict) else b
-                          for b in out["content"]]
-    return out
 
 
 def sync_session(messages, reply=None):
@@ -6946,6 +6901,7 @@ def sync_session(messages, reply=None):
 
 
 def sync_records(messages, reply, rec):
+    """The records of what the file lacks, written; saved() keeps s06's marks out of a message (s09.11)."""
     records = []
     start = min(rec["written"], len(messages))
     if start < rec["written"]:  # messages were taken back (an empty reply, a blocked prompt)
@@ -6990,10 +6946,9 @@ def note_mode(mode):
 def read_session(path):
     """(messages after the last boundary, with s06's marks; last mode; last timestamp;
     bad lines; the agent's state as last recorded, session_state's keys and "files").
-    A boundary counts once the n messages it announces have followed it: a crash
-    while they are written leaves the history before it (and its marks) in place."""
-    messages, before, owed, mode, last_ts, bad = [], [], 0, None, None, 0
-    marks, marks_before, left, files = new_marks(), new_marks(), {}, {}
+    `kept` gathers what else the records keep (s09.11), and the history before
+    a boundary until the messages it announces have followed it (s09.10)."""
+    messages, mode, last_ts, bad, kept = [], None, None, 0, Replay()
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
@@ -7003,33 +6958,23 @@ def read_session(path):
                 bad += 1
                 continue
             if kind == "boundary":
-                if not owed:  # an unfinished rewrite never counted
-                    before, marks_before = messages, marks
-                messages, marks, owed = [], new_marks(), r["n"] if isinstance(r.get("n"), int) else 0
+                kept.boundary(messages, r)
+                messages = []
             elif kind == "mode":
                 mode = r.get("mode")
             elif kind == "truncate" and isinstance(r.get("n"), int):
                 del messages[max(0, r["n"]):]
-                forget_marks(marks, max(0, r["n"]))
+                kept.taken_back(max(0, r["n"]))
             elif kind == "message" and isinstance(r.get("i"), int) and 0 <= r["i"] <= len(messages) \
                     and well_formed(r.get("message")):
                 messages[r["i"]:r["i"] + 1] = [r["message"]]
                 del messages[r["i"] + 1:]  # a rewrite of message i drops what came after it
-                forget_marks(marks, r["i"] + 1)  # the same message grown keeps its own
-                owed = 0 if len(messages) >= owed else owed
-            elif kind == "context":
-                note_marks(marks, r)
-            elif kind == "state" and isinstance(r.get("state"), dict):
-                left |= r["state"]
-            elif kind == "files" and isinstance(r.get("files"), dict):
-                files |= r["files"]
-            else:
+                kept.written(messages, r["i"])
+            elif not kept.read(kind, r):  # nor a record of the context state
                 bad += 1
                 continue
             last_ts = ts
-    history, marks = (before, marks_before) if owed else (messages, marks)
-    left["files"] = {p: s for p, s in files.items() if s is not None}
-    return apply_marks(history, marks), mode, last_ts, bad, left
+    return kept.history(messages), mode, last_ts, bad, kept.left
 
 
 def session_files(state):
@@ -7041,57 +6986,36 @@ def session_files(state):
 
 
 def find_session(state, which):
-    """The session file for --continue (which True: the newest of the user's own)
-    or --resume ID (one the user did not start here is resumed only if they say so)."""
+    """The session file for --continue (which True: the newest of the user's own,
+    s09.12) or --resume ID (s09.24)."""
     files, own = session_files(state), own_sessions(state)
-    if which is True:
-        if not own:
-            extra = f" ({len(files)} session file(s) from elsewhere: /resume lists them)" if files else ""
-            raise ValueError(f"--continue: no session started here to continue{extra}")
-        return own[-1]
-    if not isinstance(which, str) or not which.strip():
-        raise ValueError("--resume needs a session ID: /resume lists them")
-    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(which)]
-    if len(hits) != 1:
-        raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
-                         f"; /resume lists them")
-    if hits[0] not in own and ask_human(
-            f"{printable(hits[0].stem)} was not started here by you (a cloned repository can ship session "
-            f"files, and its history would reach the model as yours). Resume it anyway? [y/N] "
-            ).strip().lower() not in ("y", "yes"):
-        raise ValueError(f"--resume {which}: not resumed")
-    return hits[0]
+    if which is not True:
+        return session_by_id(which, files, own)
+    if not own:
+        extra = f" ({len(files)} session file(s) from elsewhere: /resume lists them)" if files else ""
+        raise ValueError(f"--continue: no session started here to continue{extra}")
+    return own[-1]
 
 
 def resume(client, path):
     """Load a session into a fresh history and keep appending to its file. What
     else shapes a request comes back too (s06's marks, the agent's state, its
-    file-read records), so the next request is the one the live session would
-    have sent."""
+    file-read records: s09.11), so the next request is the one the live
+    session would have sent."""
     state = agent_state()
     messages, mode, last_ts, bad, left = read_session(path)
-    kept = complete_prefix(messages)
+    kept = complete_prefix(messages)  # an unfinished turn's calls left out (s09.10)
     cut = len(messages) - len(kept)
     end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
-    state.files.clear()  # another history's reads are not this one's: restore_state brings its own
-    restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
-        and mode != state.mode and path in own_sessions(state)  # a shipped file never loosens the mode
-    if restored:  # plan and bypassPermissions: never resumed, never replaced
-        state.mode = state.mode_before_plan = mode
+    restored = restore_mode(state, mode, path)  # never a looser one (s09.12)
     say(printable(f"[resumed {path.stem}: {len(kept)} messages")
         + (f", permission mode {mode} as the session left it" if restored else "")
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
-    restore_state(state, left)  # first: the records written below start from it
-    if client is not None and last_usage(kept) is None and estimate_tokens(kept) > AUTO_COMPACT_AT:
-        compact(client, kept, why="resumed over the threshold")  # a file without size anchors; else
-    session_boundary(kept, compacted=False)  # manage_context decides next, as the live session would
-    if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
-        hours = (time.time() - last_ts) / 3600
-        age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
-        state.hook_notes.append({"type": "text", "text": GAP_REMINDER.format(
-            age=age, when=time.strftime("%Y-%m-%d %H:%M", time.localtime(last_ts)))})
+    resume_context(client, state, left, kept)  # the plan, the reads, s06's marks (s09.11)
+    session_boundary(kept, compacted=False)
+    remind_of_gap(state, last_ts)  # a session left long ago: read the files again (s09.13)
     return kept
 
 
@@ -7119,14 +7043,9 @@ def start_session(argv, client):
 # create, update and delete operations.
 MEMORY_TYPES = ("user", "feedback", "project", "reference")
 USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
-INDEX_LINES = 200           # lines of one MEMORY.md (seed)
-INDEX_BYTES = 25_000        # bytes of one MEMORY.md (seed)
 MEMORY_BODY_CHARS = 4_000   # characters of one memory's body
-MEMORY_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # a memory's name is its file name
 SIDE_MAX_TOKENS = 2_000     # output tokens of a memory side call
-MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
 MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
-MAX_OPERATIONS = 50         # extractor operations applied from one reply
 EXTRACT_SYSTEM = """You maintain the long-term memory of a coding agent. You get the \
 memory index and the latest turn of a conversation. Decide whether the turn holds \
 something worth knowing in a later session: the user's preferences (type user), a \
@@ -7144,28 +7063,18 @@ credentials). Nothing worth keeping: {"operations": []}."""
 
 def after_turn(messages):
     """When a turn ends without tool use (the main agent's): the session is on disk
-    first, then memory extraction starts in the background, then maybe a consolidation."""
+    first, then memory extraction starts in the background (extract_memories, its
+    failures logged: s09.15), then maybe a consolidation (s09.27)."""
     state = agent_state()
     sync_session(messages)
-    if state.label or not auto_memory() or state.client is None:
+    if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
         return
     text = turn_text(messages)
     job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
                            daemon=True)
-    state.memory["jobs"].append(job)
+    state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
     job.start()
-    try:  # the turn is over: nothing here may turn it into a failure
-        maybe_consolidate(state)
-    except OSError as e:
-        log_memory(f"consolidation not started: {e}")
-
-
-def extract_quietly(text, state):
-    """The thread's body: a failure is a line in memory.log, never a traceback in the REPL."""
-    try:
-        extract_memories(text, state)
-    except Exception as e:
-        log_memory(f"extraction failed: {type(e).__name__}: {e}")
+    consolidate_quietly(state)
 
 
 def extract_memories(text, state):
@@ -7223,27 +7132,16 @@ def json_reply(text):
     return data
 
 
-def log_memory(line):
-    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
-    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-    with contextlib.suppress(OSError), \
-            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
-        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
-
-
 def apply_operations(ops, state):
-    """Apply checked operations (at most MAX_OPERATIONS); returns what changed, one
-    short phrase each. The indexes of the folders touched are rebuilt whatever
-    happens, so an index never disagrees with its files."""
+    """Apply checked operations (at most MAX_OPERATIONS: s09.14); returns what
+    changed, one short phrase each. The indexes of the folders touched are rebuilt
+    whatever happens, so an index never disagrees with its files."""
     done, touched = [], set()
     existing = {m["name"]: m for m in read_memories(state)}
     try:
         for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
-            try:
-                if phrase := apply_operation(op, existing, touched, state):
-                    done.append(phrase)
-            except OSError as e:
-                log_memory(f"operation failed ({e}): {json.dumps(op, default=str)[:200]}")
+            if phrase := apply_logged(op, existing, touched, state):  # a failed write: logged (s09.15)
+                done.append(phrase)
     finally:
         for folder in touched:
             with contextlib.suppress(OSError):
@@ -7252,18 +7150,12 @@ def apply_operations(ops, state):
 
 
 def apply_operation(op, existing, touched, state):
-    """One operation; `existing` (name -> memory) is kept up to date."""
-    if problem := check_operation(op):
-        log_memory(f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}")
+    """One operation; `existing` (name -> memory) is kept up to date. One that is
+    malformed, a memory made twice or one gone is logged, not applied (s09.14)."""
+    if why := operation_refused(op, existing):
+        log_memory(why)
         return None
     old = existing.get(op["name"])
-    if op["op"] == "create" and (old or any(same_meaning(op["description"], m["description"])
-                                            for m in existing.values())):
-        log_memory(f"create {op['name']} skipped: a memory with that meaning exists")
-        return None
-    if op["op"] != "create" and old is None:  # forgotten meanwhile (/forget), or never there
-        log_memory(f"{op['op']} {op['name']} skipped: no such memory")
-        return None
     if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
         old["path"].unlink()
         touched.add(old["path"].parent)
@@ -7276,20 +7168,6 @@ def apply_operation(op, existing, touched, state):
     return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
 
 
-def check_operation(op):
-    """An extractor operation's problem, or None."""
-    if not isinstance(op, dict) or op.get("op") not in ("create", "update", "delete"):
-        return "op must be create, update or delete"
-    if not isinstance(op.get("name"), str) or not MEMORY_NAME.fullmatch(op["name"]):
-        return f"name {op.get('name')!r} must be kebab-case, at most 64 characters"
-    if op["op"] != "delete":
-        if op.get("type") not in MEMORY_TYPES:
-            return f"type must be one of {', '.join(MEMORY_TYPES)}"
-        if not all(isinstance(op.get(k), str) and op[k].strip() for k in ("description", "body")):
-            return "description and body must be non-empty strings"
-    return None
-
-
 def write_memory(op, state):
     folder = memory_dir(op["type"], state)
     meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
@@ -7299,14 +7177,9 @@ def write_memory(op, state):
 
 
 def memory_dirs(state):
-    """The two folders. The project's counts only when neither .agent nor
-    .agent/memory is a link: a clone could point it at HOME, and every read,
-    write and the consolidator's write permission would follow."""
+    """The two folders: the user's, the project's (left out when it is a link: s09.16)."""
     dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
-    if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
-        warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
-        del dirs["project"]
-    return dirs
+    return without_linked_project(dirs)
 
 
 def memory_dir(kind, state):
@@ -7321,13 +7194,9 @@ def read_memories(state):
     found = []
     for folder in memory_dirs(state).values():
         for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
-            if path.name == "MEMORY.md" or not plain_file(path):
+            if path.name == "MEMORY.md" or not (head := memory_head(path)):  # its head only (s09.17)
                 continue
-            try:
-                with open(path, encoding="utf-8", errors="replace") as fh:  # a file of any size: read a head
-                    meta, body = split_frontmatter(fh.read(4 * MEMORY_BODY_CHARS))
-            except (OSError, ValueError):
-                continue
+            meta, body = head
             found.append({"name": path.stem, "type": str(meta.get("type", "project")),
                           "description": " ".join(str(meta.get("description", "")).split()),
                           "body": body, "path": path})
@@ -7335,17 +7204,10 @@ def read_memories(state):
 
 
 def index_lines(folder):
-    """MEMORY.md's lines for one folder, within INDEX_LINES and INDEX_BYTES."""
-    lines, size = [], 0
+    """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.17)."""
     memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    for m in memories:
-        line = f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
-        if len(lines) >= INDEX_LINES - 1 or size + len(line.encode()) + 1 > INDEX_BYTES - 100:
-            lines.append(f"- ... {len(memories) - len(lines)} more in {folder} (not indexed)")
-            break
-        lines.append(line)
-        size += len(line.encode()) + 1
-    return lines
+    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+                         for m in memories], folder)
 
 
 def write_index(folder):
@@ -7357,22 +7219,9 @@ def memory_index(state):
     """Both MEMORY.md files (user first) as read, each capped like the index."""
     parts = []
     for scope, folder in memory_dirs(state).items():
-        path = folder / "MEMORY.md"
-        if plain_file(path):
-            with open(path, "rb") as fh:
-                raw = fh.read(INDEX_BYTES).decode("utf-8", "ignore")
-            lines = raw.splitlines()[:INDEX_LINES]
-            if lines:
-                parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
+        if lines := read_index(folder / "MEMORY.md"):
+            parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
     return "\n\n".join(parts)
-
-
-def auto_memory():
-    """Are the memory side calls on? AGENT_AUTO_MEMORY=0 or memory: {auto: false} in a config turns them off."""
-    state = agent_state()
-    if os.getenv("AGENT_AUTO_MEMORY", "").strip().lower() in MEMORY_OFF:
-        return False
-    return state.permissions.get("auto_memory", True)
 
 
 # --- s09.5: recall at each prompt [core] ---
@@ -7419,7 +7268,15 @@ def recall(messages):
 # --- s09.6: instructions and includes never reach a secret [hardening: skip on first read] ---
 # Stops: an AGENTS.md or an @include that links to ~/.ssh, a .env or a file a read rule denies
 # Test: tests/test_s09_memory.py::test_a_secret_looking_include_is_never_read_rule_or_not
-# load_instructions and included() ask include_allowed before reading a file.
+# load_instructions asks instruction_refused, and included() include_allowed, before reading a file.
+def instruction_refused(path, state):
+    """Why a file of the chain is not read, or None: the user's own ~/.agent file may be
+    a link (dotfiles); any other passes include_allowed, from the chain's root."""
+    if path.parent == Path.home() / ".agent":
+        return None
+    return include_allowed(path.resolve(), state, repo_root(state.workdir) or state.workdir)
+
+
 SECRET_FILE = re.compile(  # a file name that holds keys or tokens: never included, wherever it lies
     r"^(\.env([._-](?!(example|sample|template)$)[\w.-]+)?|[\w.-]+\.env|\.envrc|\.secrets?|secrets?\.\w+"
     r"|_netrc|\.htpasswd"  # s07's HOME_SECRETS names the rest (.netrc, .pgpass, .npmrc ...), by place
@@ -7451,7 +7308,21 @@ def user_agent_dir():
     return (Path.home() / ".agent").resolve()
 
 
-# --- s09.7: two sessions, one name [hardening: skip on first read] ---
+# --- s09.7: instructions over their cap [hardening: skip on first read] ---
+# Stops: a huge AGENTS.md (or a chain of them) filling the context before the first prompt
+# Test: tests/test_s09_memory.py::test_instructions_over_the_cap_are_cut_with_a_note_naming_what_was_cut
+# load_instructions reads each file up to INSTRUCTIONS_CAP bytes, then cuts the whole chain here.
+def cut_instructions(text):
+    """The chain's text within INSTRUCTIONS_CAP bytes, with a note naming where the cut began."""
+    data = text.encode("utf-8")
+    if len(data) <= INSTRUCTIONS_CAP:
+        return text
+    kept = data[:INSTRUCTIONS_CAP].decode("utf-8", "ignore")
+    return kept + (f"\n\n[instructions cut: {len(data) - INSTRUCTIONS_CAP} of {len(data)} bytes "
+                   f"left out, from {kept.rsplit('# From ', 1)[-1].split(chr(10))[0]} on]")
+
+
+# --- s09.8: two sessions, one name [hardening: skip on first read] ---
 # Stops: two processes started in the same second appending to one session file
 # Test: tests/test_s09_memory.py::test_two_sessions_that_draw_one_name_never_share_its_file
 # write_records makes a new session's file through claim_session_file.
@@ -7474,11 +7345,24 @@ def claim_session_file(state):
     return path
 
 
-# --- s09.8: a crash mid-turn [hardening: skip on first read] ---
+# --- s09.9: the session file: no link followed, kept out of git [hardening: skip on first read] ---
+# Stops: a session appended through a link a clone planted at its name, or pushed with the repository
+# Test: tests/test_s09_memory.py::test_the_session_file_follows_no_planted_link_and_stays_out_of_git
+# write_records appends through open_session_file.
+def open_session_file(path, state):
+    """A descriptor for appending to the session file, by s06's open_inside (no link on
+    the way or at the name is followed); the folder keeps out of git: conversations
+    are not shared by a push."""
+    keep_out_of_git(path.parent)
+    return open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+# --- s09.10: a crash mid-turn [hardening: skip on first read] ---
 # Stops: a session killed mid-write or mid-tool resuming into a request the API refuses
 # Test: tests/test_s09_crash.py::test_a_session_killed_at_seeded_moments_resumes_every_finished_turn
 # resume() keeps the longest start of the history the API accepts and ends a
-# torn last line before appending.
+# torn last line before appending; read_session's Replay (s09.11) keeps the
+# history before a boundary whose rewrite a crash cut short.
 
 # A call's id and its result's: set members and dict keys (complete_prefix, the marks),
 # so another type in a planted file was a TypeError at /resume and --resume.
@@ -7536,7 +7420,7 @@ def end_torn_line(path):
             fh.write(b"\n")
 
 
-# --- s09.9: the context state, kept for a resume [hardening: skip on first read] ---
+# --- s09.11: the context state, kept for a resume [hardening: skip on first read] ---
 # Stops: a resumed session re-sending every cleared result whole, and forgetting its plan, its reads and its hooks' state
 # Test: tests/test_s09_resume.py::test_a_session_split_over_four_processes_sends_what_one_process_sends
 # The session file's other records, appended by sync_records after the messages
@@ -7651,6 +7535,59 @@ def restore_state(state, left):
                         if isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)})
 
 
+class Replay:
+    """What read_session gathers beside the messages: s06's marks, the agent's state
+    and its file reads; and, for a crash (s09.10), the history before a boundary and
+    its marks, kept until the n messages the boundary announces have followed it (a
+    rewrite the crash cut short never counted)."""
+
+    def __init__(self):
+        self.marks, self.before, self.marks_before, self.owed = new_marks(), [], new_marks(), 0
+        self.left, self.files = {}, {}
+
+    def boundary(self, messages, r):
+        if not self.owed:  # an unfinished rewrite never counted
+            self.before, self.marks_before = messages, self.marks
+        self.marks, self.owed = new_marks(), r["n"] if isinstance(r.get("n"), int) else 0
+
+    def taken_back(self, n):
+        forget_marks(self.marks, n)
+
+    def written(self, messages, i):
+        forget_marks(self.marks, i + 1)  # the same message grown keeps its own
+        self.owed = 0 if len(messages) >= self.owed else self.owed
+
+    def read(self, kind, r):
+        """One "context", "state" or "files" record; False when it is none of them, or
+        one the file cannot hold."""
+        if kind == "context":
+            note_marks(self.marks, r)
+        elif kind == "state" and isinstance(r.get("state"), dict):
+            self.left |= r["state"]
+        elif kind == "files" and isinstance(r.get("files"), dict):
+            self.files |= r["files"]
+        else:
+            return False
+        return True
+
+    def history(self, messages):
+        """The messages read (or those before an unfinished boundary), with their marks."""
+        history, marks = (self.before, self.marks_before) if self.owed else (messages, self.marks)
+        self.left["files"] = {p: s for p, s in self.files.items() if s is not None}
+        return apply_marks(history, marks)
+
+
+def resume_context(client, state, left, kept):
+    """The context state back on a resumed agent, before the boundary (the records written
+    then start from it); another history's reads are not this one's. A file without size
+    anchors, over the threshold, is compacted now; else manage_context decides next, as
+    the live session would."""
+    state.files.clear()
+    restore_state(state, left)
+    if client is not None and last_usage(kept) is None and estimate_tokens(kept) > AUTO_COMPACT_AT:
+        compact(client, kept, why="resumed over the threshold")
+
+
 def new_marks():
     return {"usage": {}, "sent": 0, "cleared": set()}
 
@@ -7691,10 +7628,22 @@ def apply_marks(messages, marks):
     return messages
 
 
-# --- s09.10: a session a clone shipped [hardening: skip on first read] ---
+def saved(message):
+    """A message as the session file keeps it: without the loop's private marks
+    (_usage, _sent, ...), which change after the message is written ("context"
+    records keep them: context_records)."""
+    out = {k: v for k, v in message.items() if not k.startswith("_")}
+    if isinstance(out.get("content"), list):
+        out["content"] = [{k: v for k, v in b.items() if not k.startswith("_")} if isinstance(b, dict) else b
+                          for b in out["content"]]
+    return out
+
+
+# --- s09.12: a session a clone shipped [hardening: skip on first read] ---
 # Stops: a cloned repository's .agent/sessions reaching the model as the user's own history
 # Test: tests/test_s09_review.py::test_continue_never_picks_a_shipped_session
-# find_session continues only sessions the user's agent started here.
+# find_session continues only sessions the user's agent started here, and resumes
+# another by its ID only after confirm_shipped's yes; resume() restores the mode by restore_mode.
 OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>" per session started
 
 
@@ -7710,6 +7659,26 @@ def own_sessions(state):
     return [p for p in session_files(state) if p.stem in ids]
 
 
+def confirm_shipped(path, which):
+    """--resume of a session the user did not start here: only after a yes."""
+    if ask_human(
+            f"{printable(path.stem)} was not started here by you (a cloned repository can ship session "
+            f"files, and its history would reach the model as yours). Resume it anyway? [y/N] "
+            ).strip().lower() not in ("y", "yes"):
+        raise ValueError(f"--resume {which}: not resumed")
+
+
+def restore_mode(state, mode, path):
+    """The session's permission mode back, if safe; True if it was. Only between default
+    and acceptEdits (plan and bypassPermissions: never resumed, never replaced), and
+    only from a session the user started here: a shipped file never loosens the mode."""
+    restored = mode in ("default", "acceptEdits") and state.mode in ("default", "acceptEdits") \
+        and mode != state.mode and path in own_sessions(state)
+    if restored:
+        state.mode = state.mode_before_plan = mode
+    return restored
+
+
 def register_session(state, path):
     home = (Path.home() / OWN_SESSIONS).parent.resolve()  # ~/.agent: a dotfiles link there is the user's own
     with contextlib.suppress(OSError):  # s06's open_inside: no link below it is followed
@@ -7718,9 +7687,107 @@ def register_session(state, path):
             fh.write(f"{state.workdir}\t{path.stem}\n")
 
 
-# --- s09.11: memory files: no link followed [hardening: skip on first read] ---
+# --- s09.13: a session resumed long after [hardening: skip on first read] ---
+# Stops: a session resumed days later acting on what its history says about files changed since
+# Test: tests/test_s09_memory.py::test_a_time_gap_reminder_only_after_a_day
+# resume() ends with remind_of_gap: the reminder goes with the next prompt.
+GAP_HOURS = 24              # a resumed session older than this gets a reminder
+GAP_REMINDER = ("<system-reminder>\nThis session is resumed: its last message was {age} "
+                "ago ({when}). Files may have changed since; read them again before you rely "
+                "on what the history says about them.\n</system-reminder>")
+
+
+def remind_of_gap(state, last_ts):
+    """A session whose last record is older than GAP_HOURS: a reminder for the next prompt."""
+    if last_ts and time.time() - last_ts > GAP_HOURS * 3600:
+        hours = (time.time() - last_ts) / 3600
+        age = f"{hours / 24:.0f} days" if hours >= 48 else f"{hours:.0f} hours"
+        state.hook_notes.append({"type": "text", "text": GAP_REMINDER.format(
+            age=age, when=time.strftime("%Y-%m-%d %H:%M", time.localtime(last_ts)))})
+
+
+# --- s09.14: the extractor's operations, checked [hardening: skip on first read] ---
+# Stops: a reply naming ../x or a bad type writing outside the memory folders, or a forgotten memory coming back
+# Test: tests/test_s09_memory.py::test_invalid_operations_are_ignored_and_the_valid_one_applies
+# apply_operation asks operation_refused first, apply_operations takes MAX_OPERATIONS at most.
+MEMORY_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # a memory's name is its file name
+MAX_OPERATIONS = 50         # extractor operations applied from one reply
+
+
+def operation_refused(op, existing):
+    """The memory.log line for an operation not to apply, or None: a malformed one; a
+    create of a memory that exists (same name or meaning: s09.18); an update or
+    delete of one that does not (forgotten meanwhile with /forget, or never there)."""
+    if problem := check_operation(op):
+        return f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}"
+    old = existing.get(op["name"])
+    if op["op"] == "create" and (old or any(same_meaning(op["description"], m["description"])
+                                            for m in existing.values())):
+        return f"create {op['name']} skipped: a memory with that meaning exists"
+    if op["op"] != "create" and old is None:
+        return f"{op['op']} {op['name']} skipped: no such memory"
+    return None
+
+
+def check_operation(op):
+    """An extractor operation's problem, or None."""
+    if not isinstance(op, dict) or op.get("op") not in ("create", "update", "delete"):
+        return "op must be create, update or delete"
+    if not isinstance(op.get("name"), str) or not MEMORY_NAME.fullmatch(op["name"]):
+        return f"name {op.get('name')!r} must be kebab-case, at most 64 characters"
+    if op["op"] != "delete":
+        if op.get("type") not in MEMORY_TYPES:
+            return f"type must be one of {', '.join(MEMORY_TYPES)}"
+        if not all(isinstance(op.get(k), str) and op[k].strip() for k in ("description", "body")):
+            return "description and body must be non-empty strings"
+    return None
+
+
+# --- s09.15: memory work fails into a log [hardening: skip on first read] ---
+# Stops: a failed side call, a bad reply or an unwritable folder printing a traceback into the REPL
+# Test: tests/test_s09_review.py::test_a_failing_extraction_is_logged_not_a_traceback
+# The extraction thread runs extract_quietly; apply_operations applies each operation by
+# apply_logged. Each failure is a line in .agent/memory.log.
+def apply_logged(op, existing, touched, state):
+    """apply_operation; a write that fails (a folder that is a file, a full disk) is a
+    line in memory.log, and the next operation still runs."""
+    try:
+        return apply_operation(op, existing, touched, state)
+    except OSError as e:
+        log_memory(f"operation failed ({e}): {json.dumps(op, default=str)[:200]}")
+        return None
+
+
+def extract_quietly(text, state):
+    """The thread's body: a failure is a line in memory.log, never a traceback in the REPL."""
+    try:
+        extract_memories(text, state)
+    except Exception as e:
+        log_memory(f"extraction failed: {type(e).__name__}: {e}")
+
+
+def log_memory(line):
+    """One line in .agent/memory.log, by s06's open_inside: a planted link is not followed."""
+    root, flags = agent_state().workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with contextlib.suppress(OSError), \
+            open(open_inside(root / ".agent" / "memory.log", root, flags), "a", encoding="utf-8") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
+
+
+# --- s09.16: memory files: no link followed [hardening: skip on first read] ---
 # Stops: a cloned MEMORY.md linked to /proc/self/environ, or a memory write through a planted link
 # Test: tests/test_s09_review.py::test_a_linked_memory_index_or_file_is_never_read
+# memory_dirs leaves a linked project folder out (without_linked_project); the rest read by plain_file.
+def without_linked_project(dirs):
+    """The project's folder counts only when neither .agent nor .agent/memory is a
+    link: a clone could point it at HOME, and every read, write and the
+    consolidator's write permission would follow."""
+    if any(p.is_symlink() for p in (dirs["project"], dirs["project"].parent)):
+        warn_once(f"[{dirs['project']} is a link: project memory is off in this workspace]")
+        del dirs["project"]
+    return dirs
+
+
 def plain_file(path):
     """A regular file, not a link: memory files are never followed anywhere
     (a cloned MEMORY.md -> /proc/self/environ would send the key to the model)."""
@@ -7737,7 +7804,49 @@ def replace_file(folder, name, text):
     write_inside(folder / name, text.encode("utf-8"), 0o600)
 
 
-# --- s09.12: one memory, once [hardening: skip on first read] ---
+# --- s09.17: memory files and MEMORY.md within their caps [hardening: skip on first read] ---
+# Stops: an index written past 200 lines or 25 KB, or a cloned memory file or MEMORY.md of any size read whole
+# Test: tests/test_s09_memory.py::test_the_index_cap_holds_with_a_more_line
+# index_lines caps what write_index writes; read_memories reads each file by memory_head,
+# memory_index each MEMORY.md by read_index.
+INDEX_LINES = 200           # lines of one MEMORY.md (seed)
+INDEX_BYTES = 25_000        # bytes of one MEMORY.md (seed)
+
+
+def capped_index(lines, folder):
+    """The index's lines within INDEX_LINES and INDEX_BYTES; the rest counted in a last line."""
+    kept, size = [], 0
+    for line in lines:
+        if len(kept) >= INDEX_LINES - 1 or size + len(line.encode()) + 1 > INDEX_BYTES - 100:
+            kept.append(f"- ... {len(lines) - len(kept)} more in {folder} (not indexed)")
+            break
+        kept.append(line)
+        size += len(line.encode()) + 1
+    return kept
+
+
+def memory_head(path):
+    """(frontmatter, body) of a memory file, from its first 4 * MEMORY_BODY_CHARS
+    characters (a file of any size); None for a link or a file that does not parse."""
+    if not plain_file(path):
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return split_frontmatter(fh.read(4 * MEMORY_BODY_CHARS))
+    except (OSError, ValueError):
+        return None
+
+
+def read_index(path):
+    """A MEMORY.md's lines, read no further than the cap; none from a link (s09.16)."""
+    if not plain_file(path):
+        return []
+    with open(path, "rb") as fh:
+        raw = fh.read(INDEX_BYTES).decode("utf-8", "ignore")
+    return raw.splitlines()[:INDEX_LINES]
+
+
+# --- s09.18: one memory, once [hardening: skip on first read] ---
 # Stops: the extractor saving the same fact again under another name
 # Test: tests/test_s09_memory.py::test_a_second_create_with_the_same_name_or_meaning_is_not_made_twice
 def same_meaning(a, b):
@@ -7746,7 +7855,7 @@ def same_meaning(a, b):
     return norm(a) == norm(b)  # not "similar": port 8080 and 8081 are two facts (dream merges near-twins)
 
 
-# --- s09.13: recall without the side call [hardening: skip on first read] ---
+# --- s09.19: recall without the side call [hardening: skip on first read] ---
 # Stops: a failed or garbled recall reply leaving the prompt without any memory
 # Test: tests/test_s09_memory.py::test_a_garbage_recall_reply_falls_back_to_keywords
 def keyword_pick(prompt, memories):
@@ -7757,7 +7866,7 @@ def keyword_pick(prompt, memories):
     return [m for score, m in sorted(scored, key=lambda s: -s[0]) if score][:RELEVANT_MAX]
 
 
-# --- s09.14: a broken memory config stops the start [hardening: skip on first read] ---
+# --- s09.20: a broken memory config stops the start [hardening: skip on first read] ---
 # Stops: a misspelt memory: setting silently leaving auto memory on
 # Test: tests/test_s09_memory.py::test_a_memory_config_must_be_auto_true_or_false
 def check_memory_config(path, memory):
@@ -7767,7 +7876,64 @@ def check_memory_config(path, memory):
         raise ConfigError(f"{path}: memory must be a mapping with one key, auto: true or false")
 
 
-# --- s09.15: @file includes [extra] ---
+# --- s09.21: auto memory off [extra] ---
+# AGENT_AUTO_MEMORY=0, or memory: {auto: false} in a config (s07's read_config), turns
+# every memory side call off: extraction, recall, consolidation.
+MEMORY_OFF = ("0", "off", "false", "no")  # AGENT_AUTO_MEMORY values that turn the side calls off
+
+
+def auto_memory():
+    """Are the memory side calls on? AGENT_AUTO_MEMORY=0 or memory: {auto: false} in a config turns them off."""
+    state = agent_state()
+    if os.getenv("AGENT_AUTO_MEMORY", "").strip().lower() in MEMORY_OFF:
+        return False
+    return state.permissions.get("auto_memory", True)
+
+
+# --- s09.22: the branch, read from .git/HEAD [extra] ---
+# The environment names the checked-out branch: read from the file, with no git process,
+# since this runs at every start; a worktree's .git is a file naming its git folder.
+def git_branch(workdir):
+    """The checked-out branch, read from .git/HEAD (no process: this runs on every start)."""
+    root = repo_root(workdir)
+    if root is None:
+        return ""
+    git = root / ".git"
+    with contextlib.suppress(OSError, ValueError):
+        if git.is_file():  # a worktree: "gitdir: <path>"
+            git = (root / git.read_text().split(":", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text(errors="replace").strip()
+        return head.removeprefix("ref: refs/heads/") if head.startswith("ref:") else f"(detached at {head[:12]})"
+    return ""
+
+
+# --- s09.23: the session's id [extra] ---
+# Its file's name: --resume and /resume take it, s08's hooks are told it, s07's plan file
+# is named by it (so a resume keeps the plan), a subagent shares its parent's.
+def session_id(state):
+    """The session's id, the name of its file: --resume takes it, hooks are told it.
+    A subagent writes no file of its own: it has its parent's."""
+    return state.record["path"].stem if state.record else state.parent_session or state.run_id
+
+
+# --- s09.24: --resume ID: a session by its name [extra] ---
+# --continue takes the newest of the user's own sessions; --resume ID (and /resume ID)
+# any one, by its name or the start of it.
+def session_by_id(which, files, own):
+    """--resume ID (and /resume ID): the session named ID, or the one whose name starts
+    with it; one the user did not start here is resumed only if they say so."""
+    if not isinstance(which, str) or not which.strip():
+        raise ValueError("--resume needs a session ID: /resume lists them")
+    hits = [p for p in files if p.stem == which] or [p for p in files if p.stem.startswith(which)]
+    if len(hits) != 1:
+        raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
+                         f"; /resume lists them")
+    if hits[0] not in own:
+        confirm_shipped(hits[0], which)  # one a clone may have shipped: the human says yes first (s09.12)
+    return hits[0]
+
+
+# --- s09.25: @file includes [extra] ---
 # @path in an instruction file is replaced by that file's text (depth at most
 # INCLUDE_DEPTH, cycles cut, never inside code).
 INCLUDE_DEPTH = 5           # levels of @file inside @file (seed)
@@ -7840,7 +8006,7 @@ def included(ref, path, state, depth, chain, budget):
     return expand_includes(text, target, state, depth + 1, chain + (path.resolve(),), budget)
 
 
-# --- s09.16: memory work at exit [extra] ---
+# --- s09.26: memory work at exit [extra] ---
 # main() runs the session inside memory_session: an extraction still running
 # at exit gets MEMORY_EXIT_WAIT seconds.
 MEMORY_EXIT_WAIT = 10       # seconds the session's end waits for a memory extraction still running
@@ -7870,7 +8036,7 @@ def end_memory(state):
         log_memory("consolidation cut off at exit")
 
 
-# --- s09.17: consolidation [extra] ---
+# --- s09.27: consolidation [extra] ---
 # "Dream" (seed: autoDream): now and then a child agent merges duplicates,
 # deletes what was proven wrong and fixes dates. Gates, cheapest first: no look
 # in the last DREAM_SCAN_EVERY seconds (this process), DREAM_EVERY_HOURS since
@@ -7950,6 +8116,15 @@ def dream_due(state):
     return len(sessions) >= DREAM_SESSIONS
 
 
+def consolidate_quietly(state):
+    """after_turn's consolidation, if one is due: the turn is over, so nothing here may
+    turn it into a failure."""
+    try:
+        maybe_consolidate(state)
+    except OSError as e:
+        log_memory(f"consolidation not started: {e}")
+
+
 def maybe_consolidate(state):
     if not dream_due(state):
         return
@@ -7995,7 +8170,7 @@ def restore_lock(state, before):
             os.utime(lock_path(state), (before, before), follow_symlinks=False)
 
 
-# --- s09.18: the consolidator writes only memory [hardening: skip on first read] ---
+# --- s09.28: the consolidator writes only memory [hardening: skip on first read] ---
 # Stops: the consolidating child writing outside the memory folders, or running bash unsandboxed
 # Test: tests/test_s09_memory.py::test_the_consolidator_writes_only_in_the_memory_folders_and_has_no_unsandboxed_bash
 # judge asks confined() first for an agent with write_roots.
@@ -8008,7 +8183,7 @@ def confined(name, args, paths, state):
     return None
 
 
-# --- s09.19: /memory, /forget, /resume [extra] ---
+# --- s09.29: /memory, /forget, /resume [extra] ---
 SESSION_LIST = 20           # sessions /resume lists, newest first
 
 
