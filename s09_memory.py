@@ -6746,10 +6746,10 @@ def instruction_files(state):
 
 
 def load_instructions(state):
-    """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes (s09.7)."""
+    """The chain as one text, each file headed by its path, cut at INSTRUCTIONS_CAP bytes (s09.6)."""
     parts, budget = [], [2 * INSTRUCTIONS_CAP]
     for path in instruction_files(state):
-        if why := instruction_refused(path, state):  # a link to a key, a denied file (s09.6)
+        if why := instruction_refused(path, state):  # a link to a key, a denied file (s09.5)
             parts.append(f"# From {path}\n\n(not read: {why})")
             continue
         try:
@@ -6798,7 +6798,7 @@ def attach_context(messages):
 #   boundary  {"n"}: the history starts again (a compaction, a resume), once the
 #             n messages it announces have followed it
 #   mode      {"mode"}: the permission mode
-#   context, state, files: the context state beside the messages (s09.11)
+#   context, state, files: the context state beside the messages (s09.10)
 # Each record is flushed before the loop acts on it: the reply (and the marks its
 # call made) before its tools run, the prompt and the results before the next
 # model call.
@@ -6826,7 +6826,7 @@ def write_records(records):
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
         register_session(state, path)
     try:
-        with open(open_session_file(path, state), "a", encoding="utf-8") as fh:  # no planted link (s09.9)
+        with open(open_session_file(path, state), "a", encoding="utf-8") as fh:  # no planted link (s09.8)
             fh.write("".join(json.dumps(r | {"ts": time.time()}, ensure_ascii=False, default=str) + "\n"
                              for r in records))
             fh.flush()
@@ -6845,7 +6845,7 @@ def sync_session(messages, reply=None):
 
 
 def sync_records(messages, reply, rec):
-    """The records of what the file lacks, written; saved() keeps s06's marks out of a message (s09.11)."""
+    """The records of what the file lacks, written; saved() keeps s06's marks out of a message (s09.10)."""
     records = []
     start = min(rec["written"], len(messages))
     if start < rec["written"]:  # messages were taken back (an empty reply, a blocked prompt)
@@ -6871,8 +6871,8 @@ def append_message(messages, message):
 
 def session_boundary(messages, compacted=True):
     """The history was replaced (compaction, resume): a boundary, then all of it again,
-    with its marks. Recalled memories may be gone with a compacted part: they can be
-    attached again (a resume's boundary writes the same history again)."""
+    with its marks. Recalled memories (s09.18) may be gone with a compacted part:
+    they can be attached again (a resume's boundary writes the same history again)."""
     state = agent_state()
     if compacted:
         state.memory["attached"] = set()
@@ -6890,8 +6890,8 @@ def note_mode(mode):
 def read_session(path):
     """(messages after the last boundary, with s06's marks; last mode; last timestamp;
     bad lines; the agent's state as last recorded, session_state's keys and "files").
-    `kept` gathers what else the records keep (s09.11), and the history before
-    a boundary until the messages it announces have followed it (s09.10)."""
+    `kept` gathers what else the records keep (s09.10), and the history before
+    a boundary until the messages it announces have followed it (s09.9)."""
     messages, mode, last_ts, bad, kept = [], None, None, 0, Replay()
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
@@ -6931,7 +6931,7 @@ def session_files(state):
 
 def find_session(state, which):
     """The session file for --continue (which True: the newest of the user's own,
-    s09.12) or --resume ID (s09.24)."""
+    s09.11) or --resume ID (s09.24)."""
     files, own = session_files(state), own_sessions(state)
     if which is not True:
         return session_by_id(which, files, own)
@@ -6944,22 +6944,22 @@ def find_session(state, which):
 def resume(client, path):
     """Load a session into a fresh history and keep appending to its file. What
     else shapes a request comes back too (s06's marks, the agent's state, its
-    file-read records: s09.11), so the next request is the one the live
+    file-read records: s09.10), so the next request is the one the live
     session would have sent."""
     state = agent_state()
     messages, mode, last_ts, bad, left = read_session(path)
-    kept = complete_prefix(messages)  # an unfinished turn's calls left out (s09.10)
+    kept = complete_prefix(messages)  # an unfinished turn's calls left out (s09.9)
     cut = len(messages) - len(kept)
     end_torn_line(path)
     state.record = {"path": path, "written": 0, "last": None}
-    restored = restore_mode(state, mode, path)  # never a looser one (s09.12)
+    restored = restore_mode(state, mode, path)  # never a looser one (s09.11)
     say(printable(f"[resumed {path.stem}: {len(kept)} messages")
         + (f", permission mode {mode} as the session left it" if restored else "")
         + (f", {bad} unreadable line(s) skipped" if bad else "")
         + (f", {cut} message(s) of an unfinished turn dropped" if cut else "") + "]")
-    resume_context(client, state, left, kept)  # the plan, the reads, s06's marks (s09.11)
+    resume_context(client, state, left, kept)  # the plan, the reads, s06's marks (s09.10)
     session_boundary(kept, compacted=False)
-    remind_of_gap(state, last_ts)  # a session left long ago: read the files again (s09.13)
+    remind_of_gap(state, last_ts)  # a session left long ago: read the files again (s09.12)
     return kept
 
 
@@ -7008,7 +7008,7 @@ credentials). Nothing worth keeping: {"operations": []}."""
 def after_turn(messages):
     """When a turn ends without tool use (the main agent's): the session is on disk
     first, then memory extraction starts in the background (extract_memories, its
-    failures logged: s09.15), then maybe a consolidation (s09.27)."""
+    failures logged: s09.14), then maybe a consolidation (s09.27)."""
     state = agent_state()
     sync_session(messages)
     if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
@@ -7077,14 +7077,14 @@ def json_reply(text):
 
 
 def apply_operations(ops, state):
-    """Apply checked operations (at most MAX_OPERATIONS: s09.14); returns what
+    """Apply checked operations (at most MAX_OPERATIONS: s09.13); returns what
     changed, one short phrase each. The indexes of the folders touched are rebuilt
     whatever happens, so an index never disagrees with its files."""
     done, touched = [], set()
     existing = {m["name"]: m for m in read_memories(state)}
     try:
         for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
-            if phrase := apply_logged(op, existing, touched, state):  # a failed write: logged (s09.15)
+            if phrase := apply_logged(op, existing, touched, state):  # a failed write: logged (s09.14)
                 done.append(phrase)
     finally:
         for folder in touched:
@@ -7095,7 +7095,7 @@ def apply_operations(ops, state):
 
 def apply_operation(op, existing, touched, state):
     """One operation; `existing` (name -> memory) is kept up to date. One that is
-    malformed, a memory made twice or one gone is logged, not applied (s09.14)."""
+    malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
     if why := operation_refused(op, existing):
         log_memory(why)
         return None
@@ -7121,7 +7121,7 @@ def write_memory(op, state):
 
 
 def memory_dirs(state):
-    """The two folders: the user's, the project's (left out when it is a link: s09.16)."""
+    """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
     dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
     return without_linked_project(dirs)
 
@@ -7138,7 +7138,7 @@ def read_memories(state):
     found = []
     for folder in memory_dirs(state).values():
         for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
-            if path.name == "MEMORY.md" or not (head := memory_head(path)):  # its head only (s09.17)
+            if path.name == "MEMORY.md" or not (head := memory_head(path)):  # its head only (s09.16)
                 continue
             meta, body = head
             found.append({"name": path.stem, "type": str(meta.get("type", "project")),
@@ -7148,7 +7148,7 @@ def read_memories(state):
 
 
 def index_lines(folder):
-    """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.17)."""
+    """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
     memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
     return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
                          for m in memories], folder)
@@ -7168,48 +7168,7 @@ def memory_index(state):
     return "\n\n".join(parts)
 
 
-# --- s09.5: recall at each prompt [core] ---
-# A side call picks the memories that would help with the new prompt; they join
-# it as a <system-reminder>, each at most once a conversation.
-RELEVANT_MAX = 5            # memory files attached to one prompt (seed)
-RECALL_LIST = 200           # memories offered to one recall call, newest first
-RECALL_SYSTEM = """Pick the memories that would help with the user's next request. \
-Reply with JSON only: {"names": ["name", ...]}, at most 5, most useful first; \
-{"names": []} when none clearly helps."""
-
-
-def recall(messages):
-    """At each prompt (the main agent's): up to RELEVANT_MAX memory files not yet in
-    this conversation, picked by a side call (or by keywords), attached to the prompt."""
-    state = agent_state()
-    prompt = prompt_text(messages)
-    if state.label or prompt is None or not auto_memory() or state.client is None:
-        return
-    sync_session(messages)  # the prompt is on disk before a side call that may hang
-    words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
-             and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
-    prompt = words[-1] if words else prompt
-    memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
-    if not memories:
-        return
-    memories = sorted(memories, key=lambda m: -m["path"].stat().st_mtime)[:RECALL_LIST]
-    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description'][:150]}" for m in memories)
-    try:
-        names = json_reply(side_call(RECALL_SYSTEM, f"Memories:\n{listing}\n\nThe request:\n{prompt}"))["names"]
-        picked = [m for n in names[:RELEVANT_MAX] for m in memories if m["name"] == n]
-    except (ValueError, KeyError, TypeError) as e:
-        log_memory(f"recall fell back to keywords: {e}")
-        picked = keyword_pick(prompt, memories)
-    if not picked:
-        return
-    state.memory["attached"] |= {str(m["path"]) for m in picked}
-    text = "\n\n".join(f"## {m['name']} ({m['type']}, {m['path']})\n{m['body']}" for m in picked)
-    messages[-1]["content"] = as_blocks(messages[-1]["content"]) + [{"type": "text", "text": (
-        f"<system-reminder>\nMemories that may help with this request (they were true when "
-        f"written; check against the code):\n\n{text}\n</system-reminder>")}]
-
-
-# --- s09.6: instructions and includes never reach a secret [hardening: skip on first read] ---
+# --- s09.5: instructions and includes never reach a secret [hardening: skip on first read] ---
 # Stops: an AGENTS.md or an @include that links to ~/.ssh, a .env or a file a read rule denies
 # Test: tests/test_s09_memory.py::test_a_secret_looking_include_is_never_read_rule_or_not
 # load_instructions asks instruction_refused, and included() include_allowed, before reading a file.
@@ -7252,7 +7211,7 @@ def user_agent_dir():
     return (Path.home() / ".agent").resolve()
 
 
-# --- s09.7: instructions over their cap [hardening: skip on first read] ---
+# --- s09.6: instructions over their cap [hardening: skip on first read] ---
 # Stops: a huge AGENTS.md (or a chain of them) filling the context before the first prompt
 # Test: tests/test_s09_memory.py::test_instructions_over_the_cap_are_cut_with_a_note_naming_what_was_cut
 # load_instructions reads each file up to INSTRUCTIONS_CAP bytes, then cuts the whole chain here.
@@ -7266,7 +7225,7 @@ def cut_instructions(text):
                    f"left out, from {kept.rsplit('# From ', 1)[-1].split(chr(10))[0]} on]")
 
 
-# --- s09.8: two sessions, one name [hardening: skip on first read] ---
+# --- s09.7: two sessions, one name [hardening: skip on first read] ---
 # Stops: two processes started in the same second appending to one session file
 # Test: tests/test_s09_memory.py::test_two_sessions_that_draw_one_name_never_share_its_file
 # write_records makes a new session's file through claim_session_file.
@@ -7289,7 +7248,7 @@ def claim_session_file(state):
     return path
 
 
-# --- s09.9: the session file: no link followed, kept out of git [hardening: skip on first read] ---
+# --- s09.8: the session file: no link followed, kept out of git [hardening: skip on first read] ---
 # Stops: a session appended through a link a clone planted at its name, or pushed with the repository
 # Test: tests/test_s09_memory.py::test_the_session_file_follows_no_planted_link_and_stays_out_of_git
 # write_records appends through open_session_file.
@@ -7301,11 +7260,11 @@ def open_session_file(path, state):
     return open_inside(path, state.workdir, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
 
-# --- s09.10: a crash mid-turn [hardening: skip on first read] ---
+# --- s09.9: a crash mid-turn [hardening: skip on first read] ---
 # Stops: a session killed mid-write or mid-tool resuming into a request the API refuses
 # Test: tests/test_s09_crash.py::test_a_session_killed_at_seeded_moments_resumes_every_finished_turn
 # resume() keeps the longest start of the history the API accepts and ends a
-# torn last line before appending; read_session's Replay (s09.11) keeps the
+# torn last line before appending; read_session's Replay (s09.10) keeps the
 # history before a boundary whose rewrite a crash cut short.
 
 # A call's id and its result's: set members and dict keys (complete_prefix, the marks),
@@ -7364,7 +7323,7 @@ def end_torn_line(path):
             fh.write(b"\n")
 
 
-# --- s09.11: the context state, kept for a resume [hardening: skip on first read] ---
+# --- s09.10: the context state, kept for a resume [hardening: skip on first read] ---
 # Stops: a resumed session re-sending every cleared result whole, and forgetting its plan, its reads and its hooks' state
 # Test: tests/test_s09_resume.py::test_a_session_split_over_four_processes_sends_what_one_process_sends
 # The session file's other records, appended by sync_records after the messages
@@ -7481,7 +7440,7 @@ def restore_state(state, left):
 
 class Replay:
     """What read_session gathers beside the messages: s06's marks, the agent's state
-    and its file reads; and, for a crash (s09.10), the history before a boundary and
+    and its file reads; and, for a crash (s09.9), the history before a boundary and
     its marks, kept until the n messages the boundary announces have followed it (a
     rewrite the crash cut short never counted)."""
 
@@ -7583,7 +7542,7 @@ def saved(message):
     return out
 
 
-# --- s09.12: a session a clone shipped [hardening: skip on first read] ---
+# --- s09.11: a session a clone shipped [hardening: skip on first read] ---
 # Stops: a cloned repository's .agent/sessions reaching the model as the user's own history
 # Test: tests/test_s09_review.py::test_continue_never_picks_a_shipped_session
 # find_session continues only sessions the user's agent started here, and resumes
@@ -7631,7 +7590,7 @@ def register_session(state, path):
             fh.write(f"{state.workdir}\t{path.stem}\n")
 
 
-# --- s09.13: a session resumed long after [hardening: skip on first read] ---
+# --- s09.12: a session resumed long after [hardening: skip on first read] ---
 # Stops: a session resumed days later acting on what its history says about files changed since
 # Test: tests/test_s09_memory.py::test_a_time_gap_reminder_only_after_a_day
 # resume() ends with remind_of_gap: the reminder goes with the next prompt.
@@ -7650,7 +7609,7 @@ def remind_of_gap(state, last_ts):
             age=age, when=time.strftime("%Y-%m-%d %H:%M", time.localtime(last_ts)))})
 
 
-# --- s09.14: the extractor's operations, checked [hardening: skip on first read] ---
+# --- s09.13: the extractor's operations, checked [hardening: skip on first read] ---
 # Stops: a reply naming ../x or a bad type writing outside the memory folders, or a forgotten memory coming back
 # Test: tests/test_s09_memory.py::test_invalid_operations_are_ignored_and_the_valid_one_applies
 # apply_operation asks operation_refused first, apply_operations takes MAX_OPERATIONS at most.
@@ -7660,7 +7619,7 @@ MAX_OPERATIONS = 50         # extractor operations applied from one reply
 
 def operation_refused(op, existing):
     """The memory.log line for an operation not to apply, or None: a malformed one; a
-    create of a memory that exists (same name or meaning: s09.18); an update or
+    create of a memory that exists (same name or meaning: s09.17); an update or
     delete of one that does not (forgotten meanwhile with /forget, or never there)."""
     if problem := check_operation(op):
         return f"operation ignored ({problem}): {json.dumps(op, default=str)[:200]}"
@@ -7687,7 +7646,7 @@ def check_operation(op):
     return None
 
 
-# --- s09.15: memory work fails into a log [hardening: skip on first read] ---
+# --- s09.14: memory work fails into a log [hardening: skip on first read] ---
 # Stops: a failed side call, a bad reply or an unwritable folder printing a traceback into the REPL
 # Test: tests/test_s09_review.py::test_a_failing_extraction_is_logged_not_a_traceback
 # The extraction thread runs extract_quietly; apply_operations applies each operation by
@@ -7718,7 +7677,7 @@ def log_memory(line):
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(str(line).split())[:500]}\n")
 
 
-# --- s09.16: memory files: no link followed [hardening: skip on first read] ---
+# --- s09.15: memory files: no link followed [hardening: skip on first read] ---
 # Stops: a cloned MEMORY.md linked to /proc/self/environ, or a memory write through a planted link
 # Test: tests/test_s09_review.py::test_a_linked_memory_index_or_file_is_never_read
 # memory_dirs leaves a linked project folder out (without_linked_project); the rest read by plain_file.
@@ -7748,7 +7707,7 @@ def replace_file(folder, name, text):
     write_inside(folder / name, text.encode("utf-8"), 0o600)
 
 
-# --- s09.17: memory files and MEMORY.md within their caps [hardening: skip on first read] ---
+# --- s09.16: memory files and MEMORY.md within their caps [hardening: skip on first read] ---
 # Stops: an index written past 200 lines or 25 KB, or a cloned memory file or MEMORY.md of any size read whole
 # Test: tests/test_s09_memory.py::test_the_index_cap_holds_with_a_more_line
 # index_lines caps what write_index writes; read_memories reads each file by memory_head,
@@ -7782,7 +7741,7 @@ def memory_head(path):
 
 
 def read_index(path):
-    """A MEMORY.md's lines, read no further than the cap; none from a link (s09.16)."""
+    """A MEMORY.md's lines, read no further than the cap; none from a link (s09.15)."""
     if not plain_file(path):
         return []
     with open(path, "rb") as fh:
@@ -7790,13 +7749,56 @@ def read_index(path):
     return raw.splitlines()[:INDEX_LINES]
 
 
-# --- s09.18: one memory, once [hardening: skip on first read] ---
+# --- s09.17: one memory, once [hardening: skip on first read] ---
 # Stops: the extractor saving the same fact again under another name
 # Test: tests/test_s09_memory.py::test_a_second_create_with_the_same_name_or_meaning_is_not_made_twice
 def same_meaning(a, b):
     """Two descriptions saying the same thing (case, spacing and punctuation aside)."""
     norm = lambda s: " ".join(re.sub(r"[^\w\s]", " ", s.casefold()).split())
     return norm(a) == norm(b)  # not "similar": port 8080 and 8081 are two facts (dream merges near-twins)
+
+
+# --- s09.18: recall at each prompt [extra] ---
+# Beyond the mechanism: every conversation opens with the MEMORY.md indexes, and the
+# model reads a memory it needs with read_file. Recall brings it the relevant ones:
+# at each prompt a side call picks the memories that would help with it; they join
+# it as a <system-reminder>, each at most once a conversation.
+RELEVANT_MAX = 5            # memory files attached to one prompt (seed)
+RECALL_LIST = 200           # memories offered to one recall call, newest first
+RECALL_SYSTEM = """Pick the memories that would help with the user's next request. \
+Reply with JSON only: {"names": ["name", ...]}, at most 5, most useful first; \
+{"names": []} when none clearly helps."""
+
+
+def recall(messages):
+    """At each prompt (the main agent's): up to RELEVANT_MAX memory files not yet in
+    this conversation, picked by a side call (or by keywords), attached to the prompt."""
+    state = agent_state()
+    prompt = prompt_text(messages)
+    if state.label or prompt is None or not auto_memory() or state.client is None:
+        return
+    sync_session(messages)  # the prompt is on disk before a side call that may hang
+    words = [b["text"] for b in as_blocks(messages[-1]["content"]) if b.get("type") == "text"
+             and not b["text"].startswith("<system-reminder>")]  # hook and resume notes follow the prompt
+    prompt = words[-1] if words else prompt
+    memories = [m for m in read_memories(state) if str(m["path"]) not in state.memory["attached"]]
+    if not memories:
+        return
+    memories = sorted(memories, key=lambda m: -m["path"].stat().st_mtime)[:RECALL_LIST]
+    listing = "\n".join(f"- {m['name']} ({m['type']}): {m['description'][:150]}" for m in memories)
+    try:
+        names = json_reply(side_call(RECALL_SYSTEM, f"Memories:\n{listing}\n\nThe request:\n{prompt}"))["names"]
+        picked = [m for n in names[:RELEVANT_MAX] for m in memories if m["name"] == n]
+    except (ValueError, KeyError, TypeError) as e:
+        log_memory(f"recall fell back to keywords: {e}")
+        picked = keyword_pick(prompt, memories)
+    if not picked:
+        return
+    state.memory["attached"] |= {str(m["path"]) for m in picked}
+    text = "\n\n".join(f"## {m['name']} ({m['type']}, {m['path']})\n{m['body']}" for m in picked)
+    messages[-1]["content"] = as_blocks(messages[-1]["content"]) + [{"type": "text", "text": (
+        f"<system-reminder>\nMemories that may help with this request (they were true when "
+        f"written; check against the code):\n\n{text}\n</system-reminder>")}]
 
 
 # --- s09.19: recall without the side call [hardening: skip on first read] ---
@@ -7873,7 +7875,7 @@ def session_by_id(which, files, own):
         raise ValueError(f"--resume {which}: {'no such session' if not hits else 'more than one session matches'}"
                          f"; /resume lists them")
     if hits[0] not in own:
-        confirm_shipped(hits[0], which)  # one a clone may have shipped: the human says yes first (s09.12)
+        confirm_shipped(hits[0], which)  # one a clone may have shipped: the human says yes first (s09.11)
     return hits[0]
 
 
