@@ -7544,7 +7544,7 @@ def saved(message):
 
 # --- s09.11: a session a clone shipped [hardening: skip on first read] ---
 # Stops: a cloned repository's .agent/sessions reaching the model as the user's own history
-# Test: tests/test_s09_review.py::test_continue_never_picks_a_shipped_session
+# Test: tests/test_s09_review.py::test_a_shipped_session_resumed_on_request_asks_and_never_loosens_the_mode
 # find_session continues only sessions the user's agent started here, and resumes
 # another by its ID only after confirm_shipped's yes; resume() restores the mode by restore_mode.
 OWN_SESSIONS = Path(".agent") / "sessions.txt"  # under home: "<workspace>\t<id>" per session started

@@ -394,6 +394,18 @@ def test_the_index_cap_holds_with_a_more_line(mod, workspace, description):
     assert len(shown.encode()) <= mod.INDEX_BYTES + 200 and "more in" in shown
 
 
+@pytest.mark.parametrize("width", [60, 300])  # many short lines (the line cap), long ones (the byte cap)
+def test_a_cloned_memory_index_of_any_size_is_read_within_the_cap(mod, workspace, width):
+    folder = project_memory(workspace)
+    folder.mkdir(parents=True)
+    with open(folder / "MEMORY.md", "w") as fh:  # a cloned repository's index, never written by the agent
+        fh.write("".join(f"- [cloned-{n}](cloned-{n}.md) (project): ".ljust(width - 1, "x") + "\n"
+                         for n in range(20_000)))
+    shown = mod.memory_index(mod.agent_state())
+    assert "cloned-0" in shown
+    assert len(shown.splitlines()) <= mod.INDEX_LINES + 1 and len(shown.encode()) <= mod.INDEX_BYTES + 200
+
+
 @pytest.mark.memory
 def test_a_slow_extraction_does_not_delay_the_next_prompt(mod, api, client, workspace):
     arrived, release = threading.Event(), threading.Event()
