@@ -6861,7 +6861,7 @@ def write_records(records):
         return
     path = state.record["path"]
     if state.record.get("fresh") or not path.exists():  # a new file opens with the mode, so a resume knows it
-        path = claim_session_file(state)
+        path = claim_session_file(state)  # a name no other process holds (s09.7)
         records = [{"type": "mode", "mode": state.mode}] + [r for r in records if r.get("type") != "mode"]
         register_session(state, path)
     try:
@@ -6989,7 +6989,7 @@ def resume(client, path):
     messages, mode, last_ts, bad, left = read_session(path)
     kept = complete_prefix(messages)  # an unfinished turn's calls left out (s09.9)
     cut = len(messages) - len(kept)
-    end_torn_line(path)
+    end_torn_line(path)  # a last line a crash tore is ended first (s09.9)
     state.record = {"path": path, "written": 0, "last": None}
     restored = restore_mode(state, mode, path)  # never a looser one (s09.11)
     say(printable(f"[resumed {path.stem}: {len(kept)} messages")
@@ -7061,7 +7061,7 @@ def after_turn(messages):
 
 
 def extract_memories(text, state):
-    """The background job: one side call, its operations applied; bad JSON changes nothing."""
+    """The background job: one side call, its operations applied; bad JSON changes nothing (logged: s09.14)."""
     reply = side_call(EXTRACT_SYSTEM, f"Memory index:\n{memory_index(state) or '(empty)'}\n\n"
                                       f"The latest turn:\n{text}")
     if reply is None:
@@ -7155,7 +7155,7 @@ def write_memory(op, state):
     folder = memory_dir(op["type"], state)
     meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
     text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
-    replace_file(folder, f"{op['name']}.md", text)
+    replace_file(folder, f"{op['name']}.md", text)  # whole, through s02's door (s09.15)
     return folder
 
 
