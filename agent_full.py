@@ -6836,6 +6836,8 @@ command("hooks", "List the loaded hooks, their files and whether they run", show
 # the environment at start), so the prompt cache keeps hitting; instructions and
 # memory go into the messages, as <system-reminder> blocks at the start of the
 # conversation: they can be long, they change, and there compaction can handle them.
+# The core is the memory: the prompt's sections, the instructions, auto memory.
+# Sessions (s09.4) and recall at each prompt (s09.18) are extras beside it.
 
 # --- s09.1: the system prompt, in sections [core] ---
 # What is stable for the whole session, in a fixed order: the same bytes every
@@ -6951,7 +6953,196 @@ def attach_context(messages):
         messages[0]["content"] = blocks + first
 
 
-# --- s09.3: sessions: append, read, resume [core] ---
+# --- s09.3: auto memory: saved after a turn [core] ---
+# One file per memory, with YAML frontmatter (name, description, type); a
+# MEMORY.md index per folder, rebuilt from the files whenever they change, so it
+# never disagrees with them and its cap always holds. Extraction runs after a
+# turn that ends without tool use, in the background: one side call returns
+# create, update and delete operations.
+MEMORY_TYPES = ("user", "feedback", "project", "reference")
+USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
+MEMORY_BODY_CHARS = 4_000   # characters of one memory's body
+SIDE_MAX_TOKENS = 2_000     # output tokens of a memory side call
+MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
+EXTRACT_SYSTEM = """You maintain the long-term memory of a coding agent. You get the \
+memory index and the latest turn of a conversation. Decide whether the turn holds \
+something worth knowing in a later session: the user's preferences (type user), a \
+correction or confirmation of how to work (feedback), a fact about the project that the \
+code does not show (project), or where to find something outside it (reference). Not \
+code structure, not what git or the files already say, not what only mattered today.
+
+Reply with JSON only: {"operations": [{"op": "create" | "update" | "delete", "name": \
+"kebab-case-name", "type": "user" | "feedback" | "project" | "reference", "description": \
+"one line", "body": "the memory; for feedback add **Why:** and **How to apply:** lines"}]}
+Update a memory whose meaning already exists instead of creating it again; delete one \
+the turn proves wrong. Never save secrets (passwords, tokens, keys, URLs with \
+credentials). Nothing worth keeping: {"operations": []}."""
+
+
+def after_turn(messages):
+    """When a turn ends without tool use (the main agent's): the session is on disk
+    first, then memory extraction starts in the background (extract_memories, its
+    failures logged: s09.14), then maybe a consolidation (s09.27)."""
+    state = agent_state()
+    sync_session(messages)
+    if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
+        return
+    text = turn_text(messages)
+    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
+                           daemon=True)
+    state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
+    job.start()
+    consolidate_quietly(state)
+
+
+def extract_memories(text, state):
+    """The background job: one side call, its operations applied; bad JSON changes nothing (logged: s09.14)."""
+    reply = side_call(EXTRACT_SYSTEM, f"Memory index:\n{memory_index(state) or '(empty)'}\n\n"
+                                      f"The latest turn:\n{text}")
+    if reply is None:
+        return
+    try:
+        ops = json_reply(reply).get("operations", [])
+    except ValueError as e:
+        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
+        return
+    with MEMORY_LOCK:
+        done = apply_operations(ops, state)
+    if done:
+        say(f"[memory: {', '.join(printable(d) for d in done)}]")
+
+
+def turn_text(messages):
+    """The latest turn as plain text for the extractor: from the last prompt on."""
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user" and prompt_text(messages[:i + 1])),
+                default=0)
+    lines = []
+    for m in messages[start:]:
+        for b in as_blocks(m["content"]):
+            if b.get("type") == "text" and not b["text"].startswith("<system-reminder>"):
+                lines.append(f"{m['role']}: {b['text']}")
+            elif b.get("type") == "tool_use":
+                lines.append(f"assistant called {b['name']} {json.dumps(b['input'])[:300]}")
+    return clip("\n".join(lines), 20_000)
+
+
+def side_call(system, content):
+    """One small model call for memory work, its text; None when it fails."""
+    state = agent_state()
+    try:
+        reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
+                                             messages=[{"role": "user", "content": content}])
+    except Exception as e:  # a side call never breaks the session
+        log_memory(f"side call failed: {type(e).__name__}: {e}")
+        return None
+    charge(reply)
+    return "".join(b.text for b in reply.content if b.type == "text")
+
+
+def json_reply(text):
+    """The JSON object in a side call's reply (a ``` fence around it is fine); ValueError if none."""
+    if text is None:
+        raise ValueError("no reply")
+    start, end = text.find("{"), text.rfind("}")
+    data = json.loads(text[start:end + 1]) if start >= 0 < end else None
+    if not isinstance(data, dict):
+        raise ValueError("the reply holds no JSON object")
+    return data
+
+
+def apply_operations(ops, state):
+    """Apply checked operations (at most MAX_OPERATIONS: s09.13); returns what
+    changed, one short phrase each. The indexes of the folders touched are rebuilt
+    whatever happens, so an index never disagrees with its files."""
+    done, touched = [], set()
+    existing = {m["name"]: m for m in read_memories(state)}
+    try:
+        for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
+            if phrase := apply_logged(op, existing, touched, state):  # a failed write: logged (s09.14)
+                done.append(phrase)
+    finally:
+        for folder in touched:
+            with contextlib.suppress(OSError):
+                write_index(folder)
+    return done
+
+
+def apply_operation(op, existing, touched, state):
+    """One operation; `existing` (name -> memory) is kept up to date. One that is
+    malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
+    if why := operation_refused(op, existing):
+        log_memory(why)
+        return None
+    old = existing.get(op["name"])
+    if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
+        old["path"].unlink()
+        touched.add(old["path"].parent)
+        del existing[op["name"]]
+        if op["op"] == "delete":
+            return f"forgot {op['name']}"
+    touched.add(folder := write_memory(op, state))
+    existing[op["name"]] = {"name": op["name"], "type": op["type"], "description": op["description"],
+                            "body": op["body"], "path": folder / f"{op['name']}.md"}
+    return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
+
+
+def write_memory(op, state):
+    folder = memory_dir(op["type"], state)
+    meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
+    text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
+    replace_file(folder, f"{op['name']}.md", text)  # whole, through s02's door (s09.15)
+    return folder
+
+
+def memory_dirs(state):
+    """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
+    dirs = {"user": Path.home() / ".agent" / "memory", "project": project_dir(state) / ".agent" / "memory"}  # s12
+    return without_linked_project(dirs)
+
+
+def memory_dir(kind, state):
+    dirs = memory_dirs(state)
+    if (scope := "user" if kind in USER_MEMORY else "project") not in dirs:
+        raise OSError(f"the {scope} memory folder is a link, not written")
+    return dirs[scope]
+
+
+def read_memories(state):
+    """Every memory file of both folders: {name, type, description, body, path}."""
+    found = []
+    for folder in memory_dirs(state).values():
+        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+            if path.name == "MEMORY.md" or not (head := memory_head(path)):  # its head only (s09.16)
+                continue
+            meta, body = head
+            found.append({"name": path.stem, "type": str(meta.get("type", "project")),
+                          "description": " ".join(str(meta.get("description", "")).split()),
+                          "body": body, "path": path})
+    return found
+
+
+def index_lines(folder):
+    """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
+    memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
+    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+                         for m in memories], folder)
+
+
+def write_index(folder):
+    """Rebuild folder/MEMORY.md from its files (atomically)."""
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
+
+
+def memory_index(state):
+    """Both MEMORY.md files (user first) as read, each capped like the index."""
+    parts = []
+    for scope, folder in memory_dirs(state).items():
+        if lines := read_index(folder / "MEMORY.md"):
+            parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+# --- s09.4: sessions: append, read, resume [extra] ---
 # One JSONL file per session, appended (seed: O(1) per message, and a crash
 # leaves at most a torn last line). A resumed session must send, request for
 # request, what the live one would have sent next, so the file records as the
@@ -7142,195 +7333,6 @@ def start_session(argv, client):
     if not which:
         return argv, []
     return argv, resume(client, find_session(state, which))
-
-
-# --- s09.4: auto memory: saved after a turn [core] ---
-# One file per memory, with YAML frontmatter (name, description, type); a
-# MEMORY.md index per folder, rebuilt from the files whenever they change, so it
-# never disagrees with them and its cap always holds. Extraction runs after a
-# turn that ends without tool use, in the background: one side call returns
-# create, update and delete operations.
-MEMORY_TYPES = ("user", "feedback", "project", "reference")
-USER_MEMORY = ("user", "feedback")  # kept in ~/.agent/memory; the others in the project's .agent/memory
-MEMORY_BODY_CHARS = 4_000   # characters of one memory's body
-SIDE_MAX_TOKENS = 2_000     # output tokens of a memory side call
-MEMORY_LOCK = threading.Lock()  # extraction and consolidation write the same folders
-EXTRACT_SYSTEM = """You maintain the long-term memory of a coding agent. You get the \
-memory index and the latest turn of a conversation. Decide whether the turn holds \
-something worth knowing in a later session: the user's preferences (type user), a \
-correction or confirmation of how to work (feedback), a fact about the project that the \
-code does not show (project), or where to find something outside it (reference). Not \
-code structure, not what git or the files already say, not what only mattered today.
-
-Reply with JSON only: {"operations": [{"op": "create" | "update" | "delete", "name": \
-"kebab-case-name", "type": "user" | "feedback" | "project" | "reference", "description": \
-"one line", "body": "the memory; for feedback add **Why:** and **How to apply:** lines"}]}
-Update a memory whose meaning already exists instead of creating it again; delete one \
-the turn proves wrong. Never save secrets (passwords, tokens, keys, URLs with \
-credentials). Nothing worth keeping: {"operations": []}."""
-
-
-def after_turn(messages):
-    """When a turn ends without tool use (the main agent's): the session is on disk
-    first, then memory extraction starts in the background (extract_memories, its
-    failures logged: s09.14), then maybe a consolidation (s09.27)."""
-    state = agent_state()
-    sync_session(messages)
-    if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
-        return
-    text = turn_text(messages)
-    job = threading.Thread(target=contextvars.copy_context().run, args=(extract_quietly, text, state),
-                           daemon=True)
-    state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
-    job.start()
-    consolidate_quietly(state)
-
-
-def extract_memories(text, state):
-    """The background job: one side call, its operations applied; bad JSON changes nothing (logged: s09.14)."""
-    reply = side_call(EXTRACT_SYSTEM, f"Memory index:\n{memory_index(state) or '(empty)'}\n\n"
-                                      f"The latest turn:\n{text}")
-    if reply is None:
-        return
-    try:
-        ops = json_reply(reply).get("operations", [])
-    except ValueError as e:
-        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
-        return
-    with MEMORY_LOCK:
-        done = apply_operations(ops, state)
-    if done:
-        say(f"[memory: {', '.join(printable(d) for d in done)}]")
-
-
-def turn_text(messages):
-    """The latest turn as plain text for the extractor: from the last prompt on."""
-    start = max((i for i, m in enumerate(messages) if m["role"] == "user" and prompt_text(messages[:i + 1])),
-                default=0)
-    lines = []
-    for m in messages[start:]:
-        for b in as_blocks(m["content"]):
-            if b.get("type") == "text" and not b["text"].startswith("<system-reminder>"):
-                lines.append(f"{m['role']}: {b['text']}")
-            elif b.get("type") == "tool_use":
-                lines.append(f"assistant called {b['name']} {json.dumps(b['input'])[:300]}")
-    return clip("\n".join(lines), 20_000)
-
-
-def side_call(system, content):
-    """One small model call for memory work, its text; None when it fails."""
-    state = agent_state()
-    try:
-        reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
-                                             messages=[{"role": "user", "content": content}])
-    except Exception as e:  # a side call never breaks the session
-        log_memory(f"side call failed: {type(e).__name__}: {e}")
-        return None
-    charge(reply)
-    return "".join(b.text for b in reply.content if b.type == "text")
-
-
-def json_reply(text):
-    """The JSON object in a side call's reply (a ``` fence around it is fine); ValueError if none."""
-    if text is None:
-        raise ValueError("no reply")
-    start, end = text.find("{"), text.rfind("}")
-    data = json.loads(text[start:end + 1]) if start >= 0 < end else None
-    if not isinstance(data, dict):
-        raise ValueError("the reply holds no JSON object")
-    return data
-
-
-def apply_operations(ops, state):
-    """Apply checked operations (at most MAX_OPERATIONS: s09.13); returns what
-    changed, one short phrase each. The indexes of the folders touched are rebuilt
-    whatever happens, so an index never disagrees with its files."""
-    done, touched = [], set()
-    existing = {m["name"]: m for m in read_memories(state)}
-    try:
-        for op in (ops if isinstance(ops, list) else [])[:MAX_OPERATIONS]:
-            if phrase := apply_logged(op, existing, touched, state):  # a failed write: logged (s09.14)
-                done.append(phrase)
-    finally:
-        for folder in touched:
-            with contextlib.suppress(OSError):
-                write_index(folder)
-    return done
-
-
-def apply_operation(op, existing, touched, state):
-    """One operation; `existing` (name -> memory) is kept up to date. One that is
-    malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
-    if why := operation_refused(op, existing):
-        log_memory(why)
-        return None
-    old = existing.get(op["name"])
-    if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
-        old["path"].unlink()
-        touched.add(old["path"].parent)
-        del existing[op["name"]]
-        if op["op"] == "delete":
-            return f"forgot {op['name']}"
-    touched.add(folder := write_memory(op, state))
-    existing[op["name"]] = {"name": op["name"], "type": op["type"], "description": op["description"],
-                            "body": op["body"], "path": folder / f"{op['name']}.md"}
-    return f"{'saved' if op['op'] == 'create' else 'updated'} {op['name']}"
-
-
-def write_memory(op, state):
-    folder = memory_dir(op["type"], state)
-    meta = {"name": op["name"], "description": " ".join(op["description"].split())[:200], "type": op["type"]}
-    text = f"---\n{yaml.safe_dump(meta, allow_unicode=True, sort_keys=False)}---\n\n{op['body'].strip()[:MEMORY_BODY_CHARS]}\n"
-    replace_file(folder, f"{op['name']}.md", text)  # whole, through s02's door (s09.15)
-    return folder
-
-
-def memory_dirs(state):
-    """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
-    dirs = {"user": Path.home() / ".agent" / "memory", "project": project_dir(state) / ".agent" / "memory"}  # s12
-    return without_linked_project(dirs)
-
-
-def memory_dir(kind, state):
-    dirs = memory_dirs(state)
-    if (scope := "user" if kind in USER_MEMORY else "project") not in dirs:
-        raise OSError(f"the {scope} memory folder is a link, not written")
-    return dirs[scope]
-
-
-def read_memories(state):
-    """Every memory file of both folders: {name, type, description, body, path}."""
-    found = []
-    for folder in memory_dirs(state).values():
-        for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
-            if path.name == "MEMORY.md" or not (head := memory_head(path)):  # its head only (s09.16)
-                continue
-            meta, body = head
-            found.append({"name": path.stem, "type": str(meta.get("type", "project")),
-                          "description": " ".join(str(meta.get("description", "")).split()),
-                          "body": body, "path": path})
-    return found
-
-
-def index_lines(folder):
-    """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
-    memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
-                         for m in memories], folder)
-
-
-def write_index(folder):
-    """Rebuild folder/MEMORY.md from its files (atomically)."""
-    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
-
-
-def memory_index(state):
-    """Both MEMORY.md files (user first) as read, each capped like the index."""
-    parts = []
-    for scope, folder in memory_dirs(state).items():
-        if lines := read_index(folder / "MEMORY.md"):
-            parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
-    return "\n\n".join(parts)
 
 
 # --- s09.5: instructions and includes never reach a secret [hardening: skip on first read] ---

@@ -97,7 +97,7 @@ WATCHED = [("update_view", "the agent's view brought up to date, its end made ag
            ("request_body", "the request's bytes: kept JSON joined, the newest encoded (full.6)"),
            ("call_model", "the SDK: the request sent, the stream parsed"),
            ("system_prompt", "the prompt rebuilt, skill files read and hashed (s05, s09)"),
-           ("sync_session", "the session file (s09.3)"),
+           ("sync_session", "the session file (s09.4)"),
            ("report_call", "the reply and status events (full.1)")]
 SDK = "call_model"  # the row that is the SDK's own work (request_messages, request_body: rows of their own)
 

@@ -33,9 +33,6 @@ CORE_BUDGET = 450          # lines of a chapter's [core] sub-sections: one sitti
                            # careful reading takes 200-400 lines of code at a time, and these
                            # lines carry their comments)
 CORE_BUDGET_IN = {         # declared exceptions: (lines, why)
-    "s09_memory": (CORE_BUDGET + 50, "two mechanisms the design puts in one chapter (SPEC 5), each "
-                   "well within one sitting: memory (the prompt's sections, the instructions chain, "
-                   "auto memory, recall) and sessions (append, read, resume)"),
     "s11_teams": (CORE_BUDGET + 70, "one mechanism run as two programs, the lead and each teammate, "
                   "with the files between them (the roster, an inbox per member) its third part; its "
                   "two tools' schemas alone are 40 of its lines"),
