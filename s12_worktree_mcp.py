@@ -11881,7 +11881,7 @@ def make_lane(origin, name, base=None):
         if lane:
             lane_base(lane, origin, base)  # s12.15: a base elsewhere is refused
             return lane | {"reused": True}, False  # logged once entered (enter_lane)
-        check_room(folder)  # s12.14: at most MAX_WORKTREES lanes
+        check_lane_room(folder)  # s12.14: at most MAX_WORKTREES lanes
         git(origin, "worktree", "prune")  # a lane deleted by hand leaves git's record behind
         start, branch = base_commit(origin, base), WORKTREE_BRANCH + name
         kept = git(origin, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
@@ -12806,7 +12806,7 @@ MAX_WORKTREES = 20          # lanes one project holds at once (each is a full ch
 WORKTREE_LIST_LIMIT = 50    # folders worktree_list looks at; the rest are counted
 
 
-def check_room(folder):
+def check_lane_room(folder):
     """make_lane's: a new lane only while the project holds fewer than MAX_WORKTREES."""
     if len([p for p in folder.iterdir() if p.is_dir()]) >= MAX_WORKTREES:
         raise ToolError(f"{WORKTREES_DIR} holds {MAX_WORKTREES} worktrees, the most it may. Remove "

@@ -116,6 +116,19 @@ def test_every_sub_section_a_comment_names_exists(name):
     assert not dangling, f"{name}: comments name sub-sections it does not have: {dangling[:5]}"
 
 
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_each_top_level_name_is_defined_once(name):
+    """A function or class defined twice in one file: the later definition replaces
+    the earlier for every caller. Splitting a function out under a name a carried
+    chapter already uses breaks that chapter's callers in this file only."""
+    seen = {}
+    for node in ast.parse((ROOT / f"{name}.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            seen.setdefault(node.name, []).append(node.lineno)
+    twice = {n: lines for n, lines in seen.items() if len(lines) > 1}
+    assert not twice, f"{name}: defined more than once (at these lines): {twice}"
+
+
 def body_lines(name):
     """The file without its top docstring."""
     src = (ROOT / f"{name}.py").read_text(encoding="utf-8")
