@@ -17350,18 +17350,22 @@ class FirstPrompt:
         text, controls (an arrow's escape sequence, say) dropped. A line Enter ended before
         or during the read comes back whole, with its newline, and stays on the screen: it
         is the line (what was typed after it is dropped). There is no moment between a
-        last look for a line and the read in which an Enter could be lost."""
+        last look for a line and the read in which an Enter could be lost, nor a Ctrl+D."""
         mode = termios.tcgetattr(self.fd)
         quiet = [*mode[:3], mode[3] & ~(termios.ICANON | termios.ECHO), *mode[4:6], list(mode[6])]
         quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 0, 0  # a read returns what is there
         termios.tcsetattr(self.fd, termios.TCSANOW, quiet)
         try:
-            typed = self.pushed
+            fresh = b""
             while chunk := os.read(self.fd, 65536):
-                typed += chunk
+                fresh += chunk
         finally:
             termios.tcsetattr(self.fd, termios.TCSANOW, mode)
-        text = typed.decode(errors="replace")
+        if fresh[:1] == b"\0":  # the line mode's mark of a Ctrl+D that began a read: as in line(),
+            if not self.pushed:  # the end of input at an empty line, else it sends the text on
+                raise EOFError
+            return self.pushed.decode(errors="replace") + "\n"
+        text = (self.pushed + fresh).decode(errors="replace")
         if "\n" in text:  # the line mode made \r a newline (ICRNL), as it does for input()
             return text[:text.index("\n") + 1]
         erase_echo(self.prompt, text)

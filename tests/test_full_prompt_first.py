@@ -207,21 +207,33 @@ def test_a_line_sent_before_the_line_editor_loaded_is_the_first_prompt(mod, api,
 
 
 
-@pytest.mark.parametrize("typed, taken", [(b"hel", "hel"), (b"hello\r", "hello\n"), (b"hi\rmore", "hi\n")])
-def test_an_enter_that_comes_as_the_editor_takes_over_is_kept(mod, monkeypatch, typed, taken):
+@pytest.mark.parametrize("pushed, typed, taken", [
+    (b"", b"hel", "hel"), (b"", b"hello\r", "hello\n"), (b"", b"hi\rmore", "hi\n"),  # Enter
+    (b"", b"\x04", EOFError), (b"", b"ab\x04", "ab"), (b"ab", b"\x04", "ab\n")])  # Ctrl+D
+def test_what_comes_as_the_editor_takes_over_is_kept(mod, monkeypatch, pushed, typed, taken):
     """The editor takes what was typed at the terminal's prompt once it has loaded. An Enter
     that came after the last look for a line was taken as a control character, dropped:
     the editor showed the text and waited for an Enter that had come (a loaded machine,
-    the prompt up, nothing more). Taken now, a finished line is the line."""
+    the prompt up, nothing more). Taken now, a finished line is the line; a Ctrl+D is what
+    it is at input(): at an empty line the end of input, after text it sends the text on
+    (kept for the editor), and again it sends that text as the line."""
     master, slave = pty.openpty()
     with open(slave, "r", closefd=True) as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
         first = mod.FirstPrompt("agent >> ")
+        first.pushed = pushed  # sent on by a Ctrl+D that wait() read
         os.write(master, typed)
         echo, end = b"", time.monotonic() + WAIT
-        while typed.replace(b"\r", b"\r\n") not in echo and time.monotonic() < end:  # the line mode
-            echo += os.read(master, 1024) if select.select([master], [], [], 1)[0] else b""  # has it all
-        assert first.take() == taken
+        shown = typed.replace(b"\r", b"\r\n").replace(b"\x04", b"")  # the line mode's echo
+        while shown not in echo and time.monotonic() < end:
+            echo += os.read(master, 1024) if select.select([master], [], [], 1)[0] else b""
+        if typed.endswith((b"\r", b"\x04")):  # a finished line, or a Ctrl+D's mark, is readable
+            assert select.select([slave], [], [], WAIT)[0]
+        if taken is EOFError:
+            with pytest.raises(EOFError):
+                first.take()
+        else:
+            assert first.take() == taken
     os.close(master)
 
 
