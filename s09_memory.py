@@ -37,7 +37,7 @@ Try:
 
 Key insight: the system prompt is what never changes, so the cache keeps it;
 what the agent knows about you and the project is data in the messages, and
-the session file is written before the history it records moves on.
+its memory is files it writes after a turn and reads back the next time.
 """
 
 # --- imports ---
@@ -7173,6 +7173,7 @@ def start_session(argv, client):
 # --- s09.5: instructions and includes never reach a secret [hardening: skip on first read] ---
 # Stops: an AGENTS.md or an @include that links to ~/.ssh, a .env or a file a read rule denies
 # Test: tests/test_s09_memory.py::test_a_secret_looking_include_is_never_read_rule_or_not
+# Test: tests/test_s09_memory.py::test_a_linked_agents_md_outside_the_project_is_not_read
 # load_instructions asks instruction_refused, and included() include_allowed, before reading a file.
 def instruction_refused(path, state):
     """Why a file of the chain is not read, or None: the user's own ~/.agent file may be
@@ -7682,6 +7683,7 @@ def log_memory(line):
 # --- s09.15: memory files: no link followed [hardening: skip on first read] ---
 # Stops: a cloned MEMORY.md linked to /proc/self/environ, or a memory write through a planted link
 # Test: tests/test_s09_review.py::test_a_linked_memory_index_or_file_is_never_read
+# Test: tests/test_s09_review.py::test_a_linked_memory_folder_turns_project_memory_off
 # memory_dirs leaves a linked project folder out (without_linked_project); the rest read by plain_file.
 def without_linked_project(dirs):
     """The project's folder counts only when neither .agent nor .agent/memory is a

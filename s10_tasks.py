@@ -7212,6 +7212,7 @@ def start_session(argv, client):
 # --- s09.5: instructions and includes never reach a secret [hardening: skip on first read] ---
 # Stops: an AGENTS.md or an @include that links to ~/.ssh, a .env or a file a read rule denies
 # Test: tests/test_s09_memory.py::test_a_secret_looking_include_is_never_read_rule_or_not
+# Test: tests/test_s09_memory.py::test_a_linked_agents_md_outside_the_project_is_not_read
 # load_instructions asks instruction_refused, and included() include_allowed, before reading a file.
 def instruction_refused(path, state):
     """Why a file of the chain is not read, or None: the user's own ~/.agent file may be
@@ -7721,6 +7722,7 @@ def log_memory(line):
 # --- s09.15: memory files: no link followed [hardening: skip on first read] ---
 # Stops: a cloned MEMORY.md linked to /proc/self/environ, or a memory write through a planted link
 # Test: tests/test_s09_review.py::test_a_linked_memory_index_or_file_is_never_read
+# Test: tests/test_s09_review.py::test_a_linked_memory_folder_turns_project_memory_off
 # memory_dirs leaves a linked project folder out (without_linked_project); the rest read by plain_file.
 def without_linked_project(dirs):
     """The project's folder counts only when neither .agent nor .agent/memory is a
@@ -9418,6 +9420,7 @@ def expire_schedules(now, durable):
 # --- s10.16: a schedules file a clone shipped [hardening: skip on first read] ---
 # Stops: a cloned repository's schedules.json running prompts as if the human typed them
 # Test: tests/test_s10_schedules.py::test_a_planted_schedules_file_fires_only_once_the_human_trusts_it
+# Test: tests/test_s10_schedules.py::test_no_durable_job_joins_an_untrusted_file
 # Trust (s07's gate for project files): the file's jobs fire only while its exact
 # content is trusted (sha256 in ~/.agent/trusted.yaml). The REPL's start asks
 # about an untrusted file that holds jobs, as s07 asks about a project config: a

@@ -271,7 +271,7 @@ def own_section(name, lines):
         m = SUB_RULER.match(lines[a])
         comment = list(itertools.takewhile(lambda line: line.startswith("#"), lines[a + 1:b]))
         stops = next((c[len("# Stops: "):] for c in comment if c.startswith("# Stops: ")), "")
-        test = next((c[len("# Test: "):] for c in comment if c.startswith("# Test: ")), "")
+        test = ", ".join(c[len("# Test: "):] for c in comment if c.startswith("# Test: "))
         prose = " ".join(c.lstrip("#").strip() for c in comment
                          if not c.startswith(("# Stops: ", "# Test: ")))
         about = re.split(r"(?<=\.)\s(?=[A-Z])", prose, maxsplit=1)[0] if prose else ""

@@ -12,6 +12,7 @@
 """
 import ast
 import difflib
+import itertools
 import re
 import subprocess
 import sys
@@ -97,11 +98,14 @@ def test_each_hardening_sub_section_names_what_it_stops_and_its_test(name):
             continue
         stops, proof = (lines[1:3] + ["", ""])[:2]
         assert re.match(r"# Stops: \S", stops), f"{name}: {ruler} does not open with '# Stops: ...'"
-        m = re.fullmatch(r"# Test: (tests/test_\w+\.py)::(test_\w+)", proof)
-        assert m, f"{name}: {ruler}: the line after Stops is '# Test: tests/test_x.py::test_name'"
-        source = (ROOT / m.group(1)).read_text(encoding="utf-8") if (ROOT / m.group(1)).exists() else ""
-        assert re.search(rf"^def {m.group(2)}\(", source, re.M), \
-            f"{name}: {ruler} names {m.group(1)}::{m.group(2)}, which is no test there"
+        assert re.fullmatch(r"# Test: (tests/test_\w+\.py)::(test_\w+)", proof), \
+            f"{name}: {ruler}: the line after Stops is '# Test: tests/test_x.py::test_name'"
+        for more in itertools.takewhile(lambda line: line.startswith("# Test: "), lines[2:]):
+            m = re.fullmatch(r"# Test: (tests/test_\w+\.py)::(test_\w+)", more)  # a part another proves
+            assert m, f"{name}: {ruler}: {more!r} is not '# Test: tests/test_x.py::test_name'"
+            source = (ROOT / m.group(1)).read_text(encoding="utf-8") if (ROOT / m.group(1)).exists() else ""
+            assert re.search(rf"^def {m.group(2)}\(", source, re.M), \
+                f"{name}: {ruler} names {m.group(1)}::{m.group(2)}, which is no test there"
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
