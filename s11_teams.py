@@ -10108,14 +10108,14 @@ def work_in_flight():
 # (s11.3), and s10's task board, where work is claimed atomically (s11.5). The
 # lead spawns teammates (s11.1); a teammate works, idles and claims (s11.4); the
 # lead stops them at its end (s11.7). Requests that pair a question with its
-# answer, one file each, are an extra (s11.28).
+# answer, one file each, are an extra (s11.30).
 # Trust: a team folder is made fresh by this run's lead (os.mkdir refuses one that
 # exists) and carries a random key that only the processes it starts are told, so
 # a team folder or an inbox that came with a cloned repository is never read (s11.9).
 
 # --- s11.1: spawning a teammate [core] ---
 # A teammate is this same file run as `--teammate NAME --team TEAM`: a detached
-# process writing to <team>/<name>.log (a tmux pane, an extra: s11.33). Its first
+# process writing to <team>/<name>.log (a tmux pane, an extra: s11.34). Its first
 # prompt waits in its inbox. The lead's config travels in the environment. Once
 # the child has joined, the lead records its process from the pid it got when it
 # started it, never from a file (s11.13: a pid alone proves nothing).
@@ -10179,10 +10179,8 @@ register("spawn_teammate", (
         "name": {"type": "string", "description": "Its member name: letters, digits, - and _."},
         "role": {"type": "string", "description": "What it is for, in one line; tasks created with "
                  "this role are its to take."},
-        "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."},
-        "agent_type": {"type": "string", "description": "An agent type (see the agent tool); default general-purpose."},
-        "plan_mode_required": {"type": "boolean", "description": "Start it in plan mode."}}},
-    spawn_teammate)
+        "prompt": {"type": "string", "description": "Its first task, in full: it knows nothing else."}}},
+    spawn_teammate)  # its agent_type (s11.29) and plan_mode_required (s11.30) are added there
 
 
 # --- s11.2: the roster [core] ---
@@ -10320,13 +10318,7 @@ def set_member(name, **changes):
 # before the read (in this batch) or after the truncate (in the next). Nothing is
 # lost, nothing is read twice, whatever the number of processes.
 MESSAGE_CHARS = 8_000       # characters of one message's content
-MESSAGE_TYPES = ("message", "broadcast", "shutdown_request", "shutdown_response",
-                 "plan_approval_request", "plan_approval_response",
-                 "permission_request", "permission_response")  # all but the first two: s11.28
-AGENT_SENT = {  # types the program sends, never the model (send_message refuses them)
-    "plan_approval_request": "exit_plan_mode sends it, with your plan",
-    "permission_request": "a tool call that needs the user's yes sends it",
-    "permission_response": "the user answers it at the lead's terminal"}
+MESSAGE_TYPES = ("message", "broadcast")  # a request's and a response's types join them (s11.30)
 
 
 def inbox_path(member):
@@ -10368,10 +10360,8 @@ def take_inbox(inbox):
     return [r for line in data.splitlines() if (r := parse_record(line))]  # a line, checked (s11.17)
 
 
-def recipients(roster, to, sender):
-    """The member names a message to `to` goes to: one, or everyone but the sender for *."""
-    if to == "*":
-        return [m["name"] for m in roster["members"] if m["name"] != sender and m["status"] != "stopped"]
+def recipient(roster, to, sender):
+    """The member a message to `to` goes to: one named, not the sender, not stopped."""
     record = find_member(roster, check_name(to, "recipient"))
     if record is None:
         names = ", ".join(m["name"] for m in roster["members"] if m["name"] != sender)
@@ -10380,19 +10370,19 @@ def recipients(roster, to, sender):
         raise ToolError(f"{sender!r} is you: send to another member.")
     if record["status"] == "stopped":
         raise ToolError(f"{to} has stopped; its inbox is no longer read.")
-    return [record["name"]]
+    return record["name"]
 
 
 def post(to, type, content, request_id=None, approve=None):
     """Send a message as the running agent. Its `from` is this process's member name,
-    never an input. A request or a response goes through its protocol (s11.28).
+    never an input. A request or a response goes through its protocol (s11.30).
     Returns (records sent, {name: why not} for a broadcast's misses)."""
     team = my_team()
     sender, to = team["member"], str(to).strip()
     kind = "broadcast" if to == "*" and type == "message" else type
-    check_message(sender, to, kind, approve)  # who may send which type to whom (s11.28)
+    check_message(sender, to, kind, approve)  # who may send which type to whom (s11.30)
     content = check_text(content, "content", MESSAGE_CHARS)
-    request_id = protocol_id(kind, request_id)  # a request's id is the program's (s11.28)
+    request_id = protocol_id(kind, request_id)  # a request's id is the program's (s11.30)
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
     if kind not in ("message", "broadcast"):
@@ -10401,32 +10391,23 @@ def post(to, type, content, request_id=None, approve=None):
 
 
 def deliver(team, to, sender, head, body):
-    """One record in each recipient's inbox: (sent, {name: why not})."""
-    sent, missed = [], {}
-    for name in recipients(read_roster(team["dir"]), to, sender):
-        record = head | {"to": name} | body
-        try:
-            append_record(team["dir"] / "inbox" / f"{name}.jsonl", record)
-            sent.append(record)
-        except ToolError as e:
-            if to != "*":
-                raise
-            missed[name] = str(e)
-    log_records(team["dir"], sent)  # the team's record: inboxes are emptied when read
-    return sent, missed
+    """The record in its recipient's inbox: (sent, {name: why not})."""
+    if to == "*":
+        return deliver_to_all(team, sender, head, body)  # to everyone else at once (s11.28)
+    record = head | {"to": recipient(read_roster(team["dir"]), to, sender)} | body
+    append_record(team["dir"] / "inbox" / f"{record['to']}.jsonl", record)
+    log_records(team["dir"], [record])  # the team's record: inboxes are emptied when read
+    return [record], {}
 
 
 def send_message(to, content, type="message", request_id=None, approve=None):
     """The model's way to post; the types the program itself sends are refused."""
-    check_speaker(type)  # never a type the program sends (s11.28), nor a subagent (s11.10)
+    check_speaker(type)  # never a type the program sends (s11.30), nor a subagent (s11.10)
     sent, missed = post(to, type, content, request_id, approve)
-    if not sent and to == "*":
-        raise ToolError("Nobody else is in the team yet." if not missed else
-                        "Not delivered: " + "; ".join(missed.values()))
+    check_reached(to, sent, missed)  # a "*" that reached nobody is refused (s11.28)
     names = ", ".join(r["to"] for r in sent)
     rid = f" (request_id {sent[0]['request_id']})" if sent[0]["request_id"] else ""
-    return f"Sent {sent[0]['type']}{rid} to {names}." + \
-        "".join(f" Not delivered to {n}: {why}" for n, why in missed.items())
+    return f"Sent {sent[0]['type']}{rid} to {names}." + not_delivered(missed)  # a "*"'s misses (s11.28)
 
 
 register("send_message", (
@@ -10434,19 +10415,10 @@ register("send_message", (
     "for everyone else. Messages arrive in the recipient's next model call as "
     "<teammate-message from=... type=...> blocks, and theirs come to you the same way. "
     "Use it to hand over results, ask a question or answer one; the task board (task_list) "
-    "is where work is assigned and claimed. Protocols: shutdown_request (lead only) asks a "
-    "teammate to stop; the teammate answers the lead with shutdown_response {request_id, "
-    "approve, content: the reason} (approve true ends its session after this reply). "
-    "plan_approval_response {request_id, approve, content: feedback} (lead only) answers a "
-    "teammate's plan_approval_request. Permission questions are asked and answered by the "
-    "program, not with this tool."),
+    "is where work is assigned and claimed."),  # the protocols add their words and inputs (s11.30)
     {"type": "object", "required": ["to", "content"], "properties": {
         "to": {"type": "string", "description": "A member's name, or \"*\" for everyone else."},
-        "content": {"type": "string", "description": "The message (for a response: the reason or feedback)."},
-        "type": {"type": "string", "enum": [t for t in MESSAGE_TYPES if t not in AGENT_SENT],
-                 "description": "message (default), or a protocol type."},
-        "request_id": {"type": "string", "description": "The request a response answers."},
-        "approve": {"type": "boolean", "description": "A response's answer: true to approve."}}},
+        "content": {"type": "string", "description": "The message (for a response: the reason or feedback)."}}},
     send_message, read_only=True)  # no project file changes
 
 
@@ -10455,7 +10427,7 @@ register("send_message", (
 # (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
 # it is idle and looks at its inbox and the board every IDLE_POLL seconds (idle too
 # long, it stops: s11.20). A shutdown_request from the lead ends it at once: it
-# answers shutdown_response (s11.28) and its roster record says stopped.
+# answers shutdown_response (s11.30) and its roster record says stopped.
 IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
 
 
@@ -10475,12 +10447,11 @@ def start_teammate(argv):
 def teammate_loop(client, history):
     team = agent_state().team
     me, record = team["member"], find_member(read_roster(team["dir"]), team["member"])
-    if (settings := teammate_settings(record)) is None:  # its agent type's tools, prompt, model (s11.30)
+    if (settings := teammate_settings(record)) is None:  # its agent type's tools, prompt, model (s11.29)
         return 1
-    team["skip"] = set(read_roster(team["dir"]).get("foreign_tasks") or [])  # the user's no at the spawn
+    team["skip"] = foreign_skip(team)  # the tasks the user said no to at the spawn (s11.25)
     intro, idle_since = teammate_intro(record, team), time.monotonic()
-    if record.get("plan_mode_required"):  # it plans first; exit_plan_mode asks the lead
-        set_mode("plan", history)
+    plan_first(record, history)  # plan_mode_required: it plans, the lead approves (s11.30)
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.20
@@ -10499,16 +10470,16 @@ def teammate_loop(client, history):
 
 def next_work(me, role):
     """What wakes an idle teammate: its messages, else a ready task it has just claimed.
-    None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.28, s11.21)."""
+    None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.30, s11.21)."""
     team, news = agent_state().team, team_news()
     if team.get("stopping") or orphaned():  # orphaned: its lead's process has ended (s11.21)
         return "shutdown"
-    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.28)
+    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.30)
         return agree_to_stop(id)
     if news:
         return "\n\n".join(news_texts(news))
-    if not team.get("plan") and time.monotonic() >= team.get("pause_until", 0) \
-            and (task := claim_next(me, role, team.get("skip", ()))):  # a plan waits (or a turn failed)
+    if not team.get("plan") and not paused(team) \
+            and (task := claim_next(me, role, team.get("skip", ()))):  # a plan waits (or a turn failed: s11.22)
         return (f"You claimed task #{task['id']}: {task['subject']}\n{task.get('description', '')}\n"
                 f"Do it, mark it completed (task_update), and tell the lead.")
     return None
@@ -10525,7 +10496,7 @@ def teammate_intro(record, team):
 # no owner, nothing blocking). Two teammates may see the same ready task at the
 # same moment, so the look and the take are one task_board() block under the
 # task lock, and the claimer uses what the claim returned: of claimers racing
-# for one task exactly one wins. Who a task is for (its role) is an extra (s11.31).
+# for one task exactly one wins. Who a task is for (its role) is an extra (s11.32).
 def claimable(tasks, task, owner):
     """Pending, nothing blocking it, and nobody's (or already this owner's: assigned)."""
     return task["status"] == "pending" and not blocking(tasks, task) \
@@ -10553,7 +10524,7 @@ def claim_next(owner, role=None, skip=()):
 # --- s11.6: news reaches the model [core] ---
 # Before each model call a member's new messages join the last user message,
 # after its tool results; the program acts on the protocol messages first
-# (teammate_news, lead_news: the requests, s11.28).
+# (teammate_news, lead_news: the requests, s11.30).
 def drain_inbox(messages):
     """Before a model call: the member's news joins the last user message, after its
     tool results (results must come first). A subagent (it has a label) shares its
@@ -10564,7 +10535,7 @@ def drain_inbox(messages):
     if state.team["member"] == LEAD:
         notice_dead(state)  # a teammate whose process ended: its tasks back on the board (s11.23)
     try:
-        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.29)
+        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.31)
     except ToolError as e:
         say(f"[inbox: {e}]")
         return
@@ -10696,7 +10667,7 @@ def check_join(folder, team, member, key):
 # --- s11.10: only the lead spawns, only members speak [hardening: skip on first read] ---
 # Stops: a subagent (or a teammate) starting teammates, or a subagent messaging the team in its teammate's name
 # Test: tests/test_s11_protocols.py::test_a_teammates_subagent_asks_through_the_lead_and_never_messages_or_spawns
-# A teammate's tools lack spawn_teammate (s11.30), but a subagent's do not; and the
+# A teammate's tools lack spawn_teammate (s11.29), but a subagent's do not; and the
 # model never sends the types the program sends itself.
 def check_spawner(state):
     if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
@@ -11031,6 +11002,11 @@ def give_back(me, reason):
         post(LEAD, "message", f"My turn ended early ({reason}){back}. I claim nothing for {FAILED_PAUSE} s.")
 
 
+def paused(team):
+    """Within FAILED_PAUSE seconds of a failed turn: no task is claimed."""
+    return time.monotonic() < team.get("pause_until", 0)
+
+
 # --- s11.23: a teammate whose process ended [hardening: skip on first read] ---
 # Stops: a killed or crashed teammate's tasks staying in progress for ever, claimed by nobody
 # Test: tests/test_s11_protocols.py::test_the_lead_notices_a_dead_teammate_and_its_task_goes_back_on_the_board
@@ -11141,6 +11117,11 @@ def foreign_tasks():
     return [] if answer.strip().lower() in ("y", "yes") else [t["id"] for t in foreign]
 
 
+def foreign_skip(team):
+    """What a teammate skips: the ids its lead wrote in the roster as foreign_tasks."""
+    return set(read_roster(team["dir"]).get("foreign_tasks") or [])
+
+
 # --- s11.26: the team's files out of the sandbox's reach [hardening: skip on first read] ---
 # Stops: a sandboxed command rewriting an inbox, the roster or the board's lock
 # Test: tests/test_s11_review.py::test_a_sandboxed_command_cannot_reach_the_teams_files_or_the_boards_lock
@@ -11166,7 +11147,94 @@ def team_identity():
     return [{"type": "text", "text": teammate_intro(record, state.team)}]
 
 
-# --- s11.28: requests and answers [extra] ---
+# --- s11.28: to everyone at once [extra] ---
+# send_message to "*" reaches every member but the sender and the stopped ones: one
+# message, with one id, in each inbox. An inbox that refuses it (full, its lock held)
+# is a miss the result names; the others have it, so it is no error unless nobody does.
+def everyone_else(roster, sender):
+    """The member names a message to "*" goes to: all but the sender and the stopped."""
+    return [m["name"] for m in roster["members"] if m["name"] != sender and m["status"] != "stopped"]
+
+
+def deliver_to_all(team, sender, head, body):
+    """One record in each of everyone_else's inboxes: (sent, {name: why not})."""
+    sent, missed = [], {}
+    for name in everyone_else(read_roster(team["dir"]), sender):
+        record = head | {"to": name} | body
+        try:
+            append_record(team["dir"] / "inbox" / f"{name}.jsonl", record)
+            sent.append(record)
+        except ToolError as e:
+            missed[name] = str(e)
+    log_records(team["dir"], sent)  # the team's record: inboxes are emptied when read
+    return sent, missed
+
+
+def check_reached(to, sent, missed):
+    """send_message's "*" that reached nobody: an error that says why."""
+    if not sent and to == "*":
+        raise ToolError("Nobody else is in the team yet." if not missed else
+                        "Not delivered: " + "; ".join(missed.values()))
+
+
+def not_delivered(missed):
+    """The end of send_message's result: the members a "*" missed, and why."""
+    return "".join(f" Not delivered to {n}: {why}" for n, why in missed.items())
+
+
+# --- s11.29: agent types for teammates [extra] ---
+# spawn_teammate's agent_type names an agent definition (s04): the teammate runs
+# with its tools, its prompt and its model.
+TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
+                            # its agent type says: without these a teammate cannot work in a team
+
+
+def tool_spec(name):
+    """A registered tool as TOOLS holds it (s02's register): an extra adds its words and
+    its inputs to the core's spec at import, so the model sees one tool."""
+    return next(t for t in TOOLS if t["name"] == name)
+
+
+tool_spec("spawn_teammate")["input_schema"]["properties"]["agent_type"] = {
+    "type": "string", "description": "An agent type (see the agent tool); default general-purpose."}
+
+
+def teammate_spec(agent_type):
+    """A teammate's agent definition ({}: general-purpose, unless a file defines that
+    name); ToolError naming the types for an unknown one, as the agent tool says."""
+    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
+    return {} if general else pick_agent(agent_type, False)
+
+
+def teammate_tools(spec, record):
+    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
+    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
+    when it must plan first; it may keep agent, and never has spawn_teammate."""
+    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
+    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
+    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
+    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
+            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
+
+
+def teammate_settings(record):
+    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
+    system prompt (the agent's own, then the definition's), its model (the definition's,
+    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
+    try:
+        spec = teammate_spec(record.get("agent_type"))
+    except ToolError as e:
+        say(f"[{e}]")
+        with contextlib.suppress(ToolError):
+            post(LEAD, "message", f"I cannot start: {e}")
+        return None
+    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
+    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
+    return {"tools": teammate_tools(spec, record), "system": system,
+            "model": spec.get("model") or record.get("model")}
+
+
+# --- s11.30: requests and answers [extra] ---
 # Three protocols (seed 4.1, 4.2) pair a request with its response by request_id:
 # the lead's shutdown_request -> the teammate's shutdown_response, a teammate's
 # plan_approval_request (sent by its exit_plan_mode) -> the lead's
@@ -11189,6 +11257,26 @@ REQUEST_TYPES = ("shutdown_request", "plan_approval_request", "permission_reques
 RESPONSE_TYPES = ("shutdown_response", "plan_approval_response", "permission_response")  # + approve
 LEAD_ONLY = ("shutdown_request", "plan_approval_response", "permission_response")  # sent by the lead only
 TO_LEAD_ONLY = ("shutdown_response", "plan_approval_request", "permission_request")  # sent to the lead only
+MESSAGE_TYPES += ("shutdown_request", "shutdown_response", "plan_approval_request",  # after s11.3's
+                  "plan_approval_response", "permission_request", "permission_response")
+AGENT_SENT = {  # types the program sends, never the model (send_message refuses them)
+    "plan_approval_request": "exit_plan_mode sends it, with your plan",
+    "permission_request": "a tool call that needs the user's yes sends it",
+    "permission_response": "the user answers it at the lead's terminal"}
+tool_spec("spawn_teammate")["input_schema"]["properties"]["plan_mode_required"] = {
+    "type": "boolean", "description": "Start it in plan mode."}  # its plan goes to the lead (ask_plan_approval)
+tool_spec("send_message")["description"] += (
+    " Protocols: shutdown_request (lead only) asks a "
+    "teammate to stop; the teammate answers the lead with shutdown_response {request_id, "
+    "approve, content: the reason} (approve true ends its session after this reply). "
+    "plan_approval_response {request_id, approve, content: feedback} (lead only) answers a "
+    "teammate's plan_approval_request. Permission questions are asked and answered by the "
+    "program, not with this tool.")
+tool_spec("send_message")["input_schema"]["properties"] |= {
+    "type": {"type": "string", "enum": [t for t in MESSAGE_TYPES if t not in AGENT_SENT],
+             "description": "message (default), or a protocol type."},
+    "request_id": {"type": "string", "description": "The request a response answers."},
+    "approve": {"type": "boolean", "description": "A response's answer: true to approve."}}
 
 
 def check_message(sender, to, kind, approve):
@@ -11239,6 +11327,13 @@ def post_protocol(team, to, sender, head, body, approve):
     except ToolError:
         drop_request(request_id)  # never delivered: nobody can answer it
         raise
+
+
+def plan_first(record, history):
+    """A teammate spawned with plan_mode_required starts in plan mode: it plans, and its
+    exit_plan_mode asks the lead (ask_plan_approval)."""
+    if record.get("plan_mode_required"):
+        set_mode("plan", history)
 
 
 def agree_to_stop(id):
@@ -11451,7 +11546,7 @@ def lead_news(r):
     return None
 
 
-# --- s11.29: the lead, idle at its prompt [extra] ---
+# --- s11.31: the lead, idle at its prompt [extra] ---
 # While the lead's REPL waits for the user, it looks at the team every IDLE_POLL
 # seconds (team_turn): a teammate's message is shown at once and joins the next
 # model call; a permission question is asked then and there; a plan to approve
@@ -11480,49 +11575,7 @@ def team_turn():
     return None
 
 
-# --- s11.30: agent types for teammates [extra] ---
-# spawn_teammate's agent_type names an agent definition (s04): the teammate runs
-# with its tools, its prompt and its model.
-TEAMMATE_KEEPS = ("send_message", "task_create", "task_update", "task_get", "task_list")  # whatever
-                            # its agent type says: without these a teammate cannot work in a team
-
-
-def teammate_spec(agent_type):
-    """A teammate's agent definition ({}: general-purpose, unless a file defines that
-    name); ToolError naming the types for an unknown one, as the agent tool says."""
-    general = agent_type in (None, "", "general-purpose") and agent_type not in load_agents()
-    return {} if general else pick_agent(agent_type, False)
-
-
-def teammate_tools(spec, record):
-    """TOOLS narrowed by the definition as a subagent's are (child_tools: tools allows,
-    disallowed_tools denies), but a teammate keeps TEAMMATE_KEEPS, and exit_plan_mode
-    when it must plan first; it may keep agent, and never has spawn_teammate."""
-    keep = TEAMMATE_KEEPS + (("exit_plan_mode",) if record.get("plan_mode_required") else ())
-    allowed, denied = spec.get("tools"), set(spec.get("disallowed_tools", []))
-    denied |= {"background_run"} if "bash" in denied else set()  # a background command is bash
-    return [t for t in TOOLS if t["name"] != "spawn_teammate" and (t["name"] in keep or (
-            (allowed is None or t["name"] in allowed) and t["name"] not in denied))]
-
-
-def teammate_settings(record):
-    """agent_loop keywords for a teammate of the roster record's agent type: its tools, its
-    system prompt (the agent's own, then the definition's), its model (the definition's,
-    else the roster's). None when the type is gone since the lead checked it: the lead is told."""
-    try:
-        spec = teammate_spec(record.get("agent_type"))
-    except ToolError as e:
-        say(f"[{e}]")
-        with contextlib.suppress(ToolError):
-            post(LEAD, "message", f"I cannot start: {e}")
-        return None
-    own = spec.get("system") if spec.get("system") != SUBAGENT_SYSTEM else None  # a file without a body
-    system = f"{system_prompt()}\n\nYour agent type, {spec['name']}:\n{own}" if own else None
-    return {"tools": teammate_tools(spec, record), "system": system,
-            "model": spec.get("model") or record.get("model")}
-
-
-# --- s11.31: roles on tasks [extra] ---
+# --- s11.32: roles on tasks [extra] ---
 # Who a task is for: the teammates of its role (task_create and task_update take a
 # role, the words of a spawn_teammate role; case and spacing aside), or the one the
 # lead made its owner (whatever the role); a task with neither is for anyone.
@@ -11548,7 +11601,7 @@ def fits(task, role):
     return role is None or not task.get("role") or role_key(task["role"]) == role_key(role)
 
 
-# --- s11.32: claiming one task by id [extra] ---
+# --- s11.33: claiming one task by id [extra] ---
 # claim_next is how a teammate claims; claim_task takes one task by its id, in the
 # same locked step: nothing in the program calls it, a test or a tool of your own may.
 def claim_task(id, owner):
@@ -11563,7 +11616,7 @@ def claim_task(id, owner):
         return True
 
 
-# --- s11.33: tmux panes [extra] ---
+# --- s11.34: tmux panes [extra] ---
 # When the lead runs inside tmux, each teammate gets a pane beside it (a workshop
 # watches the team side by side). Its environment goes on tmux's stdin: `-e`
 # words on a command line would show in ps.
@@ -11593,7 +11646,7 @@ def start_in_tmux(argv, env):
     return int(r.stdout.strip()), None
 
 
-# --- s11.34: the team's message log [extra] ---
+# --- s11.35: the team's message log [extra] ---
 # An inbox keeps only what is unread, so the team's record of what was said is a
 # log beside the inboxes, messages.jsonl: every delivered record, appended by its
 # sender under the log's own lock, until LOG_BYTES (then one line says so).
@@ -11630,7 +11683,7 @@ def append_log(fh, records):
         size += fh.write(line)
 
 
-# --- s11.35: /team [extra] ---
+# --- s11.36: /team [extra] ---
 TEAM_ROLE_CHARS = 30        # characters of a role shown per /team row
 
 

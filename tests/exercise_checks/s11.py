@@ -174,20 +174,22 @@ def outside_a_team(x):
 EXERCISES = {
     1: ("a broadcast that skips idle members", [
         ("a broadcast reaches the working members, not the idle or stopped ones",
-         "recipients() picks who a * message goes to: leave out the idle ones there (or in deliver()).",
+         "everyone_else() picks who a * message goes to: leave out the idle ones there (or in "
+         "deliver_to_all()).",
          skips_idle),
         ("its result names who was skipped as idle",
          "What does a broadcast already report about members it did not reach? Follow it through "
-         "deliver() and send_message().",
+         "deliver_to_all() and send_message().",
          names_the_skipped),
         ("include_idle true reaches idle members too (never stopped ones)",
-         "Add include_idle to send_message's schema and pass it down through post() to deliver().",
+         "Add include_idle to send_message's schema and pass it down through post() and deliver() "
+         "to deliver_to_all().",
          include_idle_reaches_them),
         ("a message to one member by name is delivered as before, and logged once",
          "Only a broadcast skips: a message to a name goes to that member, idle or not.",
          direct_messages_unchanged),
         ("a broadcast that reaches nobody is an error that says they are idle, and is not logged",
-         "send_message() refuses a broadcast with nothing sent: the reasons it gives come from missed.",
+         "check_reached() refuses a broadcast with nothing sent: the reasons it gives come from missed.",
          all_idle_is_an_error),
     ]),
     2: ("a team_status tool", [
