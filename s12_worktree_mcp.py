@@ -10170,12 +10170,8 @@ def work_in_flight():
 # --- s11.1: spawning a teammate [core] ---
 # A teammate is this same file run as `--teammate NAME --team TEAM`: a detached
 # process writing to <team>/<name>.log (a tmux pane, an extra: s11.34). Its first
-# prompt waits in its inbox. The lead's config travels in the environment. Once
-# the child has joined, the lead records its process from the pid it got when it
-# started it, never from a file (s11.13: a pid alone proves nothing).
-TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
-
-
+# prompt waits in its inbox. The lead's settings travel with it (s11.37). Once
+# the child has joined, the lead records the process it started (s11.13).
 def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_required=False,
                    isolation=None):  # s12: "worktree"
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
@@ -10191,13 +10187,11 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     argv += lane_argv(state, isolation, spec, name)  # s12: --worktree agent-..., its lane made now
     try:
-        pid, proc = start_in_tmux(argv, teammate_env(name)) if backend == "tmux" \
-            else start_detached(argv, teammate_env(name), log)
+        pid, proc = start_process(backend, argv, teammate_env(name), log)  # detached, or tmux (s11.34)
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
-    ident = await_join(name, pid, proc, argv, backend, log)  # once it joined: its identity (s11.13)
-    state.teammates[name] = {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
+    state.teammates[name] = await_join(name, pid, proc, argv, backend, log)  # once it joined (s11.13)
     set_member(name, pid=pid)
     where = "in a tmux pane" if backend == "tmux" else f"detached, output in {rel(log)}"
     return (f"Spawned {name} ({role}) in team {team['name']}, {where}. It works on your prompt, then "
@@ -10205,18 +10199,8 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
 
 
 def teammate_argv(name, team):
-    """The command line; --trust-workspace when the lead's run had it, so a teammate
-    reads the project's config as the lead does (a yes the user gave is in trusted.yaml)."""
-    trust = ["--trust-workspace"] if agent_state().permissions.get("trust_all") else []
-    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust]
-
-
-def teammate_env(name):
-    """What a teammate's process gets besides the lead's own environment: the key, and
-    the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
-    state = agent_state()
-    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode,
-            LEAD_PID_ENV: str(os.getpid())}
+    """The command line: this file, as a member of the team (the lead's trust flag: s11.37)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust_flag()]
 
 
 def start_detached(argv, env, log):
@@ -10482,21 +10466,19 @@ register("send_message", (
 # --- s11.4: the teammate's loop [core] ---
 # A teammate's main() joins, then works and idles until told to stop: each wake-up
 # (messages in its inbox, or a ready task it claimed) is one user turn; after a turn
-# it is idle and looks at its inbox and the board every IDLE_POLL seconds (idle too
-# long, it stops: s11.20). A shutdown_request from the lead ends it at once: it
-# answers shutdown_response (s11.30) and its roster record says stopped.
+# it is idle and looks at its inbox and the board every IDLE_POLL seconds. The lead's
+# shutdown_request ends it (s11.30), and so does a long idle (s11.20).
 IDLE_POLL = 1.0             # seconds between an idle teammate's looks at its inbox and the task board
 
 
 def start_teammate(argv):
-    """--teammate NAME --team TEAM: join with the key from the environment, taken out
-    of it so no command this process runs sees it. Returns argv without the flags."""
+    """--teammate NAME --team TEAM: join the team. Returns argv without the flags."""
     name, team = pop_flag(argv, "--teammate", True), pop_flag(argv, "--team", True)
     if name is None and team is None:
         return argv
     if not name or not team or argv:
         raise ValueError("a teammate is started as: --teammate NAME --team TEAM (by its lead)")
-    join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))
+    join_team(team, name, os.environ.pop(TEAM_KEY_ENV, ""))  # the key, out of the environment (s11.9)
     note_lead()  # the lead's process, to notice when it has gone (s11.21)
     return argv
 
@@ -10519,8 +10501,7 @@ def teammate_loop(client, history):
         set_member(me, status="working")
         add_user_text(history, f"{intro}\n\n{work}" if intro else work)
         intro = ""
-        if (reason := agent_loop(client, history, **settings)) not in ("end_turn", "shutdown"):
-            give_back(me, reason)
+        turn_ended(me, agent_loop(client, history, **settings))  # a failed one gives its tasks back (s11.22)
         checkpoint_lane()  # s12: its turn's work committed, the lead told
         set_member(me, status="idle")
         idle_since = time.monotonic()
@@ -10531,10 +10512,8 @@ def next_work(me, role):
     """What wakes an idle teammate: its messages, else a ready task it has just claimed.
     None: nothing yet; "shutdown": the lead asked it to stop, or has gone (s11.30, s11.21)."""
     team, news = agent_state().team, team_news()
-    if team.get("stopping") or orphaned():  # orphaned: its lead's process has ended (s11.21)
+    if team.get("stopping") or orphaned() or agree_to_stop(team):  # its lead gone (s11.21), or asked (s11.30)
         return "shutdown"
-    if id := team.pop("shutdown", None):  # the lead asked: yes, as it is idle (s11.30)
-        return agree_to_stop(id)
     if news:
         return "\n\n".join(news_texts(news))
     if not team.get("plan") and not paused(team) \
@@ -10568,14 +10547,12 @@ def take_task(task, owner):
 
 
 def claim_next(owner, role=None, skip=()):
-    """The first ready task (lowest id) that fits `role`, or that the lead assigned to
-    `owner` (whatever its role), claimed in the same locked step that found it; None
-    when there is none."""
+    """The first ready task (lowest id) for `owner`, claimed in the same locked step
+    that found it; None when there is none."""
     owner = check_name(owner, "owner")
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
-            if task["id"] not in skip and claimable(tasks, task, owner) \
-                    and (task.get("owner") == owner or fits(task, role)):
+            if task["id"] not in skip and claimable(tasks, task, owner) and for_me(task, owner, role):  # s11.32
                 take_task(task, owner)
                 return task
     return None
@@ -10587,35 +10564,27 @@ def claim_next(owner, role=None, skip=()):
 # (teammate_news, lead_news: the requests, s11.30).
 def drain_inbox(messages):
     """Before a model call: the member's news joins the last user message, after its
-    tool results (results must come first). A subagent (it has a label) shares its
-    teammate's team for questions, not its inbox."""
+    tool results (results must come first)."""
     state = agent_state()
-    if not state.team or state.label or not messages or messages[-1]["role"] != "user":
+    if not state.team or state.label or not messages or messages[-1]["role"] != "user":  # label: s11.10
         return
-    if state.team["member"] == LEAD:
-        notice_dead(state)  # a teammate whose process ended: its tasks back on the board (s11.23)
-    try:
-        texts = state.team.pop("shown", []) + news_texts(team_news())  # shown: at the prompt (s11.31)
-    except ToolError as e:
-        say(f"[inbox: {e}]")
-        return
-    if texts:
-        content = messages[-1]["content"]
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        messages[-1]["content"] = blocks + [{"type": "text", "text": t} for t in texts]
+    notice_dead(state)  # the lead's teammates whose process ended: their tasks back on the board (s11.23)
+    with inbox_trouble_said():  # an inbox that cannot be read now costs a line, not the call (s11.15)
+        if texts := state.team.pop("shown", []) + news_texts(team_news()):  # shown: at the prompt (s11.31)
+            content = messages[-1]["content"]
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            messages[-1]["content"] = blocks + [{"type": "text", "text": t} for t in texts]
 
 
 def team_news():
     """The member's new messages, with its program's protocol steps taken: a list of
-    (record, note) the model gets, in order. Records held back while a teammate
-    waited for an answer come first."""
+    (record, note) the model gets, in order."""
     team = agent_state().team
-    records = team.pop("held", []) + take_inbox(inbox_path(team["member"]))
+    records = team.pop("held", []) + take_inbox(inbox_path(team["member"]))  # held: while it asked (s11.30)
     if records:
         more = f", +{len(records) - 5} more" if len(records) > 5 else ""
         say("[inbox: " + ", ".join(f"{r['type']} from {r['from']}" for r in records[:5]) + more + "]")
-    act = lead_news if team["member"] == LEAD else teammate_news
-    return [kept for r in records if (kept := act(r))]
+    return protocol_steps(records)  # the program acts on requests and answers first (s11.30)
 
 
 def news_texts(news):
@@ -10624,15 +10593,9 @@ def news_texts(news):
 
 # --- s11.7: the lead stops its team [core] ---
 # No teammate outlives the lead: when the lead's session ends (the REPL left, a
-# signal, an error), every teammate it started and that still runs gets a
-# shutdown_request and SHUTDOWN_GRACE seconds to stop; one that is still running
-# then is signalled (s11.24). Running means the process the lead started, checked
-# with same_process (s11.13): a pid alone may be someone else's by now.
-def running_teammates(state):
-    """The teammates whose process, the one this lead started, still runs (s11.13)."""
-    return {n: t for n, t in state.teammates.items() if still_running(t)}
-
-
+# signal, an error), every teammate it started and that still runs (s11.13) gets
+# a shutdown_request and SHUTDOWN_GRACE seconds to stop; one that is still running
+# then is signalled (s11.24).
 def stop_teammates(state):
     """Ask, wait, then signal (s11.24). Their open tasks go back on the board."""
     if not (running := running_teammates(state)):
@@ -10679,8 +10642,9 @@ def check_name(value, what):
 # Stops: a .agent/team folder, roster or inbox that came with a cloned repository being read, joined or taken over
 # Test: tests/test_s11_teams.py::test_a_team_folder_this_run_did_not_make_is_never_read
 # The lead makes its team folder fresh (os.mkdir refuses one that exists), with a
-# random key that only the processes it starts are told, in their environment; a
-# teammate joins only a roster that holds it. No link on the way is followed.
+# random key that only the processes it starts are told, in their environment (a
+# teammate takes it out of its own, so no command it runs sees it); a teammate joins
+# only a roster that holds it. No link on the way is followed.
 TEAM_KEY_ENV = "AGENT_TEAM_KEY"  # the join key reaches a teammate here: a command line shows in ps
 ROSTER_BYTES = 64_000       # a config.json larger than this is not read
 
@@ -10728,7 +10692,11 @@ def check_join(folder, team, member, key):
 # Stops: a subagent (or a teammate) starting teammates, or a subagent messaging the team in its teammate's name
 # Test: tests/test_s11_protocols.py::test_a_teammates_subagent_asks_through_the_lead_and_never_messages_or_spawns
 # A teammate's tools lack spawn_teammate (s11.29), but a subagent's do not; and the
-# model never sends the types the program sends itself.
+# model never sends the types the program sends itself. A subagent shares its
+# teammate's team for questions (ask_lead), not its inbox (drain_inbox skips it).
+TEAMMATE_ENV = "AGENT_TEAMMATE"  # set in a teammate's process: it (and its subagents) never spawns
+
+
 def check_spawner(state):
     if os.getenv(TEAMMATE_ENV) or state.label or (state.team and state.team["member"] != LEAD):
         raise ToolError("Only the lead spawns teammates. If the team needs another, ask the lead "
@@ -10803,9 +10771,10 @@ JOIN_WAIT = 30              # seconds the lead waits for a started teammate to j
 
 
 def await_join(name, pid, proc, argv, backend, log):
-    """The child's identity once its roster record says it joined and its command line
-    is the one it was started with. Killed (it was started by this call, so it is ours)
-    and marked stopped when it ended first, when JOIN_WAIT passed, or on Ctrl+C meanwhile."""
+    """The child's process record (pid, start, cmdline, proc) once its roster record
+    says it joined and its command line is the one it was started with. Killed (it was
+    started by this call, so it is ours) and marked stopped when it ended first, when
+    JOIN_WAIT passed, or on Ctrl+C meanwhile."""
     try:
         ident = joined_identity(name, pid, proc, argv)
     except BaseException:  # Ctrl+C while it joins
@@ -10818,7 +10787,7 @@ def await_join(name, pid, proc, argv, backend, log):
         set_member(name, status="stopped")
         where = f"see {rel(log)}" if backend == "detached" else "see its tmux pane, if still open"
         raise ToolError(f"{name} did not join the team within {JOIN_WAIT} s ({where}). Tell the user.")
-    return ident
+    return {"pid": pid, "start": ident[0], "cmdline": ident[1], "proc": proc}
 
 
 def joined_identity(name, pid, proc, argv):
@@ -10871,6 +10840,11 @@ def same_process(pid, start, cmdline):
     return pid is not None and process_identity(pid) == (start, list(cmdline))
 
 
+def running_teammates(state):
+    """The teammates whose process, the one this lead started, still runs."""
+    return {n: t for n, t in state.teammates.items() if still_running(t)}
+
+
 def still_running(t):
     """Is a teammate's process (as state.teammates records it) still the one the lead started?"""
     if t["proc"]:
@@ -10917,6 +10891,16 @@ def flock_or_busy(fd, inbox):
                 raise ToolError(f"{inbox.stem}'s inbox is busy (its lock was held for "
                                 f"{LOCK_WAIT} s); try again later.")
             time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def inbox_trouble_said():
+    """A ToolError from the inbox in the block (its lock held too long, or not a plain
+    file: s11.14) said in one line; the block stops there, the messages wait in the inbox."""
+    try:
+        yield
+    except ToolError as e:
+        say(f"[inbox: {e}]")
 
 
 # --- s11.16: an inbox that is full [hardening: skip on first read] ---
@@ -11046,6 +11030,13 @@ def orphaned():
 # Stops: an outage making one teammate claim, fail and hold the whole board, its tasks in progress for ever
 # Test: tests/test_s11_review.py::test_a_failed_turn_gives_its_task_back_and_claims_nothing_for_a_while
 FAILED_PAUSE = 60           # seconds a teammate whose turn failed claims no task
+
+
+def turn_ended(me, reason):
+    """After a teammate's turn: one that failed (it ended neither at end_turn nor for
+    the lead's shutdown) gives back."""
+    if reason not in ("end_turn", "shutdown"):
+        give_back(me, reason)
 
 
 def give_back(me, reason):
@@ -11399,11 +11390,14 @@ def plan_first(record, history):
         set_mode("plan", history)
 
 
-def agree_to_stop(id):
-    """An idle teammate's yes to the lead's shutdown_request (it loses nothing)."""
+def agree_to_stop(team):
+    """An idle teammate's yes to the lead's shutdown_request, if one came (it loses
+    nothing): True when it said yes."""
+    if not (id := team.pop("shutdown", None)):
+        return False
     with contextlib.suppress(ToolError):  # the lead may have stopped waiting
         post(LEAD, "shutdown_response", "Stopping now: I am idle.", request_id=id, approve=True)
-    return "shutdown"
+    return True
 
 
 
@@ -11565,6 +11559,14 @@ def ask_plan_approval(plan):
             f"not approved, you stay in plan mode with its feedback.")
 
 
+def protocol_steps(records):
+    """team_news's records through the program's step for the lead (lead_news) or a
+    teammate (teammate_news), in order: (record, note) each, the dropped left out.
+    Records a teammate held back while it waited for an answer (take_answer) came first."""
+    act = lead_news if agent_state().team["member"] == LEAD else teammate_news
+    return [kept for r in records if (kept := act(r))]
+
+
 def teammate_news(r):
     """A teammate's program acts on the lead's protocol messages as they arrive, then
     passes them on (None: dropped). A shutdown_request is answered by the model in a
@@ -11624,17 +11626,14 @@ def team_turn():
         return None
     team["looked"] = time.monotonic()
     notice_dead(state)
-    try:
+    with inbox_trouble_said():  # an inbox that cannot be read now costs a line (s11.15)
         news = team_news()
-    except ToolError as e:
-        say(f"[inbox: {e}]")
-        return None
-    for r, _ in news:
-        show_news(r["from"], teammate_block(r))
-    keep_bounded(team.setdefault("shown", []), news_texts(news))
-    if any(r["type"] == "plan_approval_request" for r, _ in news):
-        return ("A teammate's plan waits for your verdict: answer it with send_message "
-                "plan_approval_response {to, request_id, approve, content: feedback}.")
+        for r, _ in news:
+            show_news(r["from"], teammate_block(r))
+        keep_bounded(team.setdefault("shown", []), news_texts(news))
+        if any(r["type"] == "plan_approval_request" for r, _ in news):
+            return ("A teammate's plan waits for your verdict: answer it with send_message "
+                    "plan_approval_response {to, request_id, approve, content: feedback}.")
     return None
 
 
@@ -11656,6 +11655,11 @@ def set_task_role(task, role):
         task["role"] = role
     else:
         task.pop("role", None)
+
+
+def for_me(task, owner, role):
+    """claim_next's test: assigned to `owner` by the lead (whatever its role), or it fits its role."""
+    return task.get("owner") == owner or fits(task, role)
 
 
 def fits(task, role):
@@ -11691,6 +11695,11 @@ PASSED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
 
 def in_tmux():
     return bool(os.getenv("TMUX")) and shutil.which("tmux") is not None
+
+
+def start_process(backend, argv, env, log):
+    """spawn_teammate's start: a pane beside the lead's when it runs in tmux, else detached."""
+    return start_in_tmux(argv, env) if backend == "tmux" else start_detached(argv, env, log)
 
 
 def start_in_tmux(argv, env):
@@ -11805,6 +11814,25 @@ def show_team(args, ctx):
 
 command("team", "Show the team: each member's role, status, process, unread inbox and open tasks",
         show_team)
+
+
+# --- s11.37: the lead's settings, passed on [extra] ---
+# A teammate works as its lead does: in the lead's permission mode (plan_mode_required,
+# in its roster record, puts it in plan mode first: s11.30), and with --trust-workspace
+# when the lead's run had it, so it reads the project's config as the lead does (a yes
+# the user gave is in trusted.yaml). The mode travels in the environment, beside what
+# the hardening passes there: the join key (s11.9), the mark that it is a teammate
+# (s11.10) and the lead's pid (s11.21).
+def trust_flag():
+    return ["--trust-workspace"] if agent_state().permissions.get("trust_all") else []
+
+
+def teammate_env(name):
+    """What a teammate's process gets besides the lead's own environment: the key, and
+    the lead's mode (plan_mode_required, in its roster record, puts it in plan mode first)."""
+    state = agent_state()
+    return {TEAM_KEY_ENV: state.team["key"], TEAMMATE_ENV: name, "AGENT_PERMISSION_MODE": state.mode,
+            LEAD_PID_ENV: str(os.getpid())}
 
 
 # --- s12: worktrees and MCP ---

@@ -34,9 +34,6 @@ CORE_BUDGET = 450          # lines of a chapter's [core] sub-sections: one sitti
                            # careful reading takes 200-400 lines of code at a time, and these
                            # lines carry their comments)
 CORE_BUDGET_IN = {         # declared exceptions: (lines, why)
-    "s11_teams": (CORE_BUDGET + 70, "one mechanism run as two programs, the lead and each teammate, "
-                  "with the files between them (the roster, an inbox per member) its third part; its "
-                  "two tools' schemas alone are 40 of its lines"),
     "s12_worktree_mcp": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter, "
                          "each past one sitting: worktrees (a lane made or reused, its three tools) "
                          "and MCP (its config, the stdio transport written by hand as one class, "
