@@ -34,10 +34,10 @@ CORE_BUDGET = 450          # lines of a chapter's [core] sub-sections: one sitti
                            # careful reading takes 200-400 lines of code at a time, and these
                            # lines carry their comments)
 CORE_BUDGET_IN = {         # declared exceptions: (lines, why)
-    "s12_worktree_mcp": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter, "
-                         "each past one sitting: worktrees (a lane made or reused, its three tools) "
-                         "and MCP (its config, the stdio transport written by hand as one class, "
-                         "connecting and its tools)"),
+    "s12_worktree_mcp": (2 * CORE_BUDGET, "two mechanisms the design puts in one chapter (SPEC "
+                         "3.7): worktrees (a lane made or reused, its three tools) and MCP (its "
+                         "config, the stdio transport written by hand as one class, connecting "
+                         "and its tools)"),
 }
 TIERS = {"[core]": "core", "[hardening: skip on first read]": "hardening", "[extra]": "extra"}
 SUB_RULER = re.compile(r"# --- (?:s\d\d|full)\.(\d+): (.+?) (\[[^]]*\]) ---$")
