@@ -4,12 +4,13 @@ OS process of its own with a name, a role and an inbox; they message each other,
 answer each other's requests, and take work from s10's task board, where no two
 ever take the same task.
 
-New since s10: create_team, join_team, add_member, set_member, team_roster (the
-roster); post, send_message, take_inbox (mailboxes); pending_request, ask_lead,
-ask_plan_approval, team_news, drain_inbox (requests and answers); claim_task,
-claim_next, release_dead, same_process (claiming work); spawn_teammate (tmux pane
-or detached process); teammate_loop, next_work (work, idle, claim); team_turn,
-notice_dead, team_session (the lead's side).
+New since s10: spawn_teammate (a detached process); create_team, join_team,
+add_member, set_member, team_roster (the roster); post, send_message, take_inbox
+(mailboxes); teammate_loop, next_work (work, idle, claim); claim_next (claiming
+work); drain_inbox, team_news (news reaches the model); stop_teammates,
+team_session (the lead stops its team). Beyond the core: pending_request,
+ask_lead, ask_plan_approval (requests and answers); same_process, notice_dead,
+release_dead (a process that ended); team_turn (the lead, idle at its prompt).
 
     lead: spawn_teammate alice -> .agent/team/<team>/config.json {key, members}
           -> python s11_teams.py --teammate alice --team <team>  (tmux pane or detached)

@@ -86,7 +86,10 @@ def test_the_roster_holds_every_member_with_its_fields(crew, workspace):
         assert "only its own status" in refused(mod, mod.set_member, "alice", status="stopped")
         assert "Only the lead" in refused(mod, mod.add_member, "carol", "helps")
     assert "Unknown status" in refused(mod, mod.set_member, "alice", status="asleep")
+    assert "Unknown backend" in refused(mod, mod.add_member, "carol", "helps", backend="ssh")
+    assert "one team per session" in refused(mod, mod.create_team, "another")
     members = {m["name"]: m for m in mod.read_roster(mod.my_team()["dir"])["members"]}
+    assert "carol" not in members and not (workspace / ".agent" / "team" / "another").exists()
     assert (members["alice"]["status"], members["alice"]["pid"], members["bob"]["status"]) == ("idle", 4242, "idle")
     assert not list((workspace / ".agent" / "team" / "crew").glob("*.tmp"))   # written whole
 
