@@ -6925,7 +6925,7 @@ def load_instructions(state):
             continue
         budget[0] -= len(raw)
         parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
-    return cut_instructions("\n\n".join(parts))
+    return cut_instructions("\n\n".join(parts))  # s09.6
 
 
 def context_blocks(state):
@@ -6984,7 +6984,7 @@ def after_turn(messages):
     first, then memory extraction starts in the background (extract_memories, its
     failures logged: s09.14), then maybe a consolidation (s09.27)."""
     state = agent_state()
-    sync_session(messages)
+    sync_session(messages)  # s09.4
     if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
         return
     text = turn_text(messages)
@@ -6992,7 +6992,7 @@ def after_turn(messages):
                            daemon=True)
     state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
     job.start()
-    consolidate_quietly(state)
+    consolidate_quietly(state)  # s09.27
 
 
 def extract_memories(text, state):
@@ -7004,7 +7004,7 @@ def extract_memories(text, state):
     try:
         ops = json_reply(reply).get("operations", [])
     except ValueError as e:
-        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
+        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")  # s09.14
         return
     with MEMORY_LOCK:
         done = apply_operations(ops, state)
@@ -7033,7 +7033,7 @@ def side_call(system, content):
         reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
                                              messages=[{"role": "user", "content": content}])
     except Exception as e:  # a side call never breaks the session
-        log_memory(f"side call failed: {type(e).__name__}: {e}")
+        log_memory(f"side call failed: {type(e).__name__}: {e}")  # s09.14
         return None
     charge(reply)
     return "".join(b.text for b in reply.content if b.type == "text")
@@ -7070,8 +7070,8 @@ def apply_operations(ops, state):
 def apply_operation(op, existing, touched, state):
     """One operation; `existing` (name -> memory) is kept up to date. One that is
     malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
-    if why := operation_refused(op, existing):
-        log_memory(why)
+    if why := operation_refused(op, existing):  # s09.13
+        log_memory(why)  # s09.14
         return None
     old = existing.get(op["name"])
     if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
@@ -7097,7 +7097,7 @@ def write_memory(op, state):
 def memory_dirs(state):
     """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
     dirs = {"user": Path.home() / ".agent" / "memory", "project": project_dir(state) / ".agent" / "memory"}  # s12
-    return without_linked_project(dirs)
+    return without_linked_project(dirs)  # s09.15
 
 
 def memory_dir(kind, state):
@@ -7130,14 +7130,14 @@ def index_lines(folder):
 
 def write_index(folder):
     """Rebuild folder/MEMORY.md from its files (atomically)."""
-    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))  # s09.15
 
 
 def memory_index(state):
     """Both MEMORY.md files (user first) as read, each capped like the index."""
     parts = []
     for scope, folder in memory_dirs(state).items():
-        if lines := read_index(folder / "MEMORY.md"):
+        if lines := read_index(folder / "MEMORY.md"):  # s09.16
             parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
     return "\n\n".join(parts)
 
@@ -8444,7 +8444,7 @@ def read_task(path):
         task = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):  # RecursionError: 60 KB of [ nests too deep
         return None
-    return task if is_task(task, path.name) else None
+    return task if is_task(task, path.name) else None  # s10.5
 
 
 def save_task(folder, task):
@@ -10249,7 +10249,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     refuse_in_lane(state)  # s12: a team works from the project's own folder
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
-    team, backend = state.team, "tmux" if in_tmux() else "detached"
+    team, backend = state.team, "tmux" if in_tmux() else "detached"  # s11.34
     name = add_member(name, role, agent_type, spec.get("model"), backend, None, plan_mode_required)["name"]
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
@@ -10305,7 +10305,7 @@ MEMBER_STATUSES = ("working", "idle", "stopped")
 def team_root():
     """The workspace's .agent/team, created (never through a link: s11.9)."""
     folder = agent_state().workdir / TEAM_DIR
-    make_team_root(folder)
+    make_team_root(folder)  # s11.9
     return folder
 
 
@@ -10363,13 +10363,13 @@ def create_team(name):
     the lead in it. Returns the folder; the key goes to each teammate it starts."""
     state = agent_state()
     check_no_team(state)  # one team per session (s11.11)
-    name = check_name(name, "team name")
+    name = check_name(name, "team name")  # s11.8
     folder = team_root() / name
     make_new_folder(folder)  # never one that exists: an earlier run's, or a clone's (s11.9)
     (folder / "inbox").mkdir()
     key = os.urandom(16).hex()
     save_roster(folder, {"team": name, "lead": LEAD, "key": key, "created": now_stamp(),
-                         "foreign_tasks": foreign_tasks(), "members": [
+                         "foreign_tasks": foreign_tasks(), "members": [  # s11.25
         member_record(LEAD, "team lead", "lead", model_id(), "terminal", os.getpid())]})
     state.team = {"name": name, "member": LEAD, "dir": folder, "key": key}
     return folder
@@ -10379,7 +10379,7 @@ def join_team(team, member, key):
     """A teammate process takes its place in the team it was started for, named in
     its roster (s11.9: a roster holding the key its lead gave it)."""
     state = agent_state()
-    team, member = check_name(team, "team name"), check_name(member, "member name")
+    team, member = check_name(team, "team name"), check_name(member, "member name")  # s11.8
     folder = team_root() / team
     check_join(folder, team, member, key)  # the roster of the lead that started it (s11.9)
     state.team = {"name": team, "member": member, "dir": folder, "key": key}
@@ -10392,7 +10392,7 @@ def add_member(name, role, agent_type="general-purpose", model=None, backend="de
                pid=None, plan_mode_required=False):
     """The lead adds a teammate to the roster (spawning starts its process after)."""
     check_adder()  # the lead only (s11.11)
-    name = check_name(name, "teammate name")
+    name = check_name(name, "teammate name")  # s11.8
     if name == LEAD:
         raise ToolError(f"{LEAD!r} is the lead's own name; give the teammate another.")
     check_backend(backend)  # s11.11
@@ -10431,7 +10431,7 @@ MESSAGE_TYPES = ("message", "broadcast")  # a request's and a response's types j
 
 
 def inbox_path(member):
-    return my_team()["dir"] / "inbox" / f"{check_name(member, 'member name')}.jsonl"
+    return my_team()["dir"] / "inbox" / f"{check_name(member, 'member name')}.jsonl"  # s11.8
 
 
 @contextlib.contextmanager
@@ -10450,7 +10450,7 @@ def append_record(inbox, record):
     """Add one message to an inbox, as one line (a plain file: s11.14)."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
     with inbox_lock(inbox):
-        fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)  # s11.14
         with open(fd, "ab") as fh:
             check_room(fd, line, record)  # at most INBOX_BYTES unread (s11.16)
             fh.write(torn_end(fd) + line)  # after a line a killed writer left unfinished (s11.17)
@@ -10460,7 +10460,7 @@ def take_inbox(inbox):
     """Every message in the inbox, which is left empty: read and truncated in one
     locked step (past INBOX_BYTES, dropped: s11.16)."""
     with inbox_lock(inbox):
-        fd = open_inbox(inbox, os.O_RDWR)
+        fd = open_inbox(inbox, os.O_RDWR)  # s11.14
         if fd is None:
             return []
         with open(fd, "r+b") as fh:
@@ -10471,7 +10471,7 @@ def take_inbox(inbox):
 
 def recipient(roster, to, sender):
     """The member a message to `to` goes to: one named, not the sender, not stopped."""
-    record = find_member(roster, check_name(to, "recipient"))
+    record = find_member(roster, check_name(to, "recipient"))  # s11.8
     if record is None:
         names = ", ".join(m["name"] for m in roster["members"] if m["name"] != sender)
         raise ToolError(f"No member named {to!r}. The team: {names or '(nobody else yet)'}.")
@@ -10495,7 +10495,7 @@ def post(to, type, content, request_id=None, approve=None):
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
     if kind not in ("message", "broadcast"):
-        return post_protocol(team, to, sender, head, body, approve)
+        return post_protocol(team, to, sender, head, body, approve)  # s11.30
     return deliver(team, to, sender, head, body)
 
 
@@ -10563,7 +10563,7 @@ def teammate_loop(client, history):
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.20
-                return idle_out(me)
+                return idle_out(me)  # s11.20
             time.sleep(IDLE_POLL)
             continue
         set_member(me, status="working")
@@ -10617,7 +10617,7 @@ def take_task(task, owner):
 def claim_next(owner, role=None, skip=()):
     """The first ready task (lowest id) for `owner`, claimed in the same locked step
     that found it; None when there is none."""
-    owner = check_name(owner, "owner")
+    owner = check_name(owner, "owner")  # s11.8
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
             if task["id"] not in skip and claimable(tasks, task, owner) and for_me(task, owner, role):  # s11.32
@@ -10656,7 +10656,7 @@ def team_news():
 
 
 def news_texts(news):
-    return [text for r, note in news for text in (teammate_block(r), note) if text]
+    return [text for r, note in news for text in (teammate_block(r), note) if text]  # s11.18
 
 
 # --- s11.7: the lead stops its team [core] ---
@@ -10666,7 +10666,7 @@ def news_texts(news):
 # then is signalled (s11.24).
 def stop_teammates(state):
     """Ask, wait, then signal (s11.24). Their open tasks go back on the board."""
-    if not (running := running_teammates(state)):
+    if not (running := running_teammates(state)):  # s11.13
         return
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
@@ -11948,7 +11948,7 @@ def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     env = git_env() | common_dir(cwd, lane)  # s12.6, s12.9: nothing outside the call steers it
     p = run_git(argv, cwd, env, data, name)
     if p.returncode and "index.lock" in p.stderr:  # another git was at work there (s12.10)
-        p = git_again(argv, cwd, env, data, name)
+        p = git_again(argv, cwd, env, data, name)  # s12.10
     if check and p.returncode:
         raise ToolError(f"git {name} failed: {(p.stderr or p.stdout).strip()[:500]}")
     return p.stdout if p.returncode == 0 else None
@@ -12011,10 +12011,10 @@ def find_lane(origin, name):
         return None
     admin = lane_admin(path, common, name)  # its .git file says "gitdir: <admin folder>"
     lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name,
-            "ready": lane_ready(admin)}
+            "ready": lane_ready(admin)}  # s12.21
     head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)
     if not head and lane["ready"]:
-        raise not_a_lane(name)
+        raise not_a_lane(name)  # s12.11
     ref = (git(path, "symbolic-ref", "-q", "HEAD", lane=lane, check=False) or "").strip()
     return lane | {"head": head and head.strip(), "branch": ref.removeprefix("refs/heads/") or None}
 
@@ -12030,7 +12030,7 @@ def make_lane(origin, name, base=None):
     with task_lock(folder):  # s10: the same flock, on .agent/worktrees/.lock
         lane = find_lane(origin, name)
         if lane and not lane["ready"]:
-            lane = half_made(lane)
+            lane = half_made(lane)  # s12.21
         if lane:
             lane_base(lane, origin, base)  # s12.15: a base elsewhere is refused
             return lane | {"reused": True}, False  # logged once entered (enter_lane)
@@ -12045,7 +12045,7 @@ def make_lane(origin, name, base=None):
         lane = find_lane(origin, name)
         if lane is None:
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
-        lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)
+        lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)  # s12.28
         mark_ready(origin, lane, path)  # s12.21: made to the end
         log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
         return lane | {"ready": True}, True
@@ -12081,7 +12081,7 @@ def enter_lane(state, lane, assigned=False):
     log_reuse(state, lane)  # s12.31
     state.worktree = lane | {"lock": fd, "came_from": str(state.workdir), "assigned": assigned}
     state.workdir, state.files = Path(lane["path"]), {}
-    log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))
+    log_event(Path(lane["origin"]), "enter", lane["name"], by=who(state), workdir=str(lane["path"]))  # s12.31
 
 
 def leave_lane(state):
@@ -12089,12 +12089,12 @@ def leave_lane(state):
     lane = state.worktree
     state.workdir, state.files, state.worktree = Path(lane["came_from"]), {}, None
     release_lock(lane.get("lock"))  # s12.16
-    log_event(Path(lane["origin"]), "leave", lane["name"], by=who(state))
+    log_event(Path(lane["origin"]), "leave", lane["name"], by=who(state))  # s12.31
 
 
 def excluded(lane):
     """Pathspecs for what is never a lane's work: the agent's .agent folder, and links."""
-    return [f":(exclude){p}" for p in [AGENT_DIR, *lane_links(lane)]]
+    return [f":(exclude){p}" for p in [AGENT_DIR, *lane_links(lane)]]  # s12.28
 
 
 def lane_changes(lane):
@@ -12135,8 +12135,8 @@ def drop_lane(lane, why, locked=False):
     if lane.get("branch") == WORKTREE_BRANCH + lane["name"] and not keep_branch:
         git(origin, "branch", "-D", "-q", "--", lane["branch"], check=False)
     drop_lock_file(lane)  # s12.16
-    unbind_tasks(origin, lane["name"])
-    log_event(origin, "remove", lane["name"], why=why, head=lane["head"])
+    unbind_tasks(origin, lane["name"])  # s12.32
+    log_event(origin, "remove", lane["name"], why=why, head=lane["head"])  # s12.31
 
 
 def branch_name(lane):
@@ -12147,16 +12147,16 @@ def lane_status(lane):
     """One line: changes, commits no other branch has, the diffstat's summary, and
     the nested repositories that are never committed (s12.23)."""
     changes, extra = lane_changes(lane), unmerged(lane)
-    summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()
+    summary = diffstat(lane, fork_point(lane)).splitlines()[-1].strip()  # s12.27
     parts = [f"{len(changes)} uncommitted change(s)" if changes else "no uncommitted changes",
              f"{extra} unmerged commit(s)" if extra else "nothing unmerged"]
-    return ", ".join(parts) + (f"; {summary}" if extra else "") + nested_status(changes)
+    return ", ".join(parts) + (f"; {summary}" if extra else "") + nested_status(changes)  # s12.23
 
 
 def worktree_create(name, base=None):
     """Make (or reuse) a lane and enter it: the calling agent now works there."""
     state = agent_state()
-    check_free(state)
+    check_free(state)  # s12.17
     name = check_lane_name(name)
     if state.worktree:
         raise ToolError(f"You are in worktree {state.worktree['name']}: close it first "
@@ -12168,7 +12168,7 @@ def worktree_create(name, base=None):
     setup = f"; setup: {'; '.join(lane['setup'])}" if made and lane.get("setup") else ""
     return (f"{did} on branch {branch_name(lane)}{setup}. You now work in {lane['path']}: every path "
             f"and command is relative to it, and files read before must be read again. "
-            f"{apart_text(state)} worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "
+            f"{apart_text(state)} worktree_closeout {{name: {name!r}, action: \"keep\"}} takes you "  # s12.18
             f"back and keeps it for review (remove deletes it).")
 
 
@@ -12207,7 +12207,7 @@ def confirm_loss(lane, changes, extra, local=()):
     answer = ask_human(printable(f"Remove worktree {lane['name']} and branch {branch_name(lane)}? It has "
                                  f"{loss}, which would be lost. [y/N] "))
     if answer.strip().lower() not in ("y", "yes"):
-        log_event(Path(lane["origin"]), "remove_refused", lane["name"], loss=loss)
+        log_event(Path(lane["origin"]), "remove_refused", lane["name"], loss=loss)  # s12.31
         raise ToolError(f"Not removed: worktree {lane['name']} has {loss}, and the user did not "
                         f"confirm. Keep it (action keep), or merge its branch first.")
 
@@ -12215,7 +12215,7 @@ def confirm_loss(lane, changes, extra, local=()):
 def worktree_closeout(name, action):
     """Leave a lane (when in it) and keep it, or remove it with its branch."""
     state = agent_state()
-    check_free(state)
+    check_free(state)  # s12.17
     name = check_lane_name(name)
     if action not in WORKTREE_ACTIONS:
         raise ToolError(f"action must be keep or remove, not {action!r}.")
@@ -12231,10 +12231,10 @@ def worktree_closeout(name, action):
     if lane is None:
         raise ToolError(f"No worktree {name}. worktree_list shows the ones there are.")
     if not lane["ready"]:
-        raise ToolError(half_made_text(lane))
+        raise ToolError(half_made_text(lane))  # s12.21
     if inside_it:
         check_idle(lane)  # s12.25: no background work of its own still running there
-    fd = take_lane(state, lane, inside_it) if inside_it or action == "remove" else None
+    fd = take_lane(state, lane, inside_it) if inside_it or action == "remove" else None  # s12.16
     check_taken(fd, name, inside_it, action)  # s12.16: refused while another agent is in it
     try:
         return close_out(state, lane, action, inside_it)
@@ -12250,10 +12250,10 @@ def close_out(state, lane, action, inside_it):
         status = lane_status(lane)
         if inside_it:
             leave_lane(state)
-        log_event(Path(lane["origin"]), "keep", name, status=status)
+        log_event(Path(lane["origin"]), "keep", name, status=status)  # s12.31
         return (f"Kept worktree {name} at {WORKTREES_DIR / name} (branch {branch_name(lane)}): {status}."
                 + (back.format(state.workdir) if inside_it else ""))
-    changes, extra, local = lane_changes(lane), unmerged(lane), lane_local(lane)
+    changes, extra, local = lane_changes(lane), unmerged(lane), lane_local(lane)  # s12.24
     if changes or extra or local:
         confirm_loss(lane, changes, extra, local)
     if inside_it:
@@ -12319,7 +12319,7 @@ def expand_vars(text):
     value, as in the shell). ValueError: a variable unset with no default, or the
     agent's own credential (s12.34)."""
     def one(m):
-        name, default = not_own(m[1]), m[2]
+        name, default = not_own(m[1]), m[2]  # s12.34
         value = os.environ.get(name)
         if value is None and default is None:
             raise ValueError(f"${{{name}}} is not set (write ${{{name}:-default}} for a fallback)")
@@ -12350,7 +12350,7 @@ def parse_server(name, raw):
         raise ValueError("its settings must be a mapping (command and args, or type: http and url)")
     if unknown := sorted(set(map(str, raw)) - MCP_KEYS):
         raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(MCP_KEYS))})")
-    kind = server_kind(raw)
+    kind = server_kind(raw)  # s12.42
     if kind not in MCP_TYPES:
         raise ValueError(f"type {kind!r} is not supported: use stdio or http (Streamable HTTP; "
                          f"the old HTTP+SSE transport is gone)")
@@ -12377,7 +12377,7 @@ def server_specs(state):
     local one, a later one winning. Config files only count here when s07 let them
     (trusted, or the user's own: load_permissions). A bad entry is one line."""
     files = state.permissions.get("mcp_servers", [])
-    sources = [f for f in files if f[0] == "user"] + [("project", *f) for f in mcp_json(state)]
+    sources = [f for f in files if f[0] == "user"] + [("project", *f) for f in mcp_json(state)]  # s12.41
     found = {}
     for scope, source, servers in sources + [f for f in files if f[0] != "user"]:
         if not isinstance(servers, dict):
@@ -12448,7 +12448,7 @@ class StdioTransport:
     def __init__(self, server):
         spec, self.server = server["spec"], server
         self.error, self.version, self.pending, self.garbage = None, None, {}, 0
-        self.ids, self.lock, self.log = itertools.count(1), threading.Lock(), open_log(server)
+        self.ids, self.lock, self.log = itertools.count(1), threading.Lock(), open_log(server)  # s12.44
         try:  # its own session: closing it stops what it started too (npx starts node)
             self.proc = subprocess.Popen([spec["command"], *spec["args"]], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=server["workdir"],
@@ -12629,7 +12629,7 @@ def connect_and_say(server, late_after):
     when = f" after {took:.1f} s: its tools join at the next model call" if took > late_after else ""
     say(f"[mcp {server['name']}: connected ({server['spec']['type']}), "
         f"{len(server['tools'])} tool(s){when}]" if ok else
-        f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]")
+        f"[mcp {server['name']}: failed: {server['error']}{log_note(server)}]")  # s12.44
 
 
 def connect(server):
@@ -12672,7 +12672,7 @@ def hello(transport, server):
 def list_tools(transport, timeout=MCP_CONNECT_TIMEOUT):
     """Every page of tools/list, following nextCursor, within bounds (s12.38)."""
     tools, cursor, seen = [], None, set()
-    while more_pages(tools, cursor, seen):
+    while more_pages(tools, cursor, seen):  # s12.38
         page = transport.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
         tools += [t for t in page.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
         cursor = page.get("nextCursor")
@@ -12708,7 +12708,7 @@ def register_servers():
     for server in ready:
         register_tools(server)
     if ready:
-        plan_deferral()
+        plan_deferral()  # s12.53
     return ready
 
 
@@ -12730,7 +12730,7 @@ def register_tools(server):
 
 def tool_name(server, tool, taken):
     """mcp__<server>__<tool> in the characters the API allows (unique and short: s12.46)."""
-    return unique_name(f"mcp__{server}__{re.sub(r'[^A-Za-z0-9_-]', '_', tool)}", tool, taken)
+    return unique_name(f"mcp__{server}__{re.sub(r'[^A-Za-z0-9_-]', '_', tool)}", tool, taken)  # s12.46
 
 
 def tool_description(tool):
@@ -12757,9 +12757,9 @@ def mcp_news(messages):
     agent only, so one thread changes TOOLS); then the deferred tools are named (s12.53)."""
     state = agent_state()
     if not state.label and state.cancel is None:
-        refresh_stale()
+        refresh_stale()  # s12.50
         register_servers()
-    announce_deferred(messages)
+    announce_deferred(messages)  # s12.53
 
 
 def mcp_handler(server_name, tool):
@@ -12777,7 +12777,7 @@ def call_mcp_tool(server_name, tool, args):
         result = call_on(server, {"name": tool, "arguments": args})
     except ServerFailed as e:  # restart_note: s12.40
         raise ToolError(printable(f"MCP server {server_name} failed during this call: {e}"
-                                  f"{log_note(server)}. {restart_note(server)}"))
+                                  f"{log_note(server)}. {restart_note(server)}"))  # s12.44, s12.40
     except NoAnswer as e:
         raise ToolError(f"{server_name}/{tool}: {e}, so the call was cancelled. Do without it, or ask "
                         f"the user to raise the server's timeout: ({server['spec']['timeout']:g} s now).")
@@ -12790,7 +12790,7 @@ def call_mcp_tool(server_name, tool, args):
 def call_on(server, params):
     """tools/call on the server's connection (server_up)."""
     try:
-        return server_up(server).request("tools/call", params, server["spec"]["timeout"])
+        return server_up(server).request("tools/call", params, server["spec"]["timeout"])  # s12.40
     except SessionEnded:  # s12.49: the server ended an HTTP session, which did nothing with the call
         return server_up(server).request("tools/call", params, server["spec"]["timeout"])
 
@@ -12803,8 +12803,8 @@ def call_result(result):
         if isinstance(block, dict) and block.get("type") == "text":
             texts.append(str(block.get("text", "")))
         else:
-            other_content(block, texts, images)
-    texts += structured_text(result, texts) + too_many_images(images)
+            other_content(block, texts, images)  # s12.51
+    texts += structured_text(result, texts) + too_many_images(images)  # s12.51
     text = "\n".join(texts)  # as the server wrote it: a file's last newline is part of it
     if result.get("isError"):
         raise ToolError(text if text.strip() else "the tool reported an error without a message")
@@ -12816,7 +12816,7 @@ def mcp_input_problem(name, schema, args):
     rest against its own schema, which can say far more than s02's check reads."""
     if not isinstance(args, dict):
         return "input must be a JSON object"
-    if name in hidden_tools():
+    if name in hidden_tools():  # s12.53
         return not_loaded(name)  # s12.53: a deferred tool
     missing = [k for k in schema.get("required") or [] if k not in args]
     return f"missing required field '{missing[0]}'" if missing else None

@@ -6761,7 +6761,7 @@ def load_instructions(state):
             continue
         budget[0] -= len(raw)
         parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
-    return cut_instructions("\n\n".join(parts))
+    return cut_instructions("\n\n".join(parts))  # s09.6
 
 
 def context_blocks(state):
@@ -6820,7 +6820,7 @@ def after_turn(messages):
     first, then memory extraction starts in the background (extract_memories, its
     failures logged: s09.14), then maybe a consolidation (s09.27)."""
     state = agent_state()
-    sync_session(messages)
+    sync_session(messages)  # s09.4
     if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
         return
     text = turn_text(messages)
@@ -6828,7 +6828,7 @@ def after_turn(messages):
                            daemon=True)
     state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
     job.start()
-    consolidate_quietly(state)
+    consolidate_quietly(state)  # s09.27
 
 
 def extract_memories(text, state):
@@ -6840,7 +6840,7 @@ def extract_memories(text, state):
     try:
         ops = json_reply(reply).get("operations", [])
     except ValueError as e:
-        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
+        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")  # s09.14
         return
     with MEMORY_LOCK:
         done = apply_operations(ops, state)
@@ -6869,7 +6869,7 @@ def side_call(system, content):
         reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
                                              messages=[{"role": "user", "content": content}])
     except Exception as e:  # a side call never breaks the session
-        log_memory(f"side call failed: {type(e).__name__}: {e}")
+        log_memory(f"side call failed: {type(e).__name__}: {e}")  # s09.14
         return None
     charge(reply)
     return "".join(b.text for b in reply.content if b.type == "text")
@@ -6906,8 +6906,8 @@ def apply_operations(ops, state):
 def apply_operation(op, existing, touched, state):
     """One operation; `existing` (name -> memory) is kept up to date. One that is
     malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
-    if why := operation_refused(op, existing):
-        log_memory(why)
+    if why := operation_refused(op, existing):  # s09.13
+        log_memory(why)  # s09.14
         return None
     old = existing.get(op["name"])
     if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
@@ -6933,7 +6933,7 @@ def write_memory(op, state):
 def memory_dirs(state):
     """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
     dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
-    return without_linked_project(dirs)
+    return without_linked_project(dirs)  # s09.15
 
 
 def memory_dir(kind, state):
@@ -6966,14 +6966,14 @@ def index_lines(folder):
 
 def write_index(folder):
     """Rebuild folder/MEMORY.md from its files (atomically)."""
-    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))  # s09.15
 
 
 def memory_index(state):
     """Both MEMORY.md files (user first) as read, each capped like the index."""
     parts = []
     for scope, folder in memory_dirs(state).items():
-        if lines := read_index(folder / "MEMORY.md"):
+        if lines := read_index(folder / "MEMORY.md"):  # s09.16
             parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
     return "\n\n".join(parts)
 

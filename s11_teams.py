@@ -6817,7 +6817,7 @@ def load_instructions(state):
             continue
         budget[0] -= len(raw)
         parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
-    return cut_instructions("\n\n".join(parts))
+    return cut_instructions("\n\n".join(parts))  # s09.6
 
 
 def context_blocks(state):
@@ -6876,7 +6876,7 @@ def after_turn(messages):
     first, then memory extraction starts in the background (extract_memories, its
     failures logged: s09.14), then maybe a consolidation (s09.27)."""
     state = agent_state()
-    sync_session(messages)
+    sync_session(messages)  # s09.4
     if state.label or not auto_memory() or state.client is None:  # auto_memory: s09.21
         return
     text = turn_text(messages)
@@ -6884,7 +6884,7 @@ def after_turn(messages):
                            daemon=True)
     state.memory["jobs"].append(job)  # main() waits for it at exit (s09.26)
     job.start()
-    consolidate_quietly(state)
+    consolidate_quietly(state)  # s09.27
 
 
 def extract_memories(text, state):
@@ -6896,7 +6896,7 @@ def extract_memories(text, state):
     try:
         ops = json_reply(reply).get("operations", [])
     except ValueError as e:
-        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")
+        log_memory(f"extraction reply ignored ({e}): {reply[:200]}")  # s09.14
         return
     with MEMORY_LOCK:
         done = apply_operations(ops, state)
@@ -6925,7 +6925,7 @@ def side_call(system, content):
         reply = state.client.messages.create(model=model_id(), max_tokens=SIDE_MAX_TOKENS, system=system,
                                              messages=[{"role": "user", "content": content}])
     except Exception as e:  # a side call never breaks the session
-        log_memory(f"side call failed: {type(e).__name__}: {e}")
+        log_memory(f"side call failed: {type(e).__name__}: {e}")  # s09.14
         return None
     charge(reply)
     return "".join(b.text for b in reply.content if b.type == "text")
@@ -6962,8 +6962,8 @@ def apply_operations(ops, state):
 def apply_operation(op, existing, touched, state):
     """One operation; `existing` (name -> memory) is kept up to date. One that is
     malformed, a memory made twice or one gone is logged, not applied (s09.13)."""
-    if why := operation_refused(op, existing):
-        log_memory(why)
+    if why := operation_refused(op, existing):  # s09.13
+        log_memory(why)  # s09.14
         return None
     old = existing.get(op["name"])
     if old and (op["op"] == "delete" or old["type"] != op["type"]):  # a delete, or a move of folder
@@ -6989,7 +6989,7 @@ def write_memory(op, state):
 def memory_dirs(state):
     """The two folders: the user's, the project's (left out when it is a link: s09.15)."""
     dirs = {"user": Path.home() / ".agent" / "memory", "project": state.workdir / ".agent" / "memory"}
-    return without_linked_project(dirs)
+    return without_linked_project(dirs)  # s09.15
 
 
 def memory_dir(kind, state):
@@ -7022,14 +7022,14 @@ def index_lines(folder):
 
 def write_index(folder):
     """Rebuild folder/MEMORY.md from its files (atomically)."""
-    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))
+    replace_file(folder, "MEMORY.md", "".join(line + "\n" for line in index_lines(folder)))  # s09.15
 
 
 def memory_index(state):
     """Both MEMORY.md files (user first) as read, each capped like the index."""
     parts = []
     for scope, folder in memory_dirs(state).items():
-        if lines := read_index(folder / "MEMORY.md"):
+        if lines := read_index(folder / "MEMORY.md"):  # s09.16
             parts.append(f"{scope} memories ({folder}):\n" + "\n".join(lines))
     return "\n\n".join(parts)
 
@@ -8332,7 +8332,7 @@ def read_task(path):
         task = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):  # RecursionError: 60 KB of [ nests too deep
         return None
-    return task if is_task(task, path.name) else None
+    return task if is_task(task, path.name) else None  # s10.5
 
 
 def save_task(folder, task):
@@ -10126,7 +10126,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
-    team, backend = state.team, "tmux" if in_tmux() else "detached"
+    team, backend = state.team, "tmux" if in_tmux() else "detached"  # s11.34
     name = add_member(name, role, agent_type, spec.get("model"), backend, None, plan_mode_required)["name"]
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
@@ -10181,7 +10181,7 @@ MEMBER_STATUSES = ("working", "idle", "stopped")
 def team_root():
     """The workspace's .agent/team, created (never through a link: s11.9)."""
     folder = agent_state().workdir / TEAM_DIR
-    make_team_root(folder)
+    make_team_root(folder)  # s11.9
     return folder
 
 
@@ -10239,13 +10239,13 @@ def create_team(name):
     the lead in it. Returns the folder; the key goes to each teammate it starts."""
     state = agent_state()
     check_no_team(state)  # one team per session (s11.11)
-    name = check_name(name, "team name")
+    name = check_name(name, "team name")  # s11.8
     folder = team_root() / name
     make_new_folder(folder)  # never one that exists: an earlier run's, or a clone's (s11.9)
     (folder / "inbox").mkdir()
     key = os.urandom(16).hex()
     save_roster(folder, {"team": name, "lead": LEAD, "key": key, "created": now_stamp(),
-                         "foreign_tasks": foreign_tasks(), "members": [
+                         "foreign_tasks": foreign_tasks(), "members": [  # s11.25
         member_record(LEAD, "team lead", "lead", model_id(), "terminal", os.getpid())]})
     state.team = {"name": name, "member": LEAD, "dir": folder, "key": key}
     return folder
@@ -10255,7 +10255,7 @@ def join_team(team, member, key):
     """A teammate process takes its place in the team it was started for, named in
     its roster (s11.9: a roster holding the key its lead gave it)."""
     state = agent_state()
-    team, member = check_name(team, "team name"), check_name(member, "member name")
+    team, member = check_name(team, "team name"), check_name(member, "member name")  # s11.8
     folder = team_root() / team
     check_join(folder, team, member, key)  # the roster of the lead that started it (s11.9)
     state.team = {"name": team, "member": member, "dir": folder, "key": key}
@@ -10268,7 +10268,7 @@ def add_member(name, role, agent_type="general-purpose", model=None, backend="de
                pid=None, plan_mode_required=False):
     """The lead adds a teammate to the roster (spawning starts its process after)."""
     check_adder()  # the lead only (s11.11)
-    name = check_name(name, "teammate name")
+    name = check_name(name, "teammate name")  # s11.8
     if name == LEAD:
         raise ToolError(f"{LEAD!r} is the lead's own name; give the teammate another.")
     check_backend(backend)  # s11.11
@@ -10307,7 +10307,7 @@ MESSAGE_TYPES = ("message", "broadcast")  # a request's and a response's types j
 
 
 def inbox_path(member):
-    return my_team()["dir"] / "inbox" / f"{check_name(member, 'member name')}.jsonl"
+    return my_team()["dir"] / "inbox" / f"{check_name(member, 'member name')}.jsonl"  # s11.8
 
 
 @contextlib.contextmanager
@@ -10326,7 +10326,7 @@ def append_record(inbox, record):
     """Add one message to an inbox, as one line (a plain file: s11.14)."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
     with inbox_lock(inbox):
-        fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        fd = open_inbox(inbox, os.O_RDWR | os.O_APPEND | os.O_CREAT)  # s11.14
         with open(fd, "ab") as fh:
             check_room(fd, line, record)  # at most INBOX_BYTES unread (s11.16)
             fh.write(torn_end(fd) + line)  # after a line a killed writer left unfinished (s11.17)
@@ -10336,7 +10336,7 @@ def take_inbox(inbox):
     """Every message in the inbox, which is left empty: read and truncated in one
     locked step (past INBOX_BYTES, dropped: s11.16)."""
     with inbox_lock(inbox):
-        fd = open_inbox(inbox, os.O_RDWR)
+        fd = open_inbox(inbox, os.O_RDWR)  # s11.14
         if fd is None:
             return []
         with open(fd, "r+b") as fh:
@@ -10347,7 +10347,7 @@ def take_inbox(inbox):
 
 def recipient(roster, to, sender):
     """The member a message to `to` goes to: one named, not the sender, not stopped."""
-    record = find_member(roster, check_name(to, "recipient"))
+    record = find_member(roster, check_name(to, "recipient"))  # s11.8
     if record is None:
         names = ", ".join(m["name"] for m in roster["members"] if m["name"] != sender)
         raise ToolError(f"No member named {to!r}. The team: {names or '(nobody else yet)'}.")
@@ -10371,7 +10371,7 @@ def post(to, type, content, request_id=None, approve=None):
     head = {"id": f"msg_{os.urandom(6).hex()}", "from": sender}  # one id, in every inbox it reaches
     body = {"type": kind, "content": content, "ts": round(time.time(), 3), "request_id": request_id}
     if kind not in ("message", "broadcast"):
-        return post_protocol(team, to, sender, head, body, approve)
+        return post_protocol(team, to, sender, head, body, approve)  # s11.30
     return deliver(team, to, sender, head, body)
 
 
@@ -10438,7 +10438,7 @@ def teammate_loop(client, history):
     while (work := next_work(me, record["role"])) != "shutdown":
         if work is None:
             if time.monotonic() - idle_since >= IDLE_TIMEOUT:  # s11.20
-                return idle_out(me)
+                return idle_out(me)  # s11.20
             time.sleep(IDLE_POLL)
             continue
         set_member(me, status="working")
@@ -10490,7 +10490,7 @@ def take_task(task, owner):
 def claim_next(owner, role=None, skip=()):
     """The first ready task (lowest id) for `owner`, claimed in the same locked step
     that found it; None when there is none."""
-    owner = check_name(owner, "owner")
+    owner = check_name(owner, "owner")  # s11.8
     with task_board() as tasks:
         for task in sorted(tasks.values(), key=lambda t: int(t["id"])):
             if task["id"] not in skip and claimable(tasks, task, owner) and for_me(task, owner, role):  # s11.32
@@ -10529,7 +10529,7 @@ def team_news():
 
 
 def news_texts(news):
-    return [text for r, note in news for text in (teammate_block(r), note) if text]
+    return [text for r, note in news for text in (teammate_block(r), note) if text]  # s11.18
 
 
 # --- s11.7: the lead stops its team [core] ---
@@ -10539,7 +10539,7 @@ def news_texts(news):
 # then is signalled (s11.24).
 def stop_teammates(state):
     """Ask, wait, then signal (s11.24). Their open tasks go back on the board."""
-    if not (running := running_teammates(state)):
+    if not (running := running_teammates(state)):  # s11.13
         return
     with contextlib.suppress(OSError):  # the terminal may be gone: stop them anyway
         say(f"[asking {len(running)} teammate(s) to stop: {', '.join(running)}]")
