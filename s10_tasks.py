@@ -6799,7 +6799,7 @@ def load_instructions(state):
         except OSError:
             continue
         budget[0] -= len(raw)
-        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
+        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")  # s09.25
     return cut_instructions("\n\n".join(parts))  # s09.6
 
 
@@ -6999,7 +6999,7 @@ def read_memories(state):
 def index_lines(folder):
     """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
     memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"  # s09.16
                          for m in memories], folder)
 
 

@@ -6816,7 +6816,7 @@ def load_instructions(state):
         except OSError:
             continue
         budget[0] -= len(raw)
-        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
+        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")  # s09.25
     return cut_instructions("\n\n".join(parts))  # s09.6
 
 
@@ -7016,7 +7016,7 @@ def read_memories(state):
 def index_lines(folder):
     """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
     memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"  # s09.16
                          for m in memories], folder)
 
 
@@ -10123,7 +10123,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
     check_spawner(state)  # the lead only: never a teammate, nor a subagent (s11.10)
-    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
+    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made (s11.29)
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
     team, backend = state.team, "tmux" if in_tmux() else "detached"  # s11.34
@@ -10131,7 +10131,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     post(name, "message", prompt)  # its first prompt, waiting when it joins
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     try:
-        pid, proc = start_process(backend, argv, teammate_env(name), log)  # detached, or tmux (s11.34)
+        pid, proc = start_process(backend, argv, teammate_env(name), log)  # detached, or tmux (s11.34); s11.37
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
@@ -10144,7 +10144,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
 
 def teammate_argv(name, team):
     """The command line: this file, as a member of the team (the lead's trust flag: s11.37)."""
-    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust_flag()]
+    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust_flag()]  # s11.37
 
 
 def start_detached(argv, env, log):
@@ -10381,7 +10381,7 @@ def deliver(team, to, sender, head, body):
         return deliver_to_all(team, sender, head, body)  # to everyone else at once (s11.28)
     record = head | {"to": recipient(read_roster(team["dir"]), to, sender)} | body
     append_record(team["dir"] / "inbox" / f"{record['to']}.jsonl", record)
-    log_records(team["dir"], [record])  # the team's record: inboxes are emptied when read
+    log_records(team["dir"], [record])  # the team's record (s11.35): inboxes are emptied when read
     return [record], {}
 
 
@@ -11164,7 +11164,7 @@ def deliver_to_all(team, sender, head, body):
 
 def check_reached(to, sent, missed):
     """send_message's "*" that reached nobody: an error that says why."""
-    if not sent and to == "*":
+    if not sent and str(to).strip() == "*":  # as post() reads it
         raise ToolError("Nobody else is in the team yet." if not missed else
                         "Not delivered: " + "; ".join(missed.values()))
 

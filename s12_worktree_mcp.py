@@ -6858,7 +6858,7 @@ def load_instructions(state):
         except OSError:
             continue
         budget[0] -= len(raw)
-        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")
+        parts.append(f"# From {path}\n\n{expand_includes(raw, path, state, budget=budget).strip()}")  # s09.25
     return cut_instructions("\n\n".join(parts))  # s09.6
 
 
@@ -7058,7 +7058,7 @@ def read_memories(state):
 def index_lines(folder):
     """MEMORY.md's lines for one folder, a line per memory, within INDEX_LINES and INDEX_BYTES (s09.16)."""
     memories = [m for m in read_memories(agent_state()) if m["path"].parent == folder]
-    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"
+    return capped_index([f"- [{m['name']}]({m['path'].name}) ({m['type']}): {m['description'][:150]}"  # s09.16
                          for m in memories], folder)
 
 
@@ -10177,7 +10177,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     """The lead starts a teammate: roster record, first prompt in its inbox, the process."""
     state = agent_state()
     check_spawner(state)  # the lead only: never a teammate, nor a subagent (s11.10)
-    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made
+    spec = teammate_spec(agent_type)  # an unknown type is refused before anything is made (s11.29)
     refuse_in_lane(state)  # s12: a team works from the project's own folder
     if not state.team:
         create_team(f"team-{os.urandom(3).hex()}")  # the first spawn makes the session's team
@@ -10187,7 +10187,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
     argv, log = teammate_argv(name, team["name"]), team["dir"] / f"{name}.log"
     argv += lane_argv(state, isolation, spec, name)  # s12: --worktree agent-..., its lane made now
     try:
-        pid, proc = start_process(backend, argv, teammate_env(name), log)  # detached, or tmux (s11.34)
+        pid, proc = start_process(backend, argv, teammate_env(name), log)  # detached, or tmux (s11.34); s11.37
     except (OSError, subprocess.SubprocessError) as e:
         set_member(name, status="stopped")
         raise ToolError(f"{name} could not be started ({e}). Tell the user.")
@@ -10200,7 +10200,7 @@ def spawn_teammate(name, role, prompt, agent_type="general-purpose", plan_mode_r
 
 def teammate_argv(name, team):
     """The command line: this file, as a member of the team (the lead's trust flag: s11.37)."""
-    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust_flag()]
+    return [sys.executable, str(Path(__file__).resolve()), "--teammate", name, "--team", team, *trust_flag()]  # s11.37
 
 
 def start_detached(argv, env, log):
@@ -10437,7 +10437,7 @@ def deliver(team, to, sender, head, body):
         return deliver_to_all(team, sender, head, body)  # to everyone else at once (s11.28)
     record = head | {"to": recipient(read_roster(team["dir"]), to, sender)} | body
     append_record(team["dir"] / "inbox" / f"{record['to']}.jsonl", record)
-    log_records(team["dir"], [record])  # the team's record: inboxes are emptied when read
+    log_records(team["dir"], [record])  # the team's record (s11.35): inboxes are emptied when read
     return [record], {}
 
 
@@ -11223,7 +11223,7 @@ def deliver_to_all(team, sender, head, body):
 
 def check_reached(to, sent, missed):
     """send_message's "*" that reached nobody: an error that says why."""
-    if not sent and to == "*":
+    if not sent and str(to).strip() == "*":  # as post() reads it
         raise ToolError("Nobody else is in the team yet." if not missed else
                         "Not delivered: " + "; ".join(missed.values()))
 
@@ -11876,7 +11876,7 @@ def git(cwd, *args, lane=None, check=True, quiet=True, data=None):
     (None when it failed and check is off). lane: the lane it runs for (s12.8).
     quiet: with GIT_QUIET (s12.7; off only to read the config as it is). data:
     its stdin. ToolError when it fails (check) or cannot run."""
-    argv, name = ["git", *(GIT_QUIET if quiet else ()), *lane_pin(lane), *args], git_subcommand(args)
+    argv, name = ["git", *(GIT_QUIET if quiet else ()), *lane_pin(lane), *args], git_subcommand(args)  # s12.7, s12.8
     env = git_env() | common_dir(cwd, lane)  # s12.6, s12.9: nothing outside the call steers it
     p = run_git(argv, cwd, env, data, name)
     if p.returncode and "index.lock" in p.stderr:  # another git was at work there (s12.10)
@@ -11941,7 +11941,7 @@ def find_lane(origin, name):
     path = folder / check_lane_name(name)
     if not os.path.lexists(path):
         return None
-    admin = lane_admin(path, common, name)  # its .git file says "gitdir: <admin folder>"
+    admin = lane_admin(path, common, name)  # its .git file says "gitdir: <admin folder>" (s12.11)
     lane = {"name": name, "path": path, "admin": admin, "origin": str(origin), "branch": WORKTREE_BRANCH + name,
             "ready": lane_ready(admin)}  # s12.21
     head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", lane=lane, check=False)
@@ -11979,7 +11979,7 @@ def make_lane(origin, name, base=None):
             raise ToolError(f"git worktree add made no {WORKTREES_DIR / name}. Tell the user.")
         lane["base"], lane["setup"] = lane["head"], set_up_lane(lane)  # s12.28
         mark_ready(origin, lane, path)  # s12.21: made to the end
-        log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])
+        log_event(origin, "create", name, base=lane["base"], branch_kept=bool(kept), setup=lane["setup"])  # s12.31
         return lane | {"ready": True}, True
 
 
@@ -12127,7 +12127,7 @@ def worktree_list():
     if not paths:
         return "No worktrees. worktree_create {name} makes one."
     lines = [lane_line(origin, p, here) for p in paths[:WORKTREE_LIST_LIMIT]]  # s12.14
-    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more_folders(paths))
+    return f"{len(paths)} worktree(s) in {WORKTREES_DIR}:\n" + "\n".join(lines + more_folders(paths))  # s12.14
 
 
 def confirm_loss(lane, changes, extra, local=()):

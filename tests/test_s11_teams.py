@@ -227,6 +227,14 @@ def test_star_sends_to_every_member_but_the_sender(crew, workspace):
     assert "has stopped" in refused(mod, mod.send_message, "carol", "are you there?")
 
 
+@pytest.mark.parametrize("to", ["*", " *", "* "])
+def test_a_star_that_reaches_nobody_says_why_spaces_or_not(mod, workspace, to):
+    """post() reads " *" as "*"; send_message's check of a "*" that reached nobody read
+    it as a name, and the model got an IndexError instead of the reason."""
+    mod.create_team("crew")
+    assert "Nobody else" in refused(mod, mod.send_message, to, "hi")
+
+
 def test_messages_and_inboxes_are_capped_and_a_full_inbox_refuses(crew, workspace, monkeypatch):
     mod = crew
     assert "at most 8000" in refused(mod, mod.send_message, "alice", "x" * 8_001)
