@@ -349,6 +349,10 @@ def test_same_process_needs_the_pid_its_start_time_and_its_command_line(mod):
     p.wait()
     assert mod.process_identity(p.pid) is None and mod.ps_identity(p.pid) is None
     assert mod.ps_identity(os.getpid()) is not None                  # the fallback where /proc is missing
+    state = mod.agent_state()                                         # the lead signals only its own:
+    state.teammates = {"ours": {"pid": os.getpid(), "start": start, "cmdline": cmdline, "proc": None},
+                       "reused": {"pid": os.getpid(), "start": start + 1, "cmdline": cmdline, "proc": None}}
+    assert list(mod.running_teammates(state)) == ["ours"]
 
 
 def test_release_dead_puts_back_only_a_dead_owners_open_tasks(mod, workspace):
